@@ -1,0 +1,50 @@
+// Communicator interface: the collectives and point-to-point calls the parallel layer uses,
+// as a table of functions plus a context, so an MPI implementation (host buffers, CPU ranks)
+// and an NCCL one (device buffers) are interchangeable. Buffers are in the memory of the
+// backend that owns the communicator. Counts are in elements.
+#ifndef TRAINER_COMM_H
+#define TRAINER_COMM_H
+
+#include <stdint.h>
+#include <mpi.h>
+
+typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64 } comm_dtype;
+typedef enum comm_redop { COMM_SUM, COMM_MAX } comm_redop;
+
+typedef struct comm comm;
+typedef struct comm_ops {
+  void (*all_reduce)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
+  // recv holds size * n_elem, rank r's send lands at recv + r * n_elem.
+  void (*all_gather)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
+  // send holds size * n_elem; rank r gets the reduction of everyone's block r in recv (n_elem).
+  void (*reduce_scatter)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  void (*broadcast)(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root);
+  // send holds size * n_elem; block r goes to rank r; recv gets block c->rank of every rank.
+  void (*all_to_all)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
+  // Point-to-point. Between group_start and group_end they are only posted; group_end
+  // completes them all, so a group may hold crossed sends and receives without deadlock.
+  // Outside a group each call completes before returning.
+  void (*send)(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer);
+  void (*recv)(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer);
+  void (*group_start)(comm *c);
+  void (*group_end)(comm *c);
+  void (*barrier)(comm *c);
+  void (*free)(comm *c);
+} comm_ops;
+
+struct comm {
+  const comm_ops *ops;
+  int rank;
+  int size;
+  char name[16];     // "world", "tp", "dp", "pp": named in error messages
+  MPI_Comm mpi;      // the MPI communicator of this group (kept by every implementation)
+  void *impl;        // implementation state
+};
+
+// MPI implementation over host buffers. Duplicates mpi. Returns a communicator to comm_free.
+comm *comm_mpi_create(MPI_Comm mpi, const char *name);
+// Safe with NULL and twice (sets *c to NULL).
+void comm_free(comm **c);
+int comm_dtype_bytes(comm_dtype t);
+
+#endif

@@ -1,0 +1,43 @@
+// Pipeline schedules as data: pp_schedule_build returns, for one pipeline rank, the ordered
+// list of steps it executes (forward, backward, send/receive of activations and gradients).
+// One executor runs any schedule. Virtual stage s = chunk * pp + rank holds layers
+// [s * L / (pp*vpp), (s+1) * L / (pp*vpp)); stage s sends activations to stage s + 1.
+// Consecutive send/recv steps form one group: the executor posts them all, then completes
+// them together (comm group_start/group_end), which is what makes crossed pairs safe.
+#ifndef TRAINER_PP_SCHEDULE_H
+#define TRAINER_PP_SCHEDULE_H
+
+#include <stddef.h>
+
+typedef enum pp_op {
+  PP_FWD,       // forward of (micro, chunk); its input was received before (or is the data)
+  PP_BWD,       // backward of (micro, chunk); its output gradient was received (or is the loss)
+  PP_SEND_ACT,  // send forward output of (micro, chunk) to the next virtual stage
+  PP_RECV_ACT,  // receive forward input of (micro, chunk) from the previous virtual stage
+  PP_SEND_GRAD, // send input gradient of (micro, chunk) to the previous virtual stage
+  PP_RECV_GRAD, // receive output gradient of (micro, chunk) from the next virtual stage
+} pp_op;
+
+typedef struct pp_step {
+  pp_op op;
+  int micro;  // micro-batch index in [0, n_micro)
+  int chunk;  // model chunk on this rank in [0, vpp)
+  int peer;   // pipeline rank of the other side (send/recv only), else -1
+} pp_step;
+
+typedef struct pp_schedule {
+  pp_step *steps;
+  int n_steps;
+  int max_in_flight;  // most (micro, chunk) forwards whose backward has not run yet, on this rank
+} pp_schedule;
+
+// Returns 0, or -1 with a message when (pp, vpp, n_micro) is not admissible (e.g. interleaving
+// needs n_micro to be a multiple of pp), naming the fields and the fix.
+int pp_schedule_check(int pp, int vpp, int n_micro, char *err, size_t n_err);
+// 1F1B when vpp == 1, interleaved 1F1B when vpp > 1. Caller frees with pp_schedule_free.
+int pp_schedule_build(pp_schedule *s, int pp, int vpp, int n_micro, int rank, char *err, size_t n_err);
+void pp_schedule_free(pp_schedule *s);
+// Theoretical bubble fraction (pp - 1) / (vpp * n_micro + pp - 1).
+double pp_bubble_theory(int pp, int vpp, int n_micro);
+
+#endif
