@@ -1,0 +1,693 @@
+// Run configuration: the table of every key (section, name, type, offset, range, default, doc),
+// YAML loading with libyaml's event API, `section.key=value` overrides, the cross-field rules
+// of cfg_validate and the YAML dump that checkpoints store. Key reference: docs/config.md.
+#include "app/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+typedef enum { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STRING, CFG_T_UINT64 } cfg_type;
+
+typedef struct cfg_key {
+  const char *section;
+  const char *key;
+  cfg_type type;
+  size_t offset;        // offsetof(cfg, section.key)
+  double min, max;      // inclusive range of int and float keys
+  double def;           // default of numeric and bool keys (a uint64 default must be exact in a double)
+  const char *def_str;  // default of string keys
+  const char *doc;      // one line, shown in docs/config.md and configs/default.yaml
+} cfg_key;
+
+// A row whose declared type differs from the struct field's would silently write the wrong
+// bytes, so each row checks its field's C type at compile time: a _Generic selection with no
+// matching association does not compile. String fields decay to char * there.
+#define CFG_TYPE_CHECK(field, ctype) (0 * _Generic(((cfg *)0)->field, ctype: 1))
+#define CFG_OFF(field, ctype) (offsetof(cfg, field) + CFG_TYPE_CHECK(field, ctype))
+
+#define CFG_INT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(sec.k, int), lo, hi, d, NULL, doc}
+#define CFG_FLOAT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(sec.k, float), lo, hi, d, NULL, doc}
+#define CFG_BOOL(sec, k, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(sec.k, int), 0, 1, d, NULL, doc}
+#define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
+#define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
+
+static const char *const cfg_sections[] = {"model", "parallel", "train", "data", "checkpoint", "log"};
+#define CFG_N_SECTIONS ((int)(sizeof cfg_sections / sizeof cfg_sections[0]))
+
+// Rows are grouped by section, in cfg_sections order; cfg_to_yaml relies on it.
+static const cfg_key cfg_keys[] = {
+  CFG_INT(model, dim, 1, 1048576, 256, "model width d (hidden size)"),
+  CFG_INT(model, n_layers, 1, 4096, 4, "transformer blocks"),
+  CFG_INT(model, n_heads, 1, 4096, 8, "query heads; divides dim, and dim / n_heads is even (rotary)"),
+  CFG_INT(model, n_kv_heads, 1, 4096, 4, "key/value heads (grouped-query attention); divides n_heads"),
+  CFG_INT(model, ffn_dim, 1, 4194304, 768, "SwiGLU hidden width"),
+  CFG_INT(model, vocab_size, 1, 16777216, 256, "vocabulary size (256: byte-level tokens)"),
+  CFG_INT(model, seq_len, 1, 1048576, 128, "tokens per sequence (context length)"),
+  CFG_FLOAT(model, norm_eps, 1e-12, 1, 1e-5, "epsilon of RMSNorm"),
+  CFG_FLOAT(model, rope_theta, 1, 1e9, 10000, "base of the rotary position frequencies"),
+  CFG_BOOL(model, tie_embeddings, 0, "LM head shares the token-embedding table (needs parallel.pp 1)"),
+  CFG_FLOAT(model, init_std, 0, 1, 0.02, "std of the normal init of weight matrices"),
+
+  CFG_INT(parallel, tp, 1, 1024, 1, "tensor-parallel ranks (split heads, FFN and vocabulary)"),
+  CFG_INT(parallel, pp, 1, 1024, 1, "pipeline stages"),
+  CFG_INT(parallel, dp, 0, 1048576, 0, "data-parallel replicas; 0 = world size / (tp * pp)"),
+  CFG_INT(parallel, vpp, 1, 64, 1, "virtual pipeline chunks per rank (1 = plain 1F1B; > 1 needs pp > 1)"),
+  CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
+  CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
+  CFG_INT(parallel, bucket_mb, 1, 4096, 25, "DP gradient bucket size in MiB"),
+
+  CFG_INT(train, steps, 1, 1000000000, 300, "optimizer steps"),
+  CFG_INT(train, global_batch, 1, 100000000, 32, "sequences per optimizer step, over all dp ranks"),
+  CFG_INT(train, micro_batch, 1, 1000000, 8, "sequences per micro-batch on one rank"),
+  CFG_FLOAT(train, lr, 0, 10, 3e-3, "peak learning rate, reached after warmup"),
+  CFG_FLOAT(train, min_lr, 0, 10, 3e-4, "floor of the cosine decay; <= lr"),
+  CFG_INT(train, warmup_steps, 0, 1000000000, 30, "linear warmup steps; <= steps"),
+  CFG_FLOAT(train, weight_decay, 0, 10, 0.1, "AdamW decoupled weight decay"),
+  CFG_FLOAT(train, beta1, 0, 0.9999999, 0.9, "AdamW first-moment decay"),
+  CFG_FLOAT(train, beta2, 0, 0.9999999, 0.95, "AdamW second-moment decay"),
+  CFG_FLOAT(train, eps, 0, 1, 1e-8, "AdamW denominator epsilon"),
+  CFG_FLOAT(train, grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
+  CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
+  CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
+  CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
+
+  CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
+  CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),
+
+  CFG_STRING(checkpoint, dir, "runs/default/ckpt", "checkpoint folder; empty = no checkpoints"),
+  CFG_INT(checkpoint, every, 0, 1000000000, 100, "steps between checkpoints; 0 = only at the end"),
+  CFG_STRING(checkpoint, resume, "none", "none | auto (newest in dir) | path of a checkpoint file"),
+  CFG_INT(checkpoint, keep, 0, 1000000, 3, "newest checkpoints kept; 0 = all"),
+
+  CFG_INT(log, every, 1, 1000000000, 10, "steps between log lines"),
+  CFG_STRING(log, metrics, "runs/default/metrics.jsonl", "JSON-lines metrics file; empty = none"),
+  CFG_INT(log, eval_every, 0, 1000000000, 50, "steps between val-loss evaluations; 0 = only at the end"),
+  CFG_INT(log, eval_batches, 1, 1000000, 8, "micro-batches (of micro_batch sequences) per evaluation"),
+};
+#define CFG_N_KEYS ((int)(sizeof cfg_keys / sizeof cfg_keys[0]))
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+// Where a value came from: a file line (line 0: the file as a whole) or a command-line override.
+typedef struct cfg_site {
+  const char *name;      // file name, or the name given to cfg_load_string
+  size_t line;           // 1-based
+  const char *override;  // the override argument, when the value came from one
+} cfg_site;
+
+// Writes "<site>: <message>" into err; always returns -1 so callers can `return cfg_fail(...)`.
+static int cfg_fail(char *err, size_t n_err, const cfg_site *s, const char *fmt, ...) {
+  if (!err || n_err == 0) return -1;
+  size_t n = 0;
+  if (s && s->override)
+    n = (size_t)snprintf(err, n_err, "override '%s': ", s->override);
+  else if (s && s->line)
+    n = (size_t)snprintf(err, n_err, "%s:%zu: ", s->name, s->line);
+  else if (s)
+    n = (size_t)snprintf(err, n_err, "%s: ", s->name);
+  if (n < n_err) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + n, n_err - n, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+// Values echoed in messages are cut, so one stray line cannot flood the terminal.
+static const char *cfg_shorten(const char *s, char *buf, size_t n_buf) {
+  if (strlen(s) < n_buf) return s;
+  snprintf(buf, n_buf, "%.*s...", (int)(n_buf - 4), s);
+  return buf;
+}
+
+// Edit distance counting insertions, deletions, substitutions and swaps of neighbours
+// (optimal string alignment), for "did you mean" hints; names over 63 bytes get no hint.
+static int cfg_edit_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na > 63 || nb > 63) return 1000;
+  int d[64][64];
+  for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= na; i++)
+    for (size_t j = 1; j <= nb; j++) {
+      int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[na][nb];
+}
+
+// A typo is close enough for a hint when a third of the name (at least one edit) fixes it.
+static int cfg_is_close(const char *typed, const char *known) {
+  int limit = (int)strlen(known) / 3;
+  return cfg_edit_distance(typed, known) <= (limit < 1 ? 1 : limit);
+}
+
+static int cfg_find_section(const char *name) {
+  for (int i = 0; i < CFG_N_SECTIONS; i++)
+    if (strcmp(cfg_sections[i], name) == 0) return i;
+  return -1;
+}
+
+static const cfg_key *cfg_find_key(const char *section, const char *key) {
+  for (int i = 0; i < CFG_N_KEYS; i++)
+    if (strcmp(cfg_keys[i].section, section) == 0 && strcmp(cfg_keys[i].key, key) == 0) return &cfg_keys[i];
+  return NULL;
+}
+
+static int cfg_unknown_section(char *err, size_t n_err, const cfg_site *s, const char *section) {
+  char shortbuf[72], hint[96] = "";
+  int best = -1, best_d = 1000;
+  for (int i = 0; i < CFG_N_SECTIONS; i++) {
+    int d = cfg_edit_distance(section, cfg_sections[i]);
+    if (cfg_is_close(section, cfg_sections[i]) && d < best_d) best = i, best_d = d;
+  }
+  if (best >= 0) snprintf(hint, sizeof hint, "did you mean '%s'? ", cfg_sections[best]);
+  return cfg_fail(err, n_err, s,
+                  "unknown section '%s' (%ssections: model, parallel, train, data, checkpoint, log)",
+                  cfg_shorten(section, shortbuf, sizeof shortbuf), hint);
+}
+
+// Hint order: a close name in the same section, else the same name in another section
+// (a key put under the wrong section is a common slip).
+static int cfg_unknown_key(char *err, size_t n_err, const cfg_site *s, const char *section, const char *key) {
+  char shortbuf[72], hint[128] = "", list[512] = "";
+  const cfg_key *best = NULL;
+  int best_d = 1000;
+  size_t n_list = 0;
+  for (int i = 0; i < CFG_N_KEYS; i++) {
+    const cfg_key *k = &cfg_keys[i];
+    if (strcmp(k->section, section) != 0) continue;
+    int d = cfg_edit_distance(key, k->key);
+    if (cfg_is_close(key, k->key) && d < best_d) best = k, best_d = d;
+    if (n_list < sizeof list)
+      n_list += (size_t)snprintf(list + n_list, sizeof list - n_list, "%s%s", n_list ? ", " : "", k->key);
+  }
+  for (int i = 0; !best && i < CFG_N_KEYS; i++)
+    if (strcmp(cfg_keys[i].key, key) == 0) best = &cfg_keys[i];
+  if (best) snprintf(hint, sizeof hint, "did you mean '%s.%s'? ", best->section, best->key);
+  return cfg_fail(err, n_err, s, "unknown key '%s.%s' (%skeys of %s: %s)", section,
+                  cfg_shorten(key, shortbuf, sizeof shortbuf), hint, section, list);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values
+
+// Zeroing first makes the struct (padding included) comparable with memcmp.
+static void cfg_set_defaults(cfg *c) {
+  memset(c, 0, sizeof *c);
+  for (int i = 0; i < CFG_N_KEYS; i++) {
+    const cfg_key *k = &cfg_keys[i];
+    char *p = (char *)c + k->offset;
+    switch (k->type) {
+      case CFG_T_INT:
+      case CFG_T_BOOL: *(int *)p = (int)k->def; break;
+      case CFG_T_FLOAT: *(float *)p = (float)k->def; break;
+      case CFG_T_UINT64: *(uint64_t *)p = (uint64_t)k->def; break;
+      case CFG_T_STRING: snprintf(p, CFG_STR, "%s", k->def_str); break;
+    }
+  }
+}
+
+static int cfg_parse_bool(const char *t, int *out) {
+  static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
+  for (int i = 0; i < 4; i++) {
+    if (strcasecmp(t, yes[i]) == 0) return *out = 1, 0;
+    if (strcasecmp(t, no[i]) == 0) return *out = 0, 0;
+  }
+  return -1;
+}
+
+// Sets one key from its text. `plain` marks an unquoted YAML scalar, where an empty value,
+// `~` and `null` mean an empty string (so `dir: null` turns checkpoints off rather than
+// writing to a folder named "null"); override text is always taken literally.
+static int cfg_set_value(cfg *c, const cfg_key *k, const char *text, int plain, const cfg_site *s, char *err,
+                         size_t n_err) {
+  char shortbuf[72];
+  const char *shown = cfg_shorten(text, shortbuf, sizeof shortbuf);
+  char *p = (char *)c + k->offset;
+  char *end = NULL;
+  // strtol and friends skip leading blanks and accept odd forms; a value must start like a number.
+  int numeric_start = text[0] == '-' || text[0] == '+' || text[0] == '.' || isdigit((unsigned char)text[0]);
+  switch (k->type) {
+    case CFG_T_INT: {
+      errno = 0;
+      long long v = numeric_start ? strtoll(text, &end, 10) : 0;
+      if (!numeric_start || *end != '\0' || end == text || text[0] == '.')
+        return cfg_fail(err, n_err, s, "%s.%s: expected an integer, found '%s'", k->section, k->key, shown);
+      if (errno == ERANGE || v < (long long)k->min || v > (long long)k->max)
+        return cfg_fail(err, n_err, s, "%s.%s = %s is out of range [%.10g, %.10g]", k->section, k->key, shown,
+                        k->min, k->max);
+      *(int *)p = (int)v;
+      return 0;
+    }
+    case CFG_T_FLOAT: {
+      double v = numeric_start ? strtod(text, &end) : 0;
+      if (!numeric_start || *end != '\0' || end == text || isnan(v))
+        return cfg_fail(err, n_err, s, "%s.%s: expected a number, found '%s'", k->section, k->key, shown);
+      // The range applies to the value the run will use, after rounding to float; the bounds
+      // are rounded the same way so that typing a bound itself is accepted.
+      float f = (float)v;
+      if (!isfinite(f) || f < (float)k->min || f > (float)k->max)
+        return cfg_fail(err, n_err, s, "%s.%s = %s is out of range [%.10g, %.10g]", k->section, k->key, shown,
+                        k->min, k->max);
+      *(float *)p = f;
+      return 0;
+    }
+    case CFG_T_BOOL: {
+      int v;
+      if (cfg_parse_bool(text, &v) != 0)
+        return cfg_fail(err, n_err, s, "%s.%s: expected a boolean (true/false, yes/no, on/off, 1/0), found '%s'",
+                        k->section, k->key, shown);
+      *(int *)p = v;
+      return 0;
+    }
+    case CFG_T_UINT64: {
+      errno = 0;
+      // strtoull would wrap a leading '-' around to a huge value, so only digits are taken.
+      unsigned long long v = isdigit((unsigned char)text[0]) ? strtoull(text, &end, 10) : 0;
+      if (!isdigit((unsigned char)text[0]) || *end != '\0' || errno == ERANGE)
+        return cfg_fail(err, n_err, s, "%s.%s: expected an unsigned 64-bit integer, found '%s'", k->section,
+                        k->key, shown);
+      *(uint64_t *)p = (uint64_t)v;
+      return 0;
+    }
+    case CFG_T_STRING: {
+      if (plain && (strcmp(text, "~") == 0 || strcmp(text, "null") == 0)) text = "";
+      size_t n = strlen(text);
+      if (n >= CFG_STR)
+        return cfg_fail(err, n_err, s, "%s.%s: value is %zu bytes long, the limit is %d bytes ('%s')", k->section,
+                        k->key, n, CFG_STR - 1, shown);
+      memcpy(p, text, n + 1);
+      return 0;
+    }
+  }
+  return cfg_fail(err, n_err, s, "%s.%s: internal error: unknown key type", k->section, k->key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// YAML: a two-level mapping, section -> key -> scalar
+
+typedef struct cfg_reader {
+  yaml_parser_t parser;
+  yaml_event_t ev;
+  int have_ev;  // ev holds an event to delete
+  cfg_site site;
+  char *err;
+  size_t n_err;
+  const char *text;  // the whole input, for hints about the line of a syntax error
+  size_t n_text;
+} cfg_reader;
+
+// libyaml calls a tab in indentation "found character that cannot start any token"; say
+// what it is when the offending line is indented with one.
+static const char *cfg_tab_hint(const cfg_reader *r, size_t line) {
+  const char *q = r->text, *end = r->text + r->n_text;
+  for (size_t l = 1; l < line && q < end; q++)
+    if (*q == '\n') l++;
+  for (; q < end && (*q == ' ' || *q == '\t'); q++)
+    if (*q == '\t') return "; YAML indents with spaces, not tabs";
+  return "";
+}
+
+// Next event into r->ev (the previous one is freed); a libyaml error becomes one message
+// with the line of the problem.
+static int cfg_next(cfg_reader *r) {
+  if (r->have_ev) yaml_event_delete(&r->ev);
+  r->have_ev = 0;
+  if (yaml_parser_parse(&r->parser, &r->ev)) {
+    r->have_ev = 1;
+    r->site.line = r->ev.start_mark.line + 1;
+    return 0;
+  }
+  const yaml_parser_t *p = &r->parser;
+  const char *problem = p->problem ? p->problem : "unknown error";
+  if (p->error == YAML_READER_ERROR) {
+    r->site.line = 0;
+    return cfg_fail(r->err, r->n_err, &r->site, "malformed YAML: %s at byte %zu", problem, p->problem_offset);
+  }
+  r->site.line = p->problem_mark.line + 1;
+  const char *hint = cfg_tab_hint(r, r->site.line);
+  if (p->context)
+    return cfg_fail(r->err, r->n_err, &r->site, "malformed YAML: %s (%s that started at line %zu)%s", problem,
+                    p->context, p->context_mark.line + 1, hint);
+  return cfg_fail(r->err, r->n_err, &r->site, "malformed YAML: %s%s", problem, hint);
+}
+
+static const char *cfg_event_name(const yaml_event_t *ev) {
+  switch (ev->type) {
+    case YAML_SCALAR_EVENT: return "a scalar";
+    case YAML_SEQUENCE_START_EVENT: return "a list";
+    case YAML_MAPPING_START_EVENT: return "a mapping";
+    case YAML_ALIAS_EVENT: return "an alias (aliases are not supported)";
+    default: return "the end of a block";
+  }
+}
+
+static const char *cfg_scalar(const yaml_event_t *ev) { return (const char *)ev->data.scalar.value; }
+
+static int cfg_is_null_scalar(const yaml_event_t *ev) {
+  return ev->type == YAML_SCALAR_EVENT && ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+         (ev->data.scalar.length == 0 || strcmp(cfg_scalar(ev), "~") == 0 || strcmp(cfg_scalar(ev), "null") == 0);
+}
+
+// The keys of one section, after its MAPPING_START. seen_line[] catches a key set twice,
+// which YAML forbids and which would otherwise let the later line win silently.
+static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *seen_line) {
+  char key[CFG_STR];
+  for (;;) {
+    if (cfg_next(r)) return -1;
+    if (r->ev.type == YAML_MAPPING_END_EVENT) return 0;
+    if (r->ev.type != YAML_SCALAR_EVENT)
+      return cfg_fail(r->err, r->n_err, &r->site, "section '%s': expected a key name, found %s", section,
+                      cfg_event_name(&r->ev));
+    snprintf(key, sizeof key, "%s", cfg_scalar(&r->ev));
+    const cfg_key *k = cfg_find_key(section, key);
+    if (!k) return cfg_unknown_key(r->err, r->n_err, &r->site, section, key);
+    size_t *seen = &seen_line[k - cfg_keys];
+    if (*seen)
+      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (first at line %zu): keep one", section, key,
+                      *seen);
+    *seen = r->site.line;
+    if (cfg_next(r)) return -1;
+    if (r->ev.type != YAML_SCALAR_EVENT)
+      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s: expected a single value, found %s", section, key,
+                      cfg_event_name(&r->ev));
+    int plain = r->ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+    if (cfg_set_value(c, k, cfg_scalar(&r->ev), plain, &r->site, r->err, r->n_err)) return -1;
+  }
+}
+
+static int cfg_read_document(cfg_reader *r, cfg *c) {
+  size_t seen_line[CFG_N_KEYS] = {0};
+  char section[CFG_STR];
+  if (cfg_next(r)) return -1;  // STREAM_START
+  if (cfg_next(r)) return -1;
+  if (r->ev.type == YAML_STREAM_END_EVENT) return 0;  // empty file: defaults
+  if (cfg_next(r)) return -1;                         // the root node, after DOCUMENT_START
+  if (cfg_is_null_scalar(&r->ev)) {
+    // a document holding nothing but `---` or `~`
+  } else if (r->ev.type != YAML_MAPPING_START_EVENT) {
+    return cfg_fail(r->err, r->n_err, &r->site,
+                    "expected a mapping of sections (model:, parallel:, train:, ...) at the top level, found %s",
+                    cfg_event_name(&r->ev));
+  } else {
+    for (;;) {
+      if (cfg_next(r)) return -1;
+      if (r->ev.type == YAML_MAPPING_END_EVENT) break;
+      if (r->ev.type != YAML_SCALAR_EVENT)
+        return cfg_fail(r->err, r->n_err, &r->site, "expected a section name, found %s", cfg_event_name(&r->ev));
+      snprintf(section, sizeof section, "%s", cfg_scalar(&r->ev));
+      if (cfg_find_section(section) < 0) return cfg_unknown_section(r->err, r->n_err, &r->site, section);
+      if (cfg_next(r)) return -1;
+      if (cfg_is_null_scalar(&r->ev)) continue;  // `model:` with nothing under it
+      if (r->ev.type != YAML_MAPPING_START_EVENT)
+        return cfg_fail(r->err, r->n_err, &r->site,
+                        "section '%s' must be a mapping of indented `key: value` lines, found %s", section,
+                        cfg_event_name(&r->ev));
+      if (cfg_read_section(r, c, section, seen_line)) return -1;
+    }
+  }
+  if (cfg_next(r)) return -1;  // DOCUMENT_END
+  if (cfg_next(r)) return -1;
+  if (r->ev.type != YAML_STREAM_END_EVENT)
+    return cfg_fail(r->err, r->n_err, &r->site, "a second YAML document starts here; a config holds one");
+  return 0;
+}
+
+// Runs cfg_read_document (or, with c NULL, only the parser to the end of the stream) over
+// n_text bytes of text; name is what messages call it.
+static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *name, char *err, size_t n_err) {
+  cfg_reader r;
+  memset(&r, 0, sizeof r);
+  r.site.name = name;
+  r.err = err;
+  r.n_err = n_err;
+  r.text = text;
+  r.n_text = n_text;
+  if (!yaml_parser_initialize(&r.parser)) return cfg_fail(err, n_err, &r.site, "cannot initialise the YAML parser");
+  yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, n_text);
+  int rc = 0;
+  if (c)
+    rc = cfg_read_document(&r, c);
+  else
+    do rc = cfg_next(&r);
+    while (rc == 0 && r.ev.type != YAML_STREAM_END_EVENT);
+  if (r.have_ev) yaml_event_delete(&r.ev);
+  yaml_parser_delete(&r.parser);
+  return rc;
+}
+
+// Events stream out before libyaml has seen the rest of the text, so in one pass a value
+// like `n_layers: a: b` would be reported as "expected an integer, found 'a'". A first pass
+// over the whole text makes a syntax error win, with libyaml's own words and line.
+static int cfg_read_yaml(cfg *c, const char *text, size_t n_text, const char *name, char *err, size_t n_err) {
+  if (cfg_parse_pass(NULL, text, n_text, name, err, n_err)) return -1;
+  return cfg_parse_pass(c, text, n_text, name, err, n_err);
+}
+
+// The whole file, NUL-terminated, in a malloc'd buffer (config files are small).
+static char *cfg_read_file(FILE *f, size_t *n_text) {
+  size_t n = 0, cap = 4096;
+  char *buf = malloc(cap);
+  while (buf) {
+    n += fread(buf + n, 1, cap - n - 1, f);
+    if (n < cap - 1) break;
+    char *grown = realloc(buf, cap *= 2);
+    if (!grown) free(buf);
+    buf = grown;
+  }
+  if (!buf || ferror(f)) return free(buf), NULL;
+  buf[n] = '\0';
+  *n_text = n;
+  return buf;
+}
+
+static int cfg_apply_override(cfg *c, char *arg, char *err, size_t n_err) {
+  cfg_site s = {.override = arg};
+  char section[CFG_STR], key[CFG_STR];
+  const char *eq = strchr(arg, '=');
+  const char *dot = eq ? memchr(arg, '.', (size_t)(eq - arg)) : NULL;
+  if (!eq || !dot || dot == arg || dot + 1 == eq || (size_t)(eq - arg) >= CFG_STR) {
+    // A bare key name (`dim=64`) gets its section suggested when only one section has it.
+    const cfg_key *only = NULL;
+    int n_match = 0;
+    size_t n_name = eq ? (size_t)(eq - arg) : strlen(arg);
+    for (int i = 0; !dot && i < CFG_N_KEYS; i++)
+      if (strlen(cfg_keys[i].key) == n_name && strncmp(cfg_keys[i].key, arg, n_name) == 0)
+        only = &cfg_keys[i], n_match++;
+    if (n_match == 1)
+      return cfg_fail(err, n_err, &s, "expected section.key=value (did you mean '%s.%s'?)", only->section, only->key);
+    return cfg_fail(err, n_err, &s, "expected section.key=value");
+  }
+  snprintf(section, sizeof section, "%.*s", (int)(dot - arg), arg);
+  snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+  if (cfg_find_section(section) < 0) return cfg_unknown_section(err, n_err, &s, section);
+  const cfg_key *k = cfg_find_key(section, key);
+  if (!k) return cfg_unknown_key(err, n_err, &s, section, key);
+  return cfg_set_value(c, k, eq + 1, 0, &s, err, n_err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public interface
+
+int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *err, size_t n_err) {
+  cfg_set_defaults(c);
+  if (err && n_err) err[0] = '\0';
+  if (path) {
+    cfg_site s = {.name = path};
+    if (strlen(path) >= CFG_STR)
+      return cfg_fail(err, n_err, &s, "config path is longer than %d bytes: use a shorter path", CFG_STR - 1);
+    snprintf(c->path, sizeof c->path, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return cfg_fail(err, n_err, &s, "cannot open config file: %s", strerror(errno));
+    size_t n_text = 0;
+    char *text = cfg_read_file(f, &n_text);
+    int read_errno = errno;
+    fclose(f);
+    if (!text) return cfg_fail(err, n_err, &s, "cannot read config file: %s", strerror(read_errno));
+    int rc = cfg_read_yaml(c, text, n_text, path, err, n_err);
+    free(text);
+    if (rc) return -1;
+  }
+  for (int i = 0; i < n_overrides; i++)
+    if (cfg_apply_override(c, overrides[i], err, n_err)) return -1;
+  return 0;
+}
+
+int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err) {
+  cfg_set_defaults(c);
+  if (err && n_err) err[0] = '\0';
+  if (!name) name = "<config text>";
+  snprintf(c->path, sizeof c->path, "%s", name);
+  if (!yaml) yaml = "";
+  return cfg_read_yaml(c, yaml, strlen(yaml), name, err, n_err);
+}
+
+static int cfg_is_one_of(const char *v, const char *const *options, int n) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, options[i]) == 0) return 1;
+  return 0;
+}
+
+int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
+  const cfg_model *m = &c->model;
+  cfg_parallel *p = &c->parallel;
+  const cfg_train *t = &c->train;
+  if (err && n_err) err[0] = '\0';
+#define CFG_RULE(cond, ...) \
+  if (!(cond)) return cfg_fail(err, n_err, NULL, __VA_ARGS__)
+
+  // A struct filled by code rather than cfg_load may hold anything; the rules below divide
+  // by these values, so the table's ranges are checked again first.
+  for (int i = 0; i < CFG_N_KEYS; i++) {
+    const cfg_key *k = &cfg_keys[i];
+    const char *v = (const char *)c + k->offset;
+    if (k->type == CFG_T_FLOAT) {
+      float x = *(const float *)v;
+      CFG_RULE(x >= (float)k->min && x <= (float)k->max, "%s.%s = %.9g is out of range [%.10g, %.10g]", k->section,
+               k->key, (double)x, k->min, k->max);
+    } else if (k->type == CFG_T_INT || k->type == CFG_T_BOOL) {
+      int x = *(const int *)v;
+      CFG_RULE(x >= k->min && x <= k->max, "%s.%s = %d is out of range [%.10g, %.10g]", k->section, k->key, x,
+               k->min, k->max);
+    }
+  }
+
+  CFG_RULE(m->n_heads % m->n_kv_heads == 0,
+           "model.n_heads = %d is not divisible by model.n_kv_heads = %d: set n_kv_heads to a divisor of n_heads",
+           m->n_heads, m->n_kv_heads);
+  CFG_RULE(m->dim % m->n_heads == 0,
+           "model.dim = %d is not divisible by model.n_heads = %d: make dim a multiple of n_heads", m->dim,
+           m->n_heads);
+  CFG_RULE((m->dim / m->n_heads) % 2 == 0,
+           "head dimension model.dim / model.n_heads = %d / %d = %d is odd; rotary embeddings need it even: "
+           "change model.dim or model.n_heads",
+           m->dim, m->n_heads, m->dim / m->n_heads);
+  CFG_RULE(t->micro_batch <= t->global_batch,
+           "train.micro_batch = %d is larger than train.global_batch = %d: lower micro_batch or raise global_batch",
+           t->micro_batch, t->global_batch);
+  CFG_RULE(t->min_lr <= t->lr, "train.min_lr = %.9g is larger than train.lr = %.9g: set min_lr <= lr",
+           (double)t->min_lr, (double)t->lr);
+  CFG_RULE(t->warmup_steps <= t->steps,
+           "train.warmup_steps = %d is larger than train.steps = %d: set warmup_steps <= steps", t->warmup_steps,
+           t->steps);
+  static const char *const devices[] = {"auto", "cpu", "cuda"}, *const recomputes[] = {"none", "selective", "full"};
+  CFG_RULE(cfg_is_one_of(t->device, devices, 3), "train.device = '%s' is not one of: auto, cpu, cuda", t->device);
+  CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
+           t->recompute);
+  CFG_RULE(c->checkpoint.resume[0] != '\0',
+           "checkpoint.resume is empty: set it to none, auto, or the path of a checkpoint file");
+  if (world_size <= 0) return 0;
+
+  // Products in long long: each factor is bounded by the table, their product is not by int.
+  long long tp = p->tp, pp = p->pp, model_par = tp * pp;
+  if (p->dp == 0) {
+    CFG_RULE(world_size % model_par == 0,
+             "world size %d is not divisible by parallel.tp * parallel.pp = %lld: launch a multiple of %lld ranks "
+             "or change tp/pp",
+             world_size, model_par, model_par);
+    p->dp = (int)(world_size / model_par);
+  }
+  long long dp = p->dp;
+  CFG_RULE(model_par * dp == world_size,
+           "parallel.tp * parallel.pp * parallel.dp = %d * %d * %d = %lld does not match the world size %d: "
+           "set parallel.dp=0 to infer it, or launch %lld ranks",
+           p->tp, p->pp, p->dp, model_par * dp, world_size, model_par * dp);
+  CFG_RULE(m->n_heads % p->tp == 0 && m->n_kv_heads % p->tp == 0,
+           "model.n_heads = %d and model.n_kv_heads = %d must both be divisible by parallel.tp = %d: "
+           "lower tp or change the head counts",
+           m->n_heads, m->n_kv_heads, p->tp);
+  CFG_RULE(m->ffn_dim % p->tp == 0, "model.ffn_dim = %d is not divisible by parallel.tp = %d: make ffn_dim a multiple of tp",
+           m->ffn_dim, p->tp);
+  CFG_RULE(m->vocab_size % p->tp == 0,
+           "model.vocab_size = %d is not divisible by parallel.tp = %d: pad vocab_size to a multiple of tp",
+           m->vocab_size, p->tp);
+  CFG_RULE(m->n_layers % (p->pp * p->vpp) == 0,
+           "model.n_layers = %d is not divisible by parallel.pp * parallel.vpp = %d * %d = %d: "
+           "change n_layers, pp or vpp",
+           m->n_layers, p->pp, p->vpp, p->pp * p->vpp);
+  CFG_RULE(p->vpp == 1 || p->pp > 1,
+           "parallel.vpp = %d needs parallel.pp > 1 (virtual chunks interleave pipeline stages): set vpp=1", p->vpp);
+  CFG_RULE(!p->sequence_parallel || p->tp > 1,
+           "parallel.sequence_parallel needs parallel.tp > 1: set sequence_parallel=false or raise tp");
+  CFG_RULE(!p->sequence_parallel || m->seq_len % p->tp == 0,
+           "parallel.sequence_parallel splits model.seq_len = %d over parallel.tp = %d, which does not divide it: "
+           "make seq_len a multiple of tp",
+           m->seq_len, p->tp);
+  CFG_RULE(t->global_batch % (dp * t->micro_batch) == 0,
+           "train.global_batch = %d is not divisible by parallel.dp * train.micro_batch = %d * %d = %lld: "
+           "make global_batch a multiple of it (micro-batches per step = global_batch / (dp * micro_batch))",
+           t->global_batch, p->dp, t->micro_batch, dp * t->micro_batch);
+  CFG_RULE(!m->tie_embeddings || p->pp == 1,
+           "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
+           "stages): set model.tie_embeddings=false",
+           p->pp);
+#undef CFG_RULE
+  return 0;
+}
+
+// Appends to a buffer that may be too small, counting what the whole text needs.
+typedef struct cfg_out {
+  char *buf;
+  size_t n_buf, n;
+} cfg_out;
+
+static void cfg_put(cfg_out *o, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *dst = o->n < o->n_buf ? o->buf + o->n : NULL;
+  int n = vsnprintf(dst, dst ? o->n_buf - o->n : 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) o->n += (size_t)n;
+}
+
+// Strings are always double-quoted, so values like "yes", "123", "" or "a: b" come back as the
+// same string; bytes >= 0x80 pass through (YAML text is UTF-8).
+static void cfg_put_string(cfg_out *o, const char *s) {
+  cfg_put(o, "\"");
+  for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
+    if (*q == '"' || *q == '\\')
+      cfg_put(o, "\\%c", *q);
+    else if (*q < 0x20 || *q == 0x7f)
+      cfg_put(o, "\\x%02x", *q);
+    else
+      cfg_put(o, "%c", *q);
+  }
+  cfg_put(o, "\"");
+}
+
+size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf) {
+  cfg_out o = {buf, n_buf, 0};
+  if (buf && n_buf) buf[0] = '\0';
+  for (int i = 0; i < CFG_N_KEYS; i++) {
+    const cfg_key *k = &cfg_keys[i];
+    const char *p = (const char *)c + k->offset;
+    if (i == 0 || strcmp(k->section, cfg_keys[i - 1].section) != 0) cfg_put(&o, "%s:\n", k->section);
+    cfg_put(&o, "  %s: ", k->key);
+    switch (k->type) {
+      case CFG_T_INT: cfg_put(&o, "%d", *(const int *)p); break;
+      case CFG_T_BOOL: cfg_put(&o, "%s", *(const int *)p ? "true" : "false"); break;
+      case CFG_T_FLOAT: cfg_put(&o, "%.9g", (double)*(const float *)p); break;  // 9 digits: exact float
+      case CFG_T_UINT64: cfg_put(&o, "%" PRIu64, *(const uint64_t *)p); break;
+      case CFG_T_STRING: cfg_put_string(&o, p); break;
+    }
+    cfg_put(&o, "\n");
+  }
+  // Too small: the contract is to return the size needed (the caller retries with n + 1).
+  if (buf && n_buf && o.n >= n_buf) buf[n_buf - 1] = '\0';
+  return o.n;
+}

@@ -1,0 +1,451 @@
+// Token-shard reader and writer. Shards are memory-mapped read-only, so every rank on a node
+// shares one page-cache copy and opening a 100M-token shard costs no copy. The window order is
+// a pure function of (seed, sample): any rank, any call order, any resume point sees the same
+// tokens. Both formats are documented byte by byte in docs/data.md.
+#include "data/data.h"
+#include "kernels/check.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// Tokens are read straight from the mapping in host byte order; the formats are little-endian.
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "data.c reads little-endian token shards in place and needs a little-endian host"
+#endif
+
+#define DATA_TRN_MAGIC "TRNTOK\0\0"       // 8 bytes, this project's shards
+#define DATA_TRN_VERSION 1u
+#define DATA_TRN_HEADER_BYTES 64
+#define DATA_LLMC_MAGIC 20240520          // llm.c GPT-2 shards (uint16 tokens)
+#define DATA_LLMC_LLAMA3_MAGIC 20240801   // llm.c Llama-3 shards: recognised only to say so
+#define DATA_LLMC_VERSION 1
+#define DATA_LLMC_HEADER_BYTES (256 * 4)
+
+#define DATA_ACCEPTED_FORMATS                                                            \
+  "this project's shard (magic \"TRNTOK\\0\\0\" = 54 52 4e 54 4f 4b 00 00, written by "  \
+  "build/prepare or data_write_shard) or an llm.c GPT-2 shard (int32 magic 20240520 = "  \
+  "88 d8 34 01)"
+
+static uint32_t data_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int64_t data_le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return (int64_t)v;
+}
+
+static void data_put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void data_put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening one shard
+
+// Maps path and fills s from its header. Returns 0, or -1 with a message in err.
+static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_err) {
+  memset(s, 0, sizeof *s);
+  if (strlen(path) >= sizeof s->path) {
+    snprintf(err, n_err, "data shard path '%s' is %zu characters; at most %zu are supported: "
+             "move the shards to a shorter path", path, strlen(path), sizeof s->path - 1);
+    return -1;
+  }
+  snprintf(s->path, sizeof s->path, "%s", path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, n_err, "cannot open data shard %s: %s; expected a readable token shard: "
+             "check the path and permissions, or re-create it with build/prepare",
+             path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, n_err, "data shard %s is not a regular file; expected a token shard written "
+             "by build/prepare: point data.train/data.val at the .bin files", path);
+    close(fd);
+    return -1;
+  }
+  int64_t n_file = (int64_t)st.st_size;
+  if (n_file < 4) {
+    snprintf(err, n_err, "data shard %s is too short to be a shard: %lld bytes, expected at "
+             "least a %d-byte header; re-create it with build/prepare",
+             path, (long long)n_file, DATA_TRN_HEADER_BYTES);
+    close(fd);
+    return -1;
+  }
+  void *map = mmap(NULL, (size_t)n_file, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) {
+    snprintf(err, n_err, "cannot memory-map data shard %s (%lld bytes): %s; expected a "
+             "mappable regular file: check free address space and the file system",
+             path, (long long)n_file, strerror(errno));
+    return -1;
+  }
+  s->map = map;
+  s->n_map_bytes = (size_t)n_file;
+  const unsigned char *h = map;
+
+  int64_t header_bytes;
+  uint32_t magic32 = data_le32(h);
+  if (memcmp(h, DATA_TRN_MAGIC, 4) == 0) {
+    header_bytes = DATA_TRN_HEADER_BYTES;
+    if (n_file < header_bytes) {
+      snprintf(err, n_err, "data shard %s is too short: %lld bytes, expected at least the "
+               "%lld-byte header of this project's format; re-create it with build/prepare",
+               path, (long long)n_file, (long long)header_bytes);
+      return -1;
+    }
+    if (memcmp(h, DATA_TRN_MAGIC, 8) != 0) {
+      snprintf(err, n_err, "data shard %s has magic %02x %02x %02x %02x %02x %02x %02x %02x; "
+               "expected %s; re-create it with build/prepare",
+               path, h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], DATA_ACCEPTED_FORMATS);
+      return -1;
+    }
+    uint32_t version = data_le32(h + 8);
+    if (version != DATA_TRN_VERSION) {
+      snprintf(err, n_err, "data shard %s has format version %u; this build reads version %u: "
+               "re-create it with this build's build/prepare", path, version, DATA_TRN_VERSION);
+      return -1;
+    }
+    uint32_t token_bytes = data_le32(h + 12);
+    if (token_bytes != 2 && token_bytes != 4) {
+      snprintf(err, n_err, "data shard %s says tokens are %u bytes; expected 2 (uint16) or 4 "
+               "(int32): the header is damaged, re-create it with build/prepare",
+               path, token_bytes);
+      return -1;
+    }
+    s->token_bytes = (int)token_bytes;
+    s->n_tokens = data_le64(h + 16);
+  } else if (magic32 == DATA_LLMC_MAGIC) {
+    header_bytes = DATA_LLMC_HEADER_BYTES;
+    if (n_file < header_bytes) {
+      snprintf(err, n_err, "data shard %s is too short: %lld bytes, expected at least the "
+               "%lld-byte header of an llm.c shard; re-create it with llm.c's data scripts",
+               path, (long long)n_file, (long long)header_bytes);
+      return -1;
+    }
+    int32_t version = (int32_t)data_le32(h + 4);
+    if (version != DATA_LLMC_VERSION) {
+      snprintf(err, n_err, "llm.c data shard %s has version %d; expected version %d (GPT-2, "
+               "uint16 tokens): re-create it with llm.c's GPT-2 tokenizer",
+               path, version, DATA_LLMC_VERSION);
+      return -1;
+    }
+    s->token_bytes = 2;
+    s->n_tokens = (int32_t)data_le32(h + 8);
+  } else if (magic32 == DATA_LLMC_LLAMA3_MAGIC) {
+    snprintf(err, n_err, "data shard %s is an llm.c Llama-3 shard (magic 20240801); expected "
+             "%s: re-tokenize the text with build/prepare or llm.c's GPT-2 tokenizer",
+             path, DATA_ACCEPTED_FORMATS);
+    return -1;
+  } else {
+    snprintf(err, n_err, "data shard %s starts with magic %02x %02x %02x %02x (%lld bytes in "
+             "file); expected %s: check that data.train/data.val point at token shards, not "
+             "raw text (convert text with build/prepare)",
+             path, h[0], h[1], h[2], h[3], (long long)n_file, DATA_ACCEPTED_FORMATS);
+    return -1;
+  }
+
+  if (s->n_tokens < 0 || s->n_tokens > (INT64_MAX - header_bytes) / s->token_bytes) {
+    snprintf(err, n_err, "data shard %s says it holds %lld tokens; expected a count between 0 "
+             "and the file size: the header is damaged, re-create the shard",
+             path, (long long)s->n_tokens);
+    return -1;
+  }
+  int64_t n_expect = header_bytes + s->n_tokens * s->token_bytes;
+  if (n_file < n_expect) {
+    snprintf(err, n_err, "shard %s is truncated: header says %lld tokens (%lld bytes), file has "
+             "%lld bytes; re-create it with build/prepare",
+             path, (long long)s->n_tokens, (long long)n_expect, (long long)n_file);
+    return -1;
+  }
+  if (n_file > n_expect) {
+    snprintf(err, n_err, "shard %s is longer than its header says: header says %lld tokens "
+             "(%lld bytes), file has %lld bytes; the header is damaged or the file was "
+             "appended to: re-create it with build/prepare",
+             path, (long long)s->n_tokens, (long long)n_expect, (long long)n_file);
+    return -1;
+  }
+  s->tokens = h + header_bytes;
+  return 0;
+}
+
+static void data_shard_close(data_shard *s) {
+  if (s->map) munmap((void *)s->map, s->n_map_bytes);
+  s->map = NULL;
+  s->tokens = NULL;
+}
+
+// Largest token of a shard, or -1 with a message when an int32 shard holds a negative token
+// (an id the embedding table cannot index).
+static int data_shard_max_token(const data_shard *s, int32_t *max_token, char *err, size_t n_err) {
+  int32_t m = 0;
+  if (s->token_bytes == 2) {
+    const uint16_t *t = s->tokens;
+    uint16_t m16 = 0;
+    for (int64_t i = 0; i < s->n_tokens; i++) m16 = t[i] > m16 ? t[i] : m16;
+    m = m16;
+  } else {
+    const int32_t *t = s->tokens;
+    int32_t lo = 0;
+    for (int64_t i = 0; i < s->n_tokens; i++) {
+      m = t[i] > m ? t[i] : m;
+      lo = t[i] < lo ? t[i] : lo;
+    }
+    if (lo < 0) {
+      snprintf(err, n_err, "data shard %s holds token id %d; expected ids >= 0: the shard is "
+               "damaged or was written by another tool, re-create it with build/prepare",
+               s->path, lo);
+      return -1;
+    }
+  }
+  *max_token = m;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loader
+
+static int data_cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int data_open(data_loader *d, const char *pattern, int seq_len, uint64_t seed, char *err, size_t n_err) {
+  memset(d, 0, sizeof *d);
+  d->perm_epoch = -1;
+  if (seq_len < 1) {
+    snprintf(err, n_err, "data_open: seq_len is %d; expected >= 1: set model.seq_len", seq_len);
+    return -1;
+  }
+  if (!pattern || !pattern[0]) {
+    snprintf(err, n_err, "no data shard pattern given (empty string); expected a shard path or "
+             "glob: set data.train (e.g. data/corpus/train_*.bin)");
+    return -1;
+  }
+  d->seq_len = seq_len;
+  d->seed = seed;
+
+  glob_t g;
+  int rc = glob(pattern, 0, NULL, &g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+    if (rc == 0) globfree(&g);
+    snprintf(err, n_err, "no data shard matches '%s': run scripts/get_corpus.sh (or "
+             "build/prepare) first, or set data.train", pattern);
+    return -1;
+  }
+  if (rc != 0) {
+    snprintf(err, n_err, "cannot expand data shard pattern '%s' (glob error %d: %s); expected "
+             "a readable path or glob: check the directory permissions", pattern, rc,
+             rc == GLOB_NOSPACE ? "out of memory" : "read error");
+    return -1;
+  }
+  // glob sorts by the locale's collation; re-sort bytewise so every rank and host, whatever
+  // its locale, sees the shards (and so the windows) in one order.
+  qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, data_cmp_str);
+
+  d->shards = XCALLOC(g.gl_pathc, sizeof *d->shards);
+  int64_t n_windows = 0, n_tokens_all = 0, n_tokens_max = 0;
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    data_shard *s = &d->shards[i];
+    if (data_shard_open(s, g.gl_pathv[i], err, n_err) != 0) {
+      data_shard_close(s);
+      goto fail;
+    }
+    d->n_shards++;
+    int32_t m;
+    if (data_shard_max_token(s, &m, err, n_err) != 0) goto fail;
+    d->max_token = m > d->max_token ? m : d->max_token;
+    if (s->n_tokens > 0) n_windows += (s->n_tokens - 1) / seq_len;
+    n_tokens_all += s->n_tokens;
+    n_tokens_max = s->n_tokens > n_tokens_max ? s->n_tokens : n_tokens_max;
+  }
+  if (n_windows == 0) {
+    snprintf(err, n_err, "data shards matching '%s' are too short: a window needs seq_len + 1 "
+             "= %lld tokens within one shard, found %d shard(s) with %lld tokens in all (largest "
+             "%lld); use more text (build/prepare) or a smaller model.seq_len",
+             pattern, (long long)seq_len + 1, d->n_shards, (long long)n_tokens_all,
+             (long long)n_tokens_max);
+    goto fail;
+  }
+  globfree(&g);
+
+  d->n_windows = n_windows;
+  d->window_start = XMALLOC((size_t)n_windows * sizeof *d->window_start);
+  d->window_shard = XMALLOC((size_t)n_windows * sizeof *d->window_shard);
+  d->perm = XMALLOC((size_t)n_windows * sizeof *d->perm);
+  int64_t w = 0, base = 0;
+  for (int i = 0; i < d->n_shards; i++) {
+    const data_shard *s = &d->shards[i];
+    int64_t n = s->n_tokens > 0 ? (s->n_tokens - 1) / seq_len : 0;
+    for (int64_t k = 0; k < n; k++, w++) {
+      d->window_start[w] = base + k * seq_len;
+      d->window_shard[w] = i;
+    }
+    base += s->n_tokens;
+  }
+  return 0;
+
+fail:
+  globfree(&g);
+  data_close(d);
+  return -1;
+}
+
+// splitmix64 (Steele, Lea, Flood 2014): a counter-based generator, so the stream of an epoch is
+// a function of (seed, epoch) alone and costs nothing to re-create on any rank.
+static uint64_t data_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t data_next64(uint64_t *state) {
+  *state += 0x9E3779B97F4A7C15ull;
+  return data_mix64(*state);
+}
+
+// Uniform in [0, bound) without modulo bias: reject the low values that would over-weight the
+// small residues. Integer-only, so every platform draws the same numbers.
+static uint64_t data_below(uint64_t *state, uint64_t bound) {
+  uint64_t threshold = (0 - bound) % bound;
+  for (;;) {
+    uint64_t r = data_next64(state);
+    if (r >= threshold) return r % bound;
+  }
+}
+
+static void data_build_perm(data_loader *d, int64_t epoch) {
+  int64_t n = d->n_windows;
+  for (int64_t i = 0; i < n; i++) d->perm[i] = i;
+  // Mixing epoch before combining keeps (seed, epoch) pairs apart: seed ^ epoch alone would give
+  // seed 1 epoch 0 the same order as seed 0 epoch 1.
+  uint64_t state = data_mix64(d->seed ^ data_mix64((uint64_t)epoch + 0x632BE59BD9B4E019ull));
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)data_below(&state, (uint64_t)i + 1);
+    int64_t t = d->perm[i];
+    d->perm[i] = d->perm[j];
+    d->perm[j] = t;
+  }
+  d->perm_epoch = epoch;
+}
+
+void data_get_window(data_loader *d, int64_t sample, int32_t *out) {
+  CHECK(d->n_windows > 0, "data_get_window on a loader with no windows; expected data_open to "
+        "have succeeded first");
+  CHECK(sample >= 0, "data_get_window: sample %lld is negative; expected >= 0 (a bug in the "
+        "caller's sample counter)", (long long)sample);
+  int64_t epoch = sample / d->n_windows, j = sample % d->n_windows;
+  if (epoch != d->perm_epoch) data_build_perm(d, epoch);
+  int64_t w = d->perm[j];
+  int shard = (int)d->window_shard[w];
+  // window_start is a global offset (over all shards in order); the shard base is the sum of
+  // the shards before it. n_shards is small, so the sum costs nothing next to the copy.
+  int64_t base = 0;
+  for (int i = 0; i < shard; i++) base += d->shards[i].n_tokens;
+  const data_shard *s = &d->shards[shard];
+  int64_t off = d->window_start[w] - base;
+  int n = d->seq_len + 1;
+  if (s->token_bytes == 2) {
+    const uint16_t *t = (const uint16_t *)s->tokens + off;
+    for (int i = 0; i < n; i++) out[i] = t[i];
+  } else {
+    memcpy(out, (const int32_t *)s->tokens + off, (size_t)n * sizeof *out);
+  }
+}
+
+void data_close(data_loader *d) {
+  if (d->shards) {
+    for (int i = 0; i < d->n_shards; i++) data_shard_close(&d->shards[i]);
+    free(d->shards);
+  }
+  free(d->window_start);
+  free(d->window_shard);
+  free(d->perm);
+  memset(d, 0, sizeof *d);
+  d->perm_epoch = -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+int data_write_shard(const char *path, const int32_t *tokens, int64_t n_tokens, char *err, size_t n_err) {
+  if (n_tokens < 0 || (n_tokens > 0 && !tokens)) {
+    snprintf(err, n_err, "data_write_shard %s: %lld tokens at %p; expected a count >= 0 and a "
+             "token array (a bug in the caller)", path, (long long)n_tokens, (const void *)tokens);
+    return -1;
+  }
+  int32_t lo = 0, hi = 0;
+  for (int64_t i = 0; i < n_tokens; i++) {
+    lo = tokens[i] < lo ? tokens[i] : lo;
+    hi = tokens[i] > hi ? tokens[i] : hi;
+  }
+  if (lo < 0) {
+    snprintf(err, n_err, "data_write_shard %s: token id %d is negative; expected ids >= 0: fix "
+             "the tokenizer output", path, lo);
+    return -1;
+  }
+  uint32_t token_bytes = hi < 65536 ? 2 : 4;
+
+  char tmp[4096];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+    snprintf(err, n_err, "data_write_shard: path '%s' is too long (%zu characters); expected "
+             "at most %zu: write to a shorter path", path, strlen(path), sizeof tmp - 5);
+    return -1;
+  }
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    snprintf(err, n_err, "cannot create %s: %s; expected a writable directory: create it or "
+             "check its permissions", tmp, strerror(errno));
+    return -1;
+  }
+  unsigned char h[DATA_TRN_HEADER_BYTES] = {0};
+  memcpy(h, DATA_TRN_MAGIC, 8);
+  data_put_le32(h + 8, DATA_TRN_VERSION);
+  data_put_le32(h + 12, token_bytes);
+  data_put_le64(h + 16, (uint64_t)n_tokens);
+  int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+  if (token_bytes == 4) {
+    ok = ok && fwrite(tokens, 4, (size_t)n_tokens, f) == (size_t)n_tokens;
+  } else {
+    // Narrow through a small buffer so a 100M-token shard never needs a second full copy.
+    uint16_t buf[1 << 14];
+    for (int64_t i = 0; ok && i < n_tokens; i += (int64_t)(sizeof buf / sizeof *buf)) {
+      int64_t n = n_tokens - i < (int64_t)(sizeof buf / sizeof *buf) ? n_tokens - i
+                                                                    : (int64_t)(sizeof buf / sizeof *buf);
+      for (int64_t k = 0; k < n; k++) buf[k] = (uint16_t)tokens[i + k];
+      ok = fwrite(buf, 2, (size_t)n, f) == (size_t)n;
+    }
+  }
+  int write_errno = errno;
+  if (fclose(f) != 0 && ok) {
+    ok = 0;
+    write_errno = errno;
+  }
+  if (!ok) {
+    snprintf(err, n_err, "cannot write %lld tokens to %s: %s; expected %lld bytes to fit: free "
+             "disk space or choose another output directory", (long long)n_tokens, tmp,
+             strerror(write_errno), (long long)(DATA_TRN_HEADER_BYTES + n_tokens * token_bytes));
+    remove(tmp);
+    return -1;
+  }
+  // Rename is atomic: a reader sees the old shard or the whole new one, never half of it.
+  if (rename(tmp, path) != 0) {
+    snprintf(err, n_err, "cannot rename %s to %s: %s; expected a writable directory: check its "
+             "permissions", tmp, path, strerror(errno));
+    remove(tmp);
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,252 @@
+// build/prepare: turns raw UTF-8 text files into token shards for the trainer. Byte-level
+// tokens (token = byte value, vocab 256), so any text works with no tokenizer files; the last
+// --val-fraction of the concatenated bytes becomes the validation split.
+//   build/prepare --out DIR [--val-fraction 0.05] [--shard-tokens N] FILE...
+// Writes DIR/train_000.bin, train_001.bin, ... and DIR/val_000.bin (docs/data.md).
+#include "data/data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void prepare_usage(FILE *f) {
+  fprintf(f,
+          "usage: prepare --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
+          "  Tokenises text files byte by byte (vocab 256) into DIR/train_NNN.bin and\n"
+          "  DIR/val_NNN.bin (this project's shard format, docs/data.md).\n"
+          "  --out DIR           output directory (created if missing)\n"
+          "  --val-fraction F    last fraction of the bytes kept for validation, 0 <= F < 1\n"
+          "                      (default 0.05; 0 writes no val shard)\n"
+          "  --shard-tokens N    at most N tokens per shard (default 100000000)\n");
+}
+
+// The input files read as one byte stream, so shards may span file boundaries.
+typedef struct prepare_stream {
+  char **paths;
+  int n_paths;
+  int i_path;
+  FILE *f;
+} prepare_stream;
+
+// Reads up to n bytes as tokens; returns the count (short only at the end of the last file).
+static int64_t prepare_read(prepare_stream *s, int32_t *out, int64_t n) {
+  static unsigned char buf[1 << 16];
+  int64_t got = 0;
+  while (got < n && s->i_path < s->n_paths) {
+    if (!s->f) {
+      s->f = fopen(s->paths[s->i_path], "rb");
+      if (!s->f) {
+        fprintf(stderr, "prepare: cannot open %s: %s; expected a readable text file\n",
+                s->paths[s->i_path], strerror(errno));
+        exit(1);
+      }
+    }
+    size_t want = n - got < (int64_t)sizeof buf ? (size_t)(n - got) : sizeof buf;
+    size_t k = fread(buf, 1, want, s->f);
+    for (size_t i = 0; i < k; i++) out[got + (int64_t)i] = buf[i];
+    got += (int64_t)k;
+    if (k < want) {
+      if (ferror(s->f)) {
+        fprintf(stderr, "prepare: error reading %s: %s; expected a readable text file\n",
+                s->paths[s->i_path], strerror(errno));
+        exit(1);
+      }
+      fclose(s->f);
+      s->f = NULL;
+      s->i_path++;
+    }
+  }
+  return got;
+}
+
+// mkdir -p: the output directory may be several levels deep (data/corpus).
+static int prepare_mkdirs(const char *dir) {
+  char p[4096];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return -1;
+  for (char *c = p + 1; *c; c++) {
+    if (*c != '/') continue;
+    *c = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+    *c = '/';
+  }
+  if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+// Digits in shard names: three as the docs show, more when needed, so that names always sort
+// in shard order (train_1000 would sort before train_101).
+static int prepare_width(int n_shards) {
+  int width = 3;
+  for (long long m = 1000; m <= n_shards - 1; m *= 10) width++;
+  return width;
+}
+
+// Writes n_tokens from the stream as shards DIR/NAME_%0*d.bin; returns the number written.
+static int prepare_write_split(prepare_stream *s, const char *dir, const char *name, int64_t n_tokens,
+                               int64_t shard_tokens, int32_t *buf) {
+  int n_shards = (int)((n_tokens + shard_tokens - 1) / shard_tokens);
+  int width = prepare_width(n_shards);
+  for (int i = 0; i < n_shards; i++) {
+    int64_t n = n_tokens - (int64_t)i * shard_tokens < shard_tokens ? n_tokens - (int64_t)i * shard_tokens
+                                                                   : shard_tokens;
+    int64_t got = prepare_read(s, buf, n);
+    if (got != n) {
+      fprintf(stderr, "prepare: the input ended early (read %lld of %lld expected bytes for "
+              "%s shard %d); expected the files not to change while prepare runs: run it again\n",
+              (long long)got, (long long)n, name, i);
+      exit(1);
+    }
+    char path[4352], err[1024];
+    if (snprintf(path, sizeof path, "%s/%s_%0*d.bin", dir, name, width, i) >= (int)sizeof path) {
+      fprintf(stderr, "prepare: output path %s/... is too long; expected under %zu characters: "
+              "choose a shorter --out\n", dir, sizeof path - 32);
+      exit(1);
+    }
+    if (data_write_shard(path, buf, n, err, sizeof err) != 0) {
+      fprintf(stderr, "prepare: %s\n", err);
+      exit(1);
+    }
+    printf("wrote %s: %lld tokens\n", path, (long long)n);
+  }
+  return n_shards;
+}
+
+// Removes NAME_<digits>.bin shards that this run did not write (left by an earlier, larger
+// run): data.train globs the directory, and a stale shard would silently join the new data.
+static void prepare_remove_stale(const char *dir, const char *name, int n_written) {
+  int width = prepare_width(n_written);
+  DIR *dd = opendir(dir);
+  if (!dd) return;
+  size_t n_name = strlen(name);
+  struct dirent *e;
+  while ((e = readdir(dd))) {
+    const char *f = e->d_name;
+    if (strncmp(f, name, n_name) != 0 || f[n_name] != '_') continue;
+    const char *digits = f + n_name + 1;
+    size_t n_digits = strspn(digits, "0123456789");
+    if (n_digits == 0 || strcmp(digits + n_digits, ".bin") != 0) continue;
+    if ((int)n_digits == width && atoll(digits) < n_written) continue;  // written just now
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s", dir, f);
+    if (remove(path) == 0) printf("removed stale %s\n", path);
+    else fprintf(stderr, "prepare: warning: cannot remove stale %s: %s; remove it by hand, "
+                 "or data.train globs will include it\n", path, strerror(errno));
+  }
+  closedir(dd);
+}
+
+int main(int argc, char **argv) {
+  const char *out = NULL;
+  double val_fraction = 0.05;
+  int64_t shard_tokens = 100000000;
+  char **files = calloc((size_t)argc, sizeof *files);
+  int n_files = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      prepare_usage(stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--out") || !strcmp(a, "--val-fraction") || !strcmp(a, "--shard-tokens")) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "prepare: %s expects a value, found the end of the arguments\n", a);
+        prepare_usage(stderr);
+        return 2;
+      }
+      const char *v = argv[++i];
+      char *end;
+      if (!strcmp(a, "--out")) {
+        out = v;
+      } else if (!strcmp(a, "--val-fraction")) {
+        val_fraction = strtod(v, &end);
+        if (end == v || *end || !(val_fraction >= 0 && val_fraction < 1)) {
+          fprintf(stderr, "prepare: --val-fraction expects a number in [0, 1), found '%s'\n", v);
+          return 2;
+        }
+      } else {
+        long long st = strtoll(v, &end, 10);
+        if (end == v || *end || st < 2) {
+          fprintf(stderr, "prepare: --shard-tokens expects an integer >= 2, found '%s'\n", v);
+          return 2;
+        }
+        shard_tokens = st;
+      }
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "prepare: unknown option '%s'; expected --out, --val-fraction or "
+              "--shard-tokens\n", a);
+      prepare_usage(stderr);
+      return 2;
+    } else {
+      files[n_files++] = argv[i];
+    }
+  }
+  if (!out || n_files == 0) {
+    fprintf(stderr, "prepare: expected --out DIR and at least one text file, found %s\n",
+            !out ? "no --out" : "no input file");
+    prepare_usage(stderr);
+    return 2;
+  }
+
+  // Sizes first: the split point must be known before the first train shard is written, and
+  // stat lets the input stream through a fixed buffer instead of being held in memory.
+  int64_t n_total = 0;
+  for (int i = 0; i < n_files; i++) {
+    struct stat st;
+    if (stat(files[i], &st) != 0) {
+      fprintf(stderr, "prepare: cannot read %s: %s; expected a text file: check the path\n",
+              files[i], strerror(errno));
+      return 1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      fprintf(stderr, "prepare: %s is not a regular file; expected a text file (pipes are not "
+              "supported: save the text to a file first)\n", files[i]);
+      return 1;
+    }
+    n_total += (int64_t)st.st_size;
+  }
+  if (n_total == 0) {
+    fprintf(stderr, "prepare: the %d input file(s) are empty; expected some text\n", n_files);
+    return 1;
+  }
+  int64_t n_val = (int64_t)((double)n_total * val_fraction);
+  int64_t n_train = n_total - n_val;
+  if (val_fraction > 0 && n_val == 0) {
+    fprintf(stderr, "prepare: warning: %lld bytes x val fraction %g rounds to 0 val tokens; "
+            "no val shard written\n", (long long)n_total, val_fraction);
+  }
+  if (prepare_mkdirs(out) != 0) {
+    fprintf(stderr, "prepare: cannot create output directory %s: %s; expected a writable path\n",
+            out, strerror(errno));
+    return 1;
+  }
+
+  int64_t n_buf = shard_tokens < n_total ? shard_tokens : n_total;
+  int32_t *buf = malloc((size_t)n_buf * sizeof *buf);
+  if (!buf) {
+    fprintf(stderr, "prepare: out of memory for a %lld-token shard buffer; expected to fit: "
+            "pass a smaller --shard-tokens\n", (long long)n_buf);
+    return 1;
+  }
+  prepare_stream s = {files, n_files, 0, NULL};
+  int n_train_shards = prepare_write_split(&s, out, "train", n_train, shard_tokens, buf);
+  int n_val_shards = n_val > 0 ? prepare_write_split(&s, out, "val", n_val, shard_tokens, buf) : 0;
+  int32_t extra;
+  if (prepare_read(&s, &extra, 1) != 0) {
+    fprintf(stderr, "prepare: the input grew while prepare ran (more than the %lld bytes "
+            "stat reported); expected the files not to change: run it again\n", (long long)n_total);
+    return 1;
+  }
+  prepare_remove_stale(out, "train", n_train_shards);
+  prepare_remove_stale(out, "val", n_val_shards);
+  printf("prepare: %lld tokens from %d file(s): %lld train in %d shard(s), %lld val in %d "
+         "shard(s); byte-level vocab: set model.vocab_size >= 256\n", (long long)n_total, n_files,
+         (long long)n_train, n_train_shards, (long long)n_val, n_val_shards);
+  free(buf);
+  free(files);
+  return 0;
+}
