@@ -36,13 +36,32 @@ typedef struct ckpt_meta {
 // Collective over comm. Writes dir/ckpt_<step, 8 digits>.h5 via dir/.ckpt_<step>.h5.tmp, then
 // renames; removes all but the newest `keep` checkpoints (keep 0: keep all). Creates dir.
 // Returns 0, or -1 with a message (same result on every rank).
+// Precondition (checked; a mismatch aborts): every rank passes the same tensor list, i.e. the same
+// names, ndim and full shapes in the same order, because creating a dataset is a collective
+// metadata operation. Only start, count, data and write differ between ranks; a rank that holds
+// nothing of a tensor passes a zero count or write = 0. A name may repeat (same full shape): each
+// entry is one more block of that dataset, e.g. a flat optimizer shard spanning several rows.
+// Metadata (step, samples_seen, seed, rng_counter, config_yaml) is taken from rank 0.
+// Also: an existing checkpoint of the same step is replaced; the checkpoint just written is
+// never rotated away, even when dir holds higher steps (a warning names them); leftover
+// .ckpt_*.h5.tmp files of crashed writes are removed. Rotation runs on rank 0 after the result is
+// agreed, so other ranks may return before old files are gone; its failures are warnings.
 int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
               int keep, char *err, size_t n_err);
 // Collective. Reads into each tensor's block. A missing tensor, or a full shape different
 // from the file's, is an error naming the tensor and both shapes and saying what to do.
+// Same list precondition as ckpt_save (names and full shapes equal on every rank); `write` is
+// ignored, a zero count reads nothing. n_tensors 0 reads only meta (e.g. the stored config before
+// the model is built). meta may be NULL; on success meta->config_yaml is malloc'd (free it with
+// free((void *)meta->config_yaml)); on failure it is NULL. Every rank gets the same result.
 int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors, ckpt_meta *meta, char *err,
               size_t n_err);
 // Newest complete checkpoint in dir (path_out), 0 if found, 1 if none, -1 on error.
+// Not collective: serial read-only opens, safe from every rank at once (cheaper at scale: call it
+// on rank 0 and broadcast). A missing dir means none (1). Files that do not open or lack
+// complete == 1 are skipped with a warning on stderr (printed by world rank 0 only). The format
+// version is not checked here, so ckpt_load reports a version mismatch instead of an older file
+// being picked silently. On -1 (dir unreadable) path_out holds the error message.
 int ckpt_find_latest(const char *dir, char *path_out, size_t n_path);
 
 #endif

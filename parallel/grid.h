@@ -18,6 +18,9 @@ typedef struct grid {
 
 // Collective over MPI_COMM_WORLD; tp * dp * pp must equal the world size (checked by
 // cfg_validate before). create_comm makes one group communicator (comm_mpi_create, or NCCL).
+// create_comm must duplicate (or otherwise not keep) the MPI_Comm it is given: grid_init frees
+// its MPI_Comm_split results right after the call. The group rank of tp_c/dp_c/pp_c equals
+// tp_rank/dp_rank/pp_rank (checked).
 void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name));
 // Safe twice.
 void grid_free(grid *g);

@@ -4,6 +4,19 @@
 // [s * L / (pp*vpp), (s+1) * L / (pp*vpp)); stage s sends activations to stage s + 1.
 // Consecutive send/recv steps form one group: the executor posts them all, then completes
 // them together (comm group_start/group_end), which is what makes crossed pairs safe.
+// The executor contract, precisely (tests/test_pp_schedule.c simulates it for every rank):
+// - a group is a maximal run of consecutive send/recv steps; post every step of it, in the
+//   listed order, between one group_start and one group_end, and nothing else in that group;
+//   run compute steps one by one (FWD and BWD may follow each other with no group between);
+// - transfers between two ranks are matched in posting order (no tags, as in NCCL), so the
+//   listed order must be kept: with pp == 2 one group can hold an activation and a gradient
+//   for the same peer;
+// - receives may come earlier than the compute that uses them (interleaved schedules prefetch
+//   the next forward's input and the next backward's gradient): RECV_ACT (m, c) fills the
+//   input of (m, c), RECV_GRAD (m, c) the output gradient of (m, c), whose forward has run;
+// - sends read the output (SEND_ACT, after FWD) or input gradient (SEND_GRAD, after BWD) of
+//   (m, c), which must stay intact until the group holding the send has ended;
+// - peer is the rank in the pipeline communicator (grid pp_c), not the world rank.
 #ifndef TRAINER_PP_SCHEDULE_H
 #define TRAINER_PP_SCHEDULE_H
 

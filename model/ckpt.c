@@ -1,0 +1,882 @@
+// Checkpoint I/O: one HDF5 file per checkpoint holding every tensor at its full logical shape,
+// written and read with collective MPI-IO (each rank its own hyperslab), so a run can resume
+// under another tp/pp/dp layout. Atomic: written as dir/.ckpt_<step>.h5.tmp, synced, renamed.
+// Layout and the reasons behind it: docs/checkpoint.md.
+#include "model/ckpt.h"
+#include "kernels/check.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define CKPT_MAGIC "trainer-checkpoint"  // value of the root attribute "format"
+#define CKPT_MSG 2048                    // internal message buffer; copied into the caller's err
+#define CKPT_PATH 4096
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+static void ckpt_msgf(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ckpt_msgf(char *msg, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, CKPT_MSG, fmt, ap);
+  va_end(ap);
+}
+
+static void ckpt_copy_err(char *err, size_t n_err, const char *msg) {
+  if (err && n_err > 0) snprintf(err, n_err, "%s", msg);
+}
+
+// Warnings go to stderr once per job, not once per rank: ckpt_find_latest may run on every rank.
+static int ckpt_is_world_root(void) {
+  int inited = 0, finalized = 0, rank = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank == 0;
+}
+
+// Expected failures (missing file, not HDF5, disk full) must not dump HDF5's error stack: the
+// caller gets one clean message instead. Only those calls are wrapped, so a genuine bug caught
+// by H5_CHECK still prints the stack that its message refers to.
+typedef struct ckpt_quiet {
+  H5E_auto2_t func;
+  void *data;
+} ckpt_quiet;
+
+static void ckpt_quiet_begin(ckpt_quiet *q) {
+  H5_CHECK(H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data));
+  H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL));
+}
+
+static void ckpt_quiet_end(const ckpt_quiet *q) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, q->func, q->data)); }
+
+// Closing after a failure, where a complaint from HDF5 would add nothing to the message.
+static void ckpt_close_quietly(hid_t file) {
+  ckpt_quiet q;
+  ckpt_quiet_begin(&q);
+  H5Fclose(file);
+  ckpt_quiet_end(&q);
+}
+
+static herr_t ckpt_reason_cb(unsigned n, const H5E_error2_t *e, void *out) {
+  (void)n;
+  char *s = out;
+  if (s[0] == '\0' && e->desc && e->desc[0]) snprintf(s, 256, "%s", e->desc);
+  return 0;
+}
+
+// The innermost HDF5 error description (the most specific, e.g. the errno text of an open),
+// read off the stack while printing is off; call it before anything clears the stack.
+static void ckpt_h5_reason(char out[256]) {
+  out[0] = '\0';
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, ckpt_reason_cb, out);
+  if (out[0] == '\0') snprintf(out, 256, "no detail from HDF5");
+}
+
+static void ckpt_fmt_shape(char *buf, size_t n_buf, int ndim, const int64_t *dims) {
+  size_t used = (size_t)snprintf(buf, n_buf, "(");
+  for (int d = 0; d < ndim && used < n_buf; d++)
+    used += (size_t)snprintf(buf + used, n_buf - used, "%s%" PRId64, d ? ", " : "", dims[d]);
+  if (used < n_buf) snprintf(buf + used, n_buf - used, ")");
+}
+
+static int ckpt_block_empty(const ckpt_tensor *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->count[d] == 0) return 1;
+  return 0;
+}
+
+// Selects this rank's block in the file space and returns the matching dense memory space, or
+// empty selections on both sides: a rank with nothing to move still joins the collective call.
+static hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace) {
+  hsize_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
+  for (int d = 0; d < t->ndim; d++) {
+    start[d] = (hsize_t)t->start[d];
+    count[d] = (hsize_t)t->count[d];
+  }
+  hid_t mspace;
+  if (active) {
+    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL));
+    mspace = H5Screate_simple(t->ndim, count, NULL);
+    H5_CHECK(mspace);
+  } else {
+    H5_CHECK(H5Sselect_none(fspace));
+    mspace = H5Scopy(fspace);
+    H5_CHECK(mspace);
+    H5_CHECK(H5Sselect_none(mspace));
+  }
+  return mspace;
+}
+
+// Every rank must end a collective step with the same result. The first failing rank's message
+// wins; msg must be a CKPT_MSG buffer on every rank. Returns 0 if no rank failed, else -1.
+static int ckpt_agree(MPI_Comm comm, int rc, char *msg) {
+  int rank = 0, n_ranks = 1;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
+  int first = rc != 0 ? rank : n_ranks;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == n_ranks) return 0;
+  MPI_CHECK(MPI_Bcast(msg, CKPT_MSG, MPI_CHAR, first, comm));
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks: a malformed tensor list is a bug in the caller, so these abort.
+
+static void ckpt_check_tensor(const ckpt_tensor *t, int i, int saving) {
+  size_t len = strnlen(t->name, sizeof t->name);
+  CHECK(len > 0 && len < sizeof t->name, "tensor %d: name is empty or not NUL-terminated within %zu bytes", i,
+        sizeof t->name);
+  CHECK(t->name[0] != '/' && t->name[len - 1] != '/' && !strstr(t->name, "//"),
+        "tensor %d '%s': expected a relative path like 'model/layers.wq' without empty components", i, t->name);
+  CHECK(t->ndim >= 1 && t->ndim <= CKPT_MAX_DIMS, "tensor '%s': ndim is %d, expected 1..%d", t->name, t->ndim,
+        CKPT_MAX_DIMS);
+  for (int d = 0; d < t->ndim; d++)
+    CHECK(t->full[d] >= 0 && t->start[d] >= 0 && t->count[d] >= 0 && t->start[d] + t->count[d] <= t->full[d],
+          "tensor '%s' dim %d: block [%" PRId64 ", %" PRId64 ") does not fit the full extent %" PRId64, t->name, d,
+          t->start[d], t->start[d] + t->count[d], t->full[d]);
+  if (!ckpt_block_empty(t) && (!saving || t->write))
+    CHECK(t->data != NULL, "tensor '%s': data is NULL but this rank %s a non-empty block", t->name,
+          saving ? "writes" : "reads");
+}
+
+static uint64_t ckpt_fnv(uint64_t h, const void *p, size_t n_bytes) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n_bytes; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// Dataset creation and opening are collective metadata operations: every rank must make the same
+// calls in the same order, or the file is corrupt or the job hangs. A hash of the list (names
+// and full shapes) compared across ranks turns that bug into an immediate, named abort.
+static void ckpt_check_list(MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, int saving, const char *fn) {
+  CHECK(n_tensors >= 0 && (n_tensors == 0 || tensors != NULL), "%s: %d tensors but tensors is NULL", fn, n_tensors);
+  uint64_t h = ckpt_fnv(1469598103934665603ull, &n_tensors, sizeof n_tensors);
+  for (int i = 0; i < n_tensors; i++) {
+    const ckpt_tensor *t = &tensors[i];
+    ckpt_check_tensor(t, i, saving);
+    h = ckpt_fnv(h, t->name, strlen(t->name) + 1);
+    h = ckpt_fnv(h, &t->ndim, sizeof t->ndim);
+    h = ckpt_fnv(h, t->full, sizeof t->full[0] * (size_t)t->ndim);
+    for (int j = 0; j < i; j++) {
+      if (strcmp(tensors[j].name, t->name) != 0) continue;
+      // A repeated name is one more block of the same dataset, so the shapes must agree.
+      CHECK(tensors[j].ndim == t->ndim && !memcmp(tensors[j].full, t->full, sizeof t->full[0] * (size_t)t->ndim),
+            "%s: tensor '%s' appears twice (entries %d and %d) with different full shapes", fn, t->name, j, i);
+      break;
+    }
+  }
+  uint64_t mm[2] = {h, ~h};  // max of h and max of ~h: every rank sees a mismatch if any exists
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_UINT64_T, MPI_MAX, comm));
+  CHECK(mm[0] == h && mm[1] == ~h,
+        "%s: ranks passed different tensor lists; every rank must pass the same names and full shapes in the "
+        "same order (only start, count, data and write differ between ranks)",
+        fn);
+}
+
+static int ckpt_first_index(const ckpt_tensor *tensors, int i) {
+  for (int j = 0; j < i; j++)
+    if (strcmp(tensors[j].name, tensors[i].name) == 0) return j;
+  return i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directory listing shared by ckpt_find_latest and the rotation after a save.
+
+typedef struct ckpt_entry {
+  int64_t step;
+  char name[256];
+} ckpt_entry;
+
+// Parses "<prefix><digits><suffix>"; returns the step or -1.
+static int64_t ckpt_parse_name(const char *name, const char *prefix, const char *suffix) {
+  size_t np = strlen(prefix), ns = strlen(suffix), n = strlen(name);
+  if (n <= np + ns || strncmp(name, prefix, np) != 0 || strcmp(name + n - ns, suffix) != 0) return -1;
+  size_t n_digits = n - np - ns;
+  if (n_digits > 18) return -1;  // keeps the value inside int64
+  int64_t step = 0;
+  for (size_t i = np; i < np + n_digits; i++) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+static int ckpt_entry_cmp(const void *a, const void *b) {
+  const ckpt_entry *x = a, *y = b;
+  if (x->step != y->step) return x->step < y->step ? 1 : -1;  // newest first
+  return strcmp(y->name, x->name);
+}
+
+// Lists files of dir matching prefix<digits>suffix, newest step first. Returns the count, or -1
+// with errno set (ENOENT when dir does not exist).
+static int ckpt_list(const char *dir, const char *prefix, const char *suffix, ckpt_entry **out) {
+  *out = NULL;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0, cap = 0;
+  ckpt_entry *v = NULL;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    int64_t step = ckpt_parse_name(e->d_name, prefix, suffix);
+    if (step < 0 || strlen(e->d_name) >= sizeof v[0].name) continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      ckpt_entry *nv = realloc(v, sizeof *v * (size_t)cap);
+      CHECK(nv != NULL, "out of host memory listing %s", dir);
+      v = nv;
+    }
+    v[n].step = step;
+    snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+    n++;
+  }
+  closedir(d);
+  if (n > 1) qsort(v, (size_t)n, sizeof *v, ckpt_entry_cmp);
+  *out = v;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+static int ckpt_mkdir_p(const char *dir, char *msg) {
+  char p[CKPT_PATH];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+    ckpt_msgf(msg, "checkpoint directory path is too long (%zu bytes, at most %d): use a shorter checkpoint.dir",
+              strlen(dir), CKPT_PATH - 1);
+    return -1;
+  }
+  for (char *s = p + 1;; s++) {
+    if (*s != '/' && *s != '\0') continue;
+    char c = *s;
+    *s = '\0';
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+      ckpt_msgf(msg, "cannot create checkpoint directory %s (at %s: %s): check checkpoint.dir and its permissions",
+                dir, p, strerror(errno));
+      return -1;
+    }
+    *s = c;
+    if (c == '\0') break;
+  }
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    ckpt_msgf(msg, "checkpoint directory %s exists but is not a directory: point checkpoint.dir elsewhere", dir);
+    return -1;
+  }
+  return 0;
+}
+
+// Rank 0 before the write: make the directory and refuse early when the file cannot fit, rather
+// than fail half-way through a multi-gigabyte collective write.
+static int ckpt_prepare_dir(const char *dir, int64_t n_bytes_needed, char *msg) {
+  if (ckpt_mkdir_p(dir, msg) != 0) return -1;
+  struct statvfs vfs;
+  if (statvfs(dir, &vfs) == 0) {
+    int64_t n_bytes_free = (int64_t)vfs.f_bavail * (int64_t)vfs.f_frsize;
+    if (n_bytes_free < n_bytes_needed) {
+      ckpt_msgf(msg,
+                "checkpoint needs about %.1f MiB in %s but only %.1f MiB are free: free space, lower "
+                "checkpoint.keep, or point checkpoint.dir at a larger file system",
+                n_bytes_needed / 1048576.0, dir, n_bytes_free / 1048576.0);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+// Rank 0 after every rank closed the file: make the bytes durable, then publish them under the
+// final name in one atomic rename, then make the rename itself durable.
+static int ckpt_publish(const char *tmp, const char *final, const char *dir, char *msg) {
+  int fd = open(tmp, O_RDONLY);  // fsync through a read-only descriptor flushes the file on Linux
+  if (fd < 0 || fsync(fd) != 0) {
+    ckpt_msgf(msg, "cannot sync checkpoint %s to disk (%s): the file system may be full or failing; free space "
+                   "and retry",
+              tmp, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  if (rename(tmp, final) != 0) {
+    ckpt_msgf(msg, "cannot rename %s to %s (%s): check the permissions of %s", tmp, final, strerror(errno), dir);
+    return -1;
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+  // Some file systems cannot fsync a directory (EINVAL); the rename is then as durable as they allow.
+  if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL && errno != EROFS))
+    fprintf(stderr, "warning: cannot sync directory %s after publishing %s (%s)\n", dir, final, strerror(errno));
+  if (dfd >= 0) close(dfd);
+  return 0;
+}
+
+// Rank 0 after a successful save: keep the newest `keep` checkpoints by step, never the one just
+// written, and drop temporaries left by crashed writes (they can be as large as a checkpoint).
+static void ckpt_rotate(const char *dir, int keep, int64_t step) {
+  char path[CKPT_PATH];
+  ckpt_entry *v = NULL;
+  int n = ckpt_list(dir, ".ckpt_", ".h5.tmp", &v);
+  for (int i = 0; i < n; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, v[i].name);
+    if (unlink(path) != 0 && errno != ENOENT)
+      fprintf(stderr, "warning: cannot remove stale temporary %s (%s)\n", path, strerror(errno));
+  }
+  free(v);
+  n = ckpt_list(dir, "ckpt_", ".h5", &v);
+  for (int i = 0; i < n; i++) {
+    if (v[i].step > step)
+      fprintf(stderr,
+              "warning: %s/%s is newer (step %" PRId64 ") than the checkpoint just written (step %" PRId64
+              "); resume=auto will pick it: remove it if it belongs to an abandoned run\n",
+              dir, v[i].name, v[i].step, step);
+    if (keep <= 0 || i < keep || v[i].step == step) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, v[i].name);
+    if (unlink(path) != 0 && errno != ENOENT)
+      fprintf(stderr, "warning: cannot remove old checkpoint %s (%s)\n", path, strerror(errno));
+  }
+  free(v);
+}
+
+static void ckpt_attr_write(hid_t loc, const char *name, hid_t file_type, hid_t mem_type, const void *value) {
+  hid_t space = H5Screate(H5S_SCALAR);
+  H5_CHECK(space);
+  hid_t a = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5_CHECK(a);
+  H5_CHECK(H5Awrite(a, mem_type, value));
+  H5_CHECK(H5Aclose(a));
+  H5_CHECK(H5Sclose(space));
+}
+
+// Fixed-length rather than variable-length: variable-length data goes through the global heap,
+// which parallel HDF5 handles poorly; a fixed string is plain metadata and h5py reads it as bytes.
+static void ckpt_attr_write_string(hid_t loc, const char *name, const char *s) {
+  hid_t type = H5Tcopy(H5T_C_S1);
+  H5_CHECK(type);
+  H5_CHECK(H5Tset_size(type, strlen(s) + 1));
+  H5_CHECK(H5Tset_strpad(type, H5T_STR_NULLTERM));
+  H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
+  ckpt_attr_write(loc, name, type, type, s);
+  H5_CHECK(H5Tclose(type));
+}
+
+static hid_t ckpt_fapl(MPI_Comm comm) {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5_CHECK(fapl);
+  H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  // Metadata read once and broadcast, written collectively: thousands of ranks each reading the
+  // superblock and every object header would hammer the metadata server of a parallel file system.
+  H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1));
+  H5_CHECK(H5Pset_coll_metadata_write(fapl, 1));
+  // Large tensors start on 1 MiB boundaries, which file-system stripes are multiples of.
+  H5_CHECK(H5Pset_alignment(fapl, 1 << 20, 1 << 20));
+  return fapl;
+}
+
+// Writes one entry's block (or nothing, collectively). Returns 0, or -1 with msg on an I/O error.
+static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_t lcpl, hid_t dcpl, hid_t dxpl,
+                             const char *tmp, const char *dir, char *msg) {
+  const ckpt_tensor *t = &tensors[i];
+  hsize_t full[CKPT_MAX_DIMS];
+  for (int d = 0; d < t->ndim; d++) full[d] = (hsize_t)t->full[d];
+  hid_t dset;
+  if (ckpt_first_index(tensors, i) == i) {
+    hid_t space = H5Screate_simple(t->ndim, full, NULL);
+    H5_CHECK(space);
+    dset = H5Dcreate2(file, t->name, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
+    H5_CHECK(dset);
+    H5_CHECK(H5Sclose(space));
+  } else {
+    dset = H5Dopen2(file, t->name, H5P_DEFAULT);  // another block of a dataset created above
+    H5_CHECK(dset);
+  }
+  hid_t fspace = H5Dget_space(dset);
+  H5_CHECK(fspace);
+  int writes = t->write && !ckpt_block_empty(t);
+  hid_t mspace = ckpt_select(t, writes, fspace);
+  static const float dummy = 0.0f;  // HDF5 rejects a NULL buffer even for an empty selection
+  ckpt_quiet q;
+  char reason[256] = "";
+  ckpt_quiet_begin(&q);
+  herr_t w = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, writes ? (const void *)t->data : &dummy);
+  if (w < 0) ckpt_h5_reason(reason);
+  ckpt_quiet_end(&q);
+  H5_CHECK(H5Sclose(mspace));
+  H5_CHECK(H5Sclose(fspace));
+  H5_CHECK(H5Dclose(dset));
+  if (w < 0) {
+    ckpt_msgf(msg,
+              "writing tensor '%s' to %s failed (HDF5: %s): the disk may be full or the file system unavailable; "
+              "free space in %s (or lower checkpoint.keep) and retry",
+              t->name, tmp, reason, dir);
+    return -1;
+  }
+  return 0;
+}
+
+int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
+              int keep, char *err, size_t n_err) {
+  CHECK(dir != NULL && dir[0] != '\0', "ckpt_save: dir is empty");
+  CHECK(meta != NULL, "ckpt_save: meta is NULL");
+  CHECK(meta->step >= 0, "ckpt_save: step is %" PRId64 ", expected >= 0", meta->step);
+  ckpt_check_list(comm, tensors, n_tensors, 1, "ckpt_save");
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  char msg[CKPT_MSG] = "";
+
+  // Attributes are collective metadata that every rank writes with identical values, and the
+  // file name must agree: take both from rank 0 rather than trust every rank to match.
+  int64_t nums[4] = {meta->step, meta->samples_seen, (int64_t)meta->seed, (int64_t)meta->rng_counter};
+  MPI_CHECK(MPI_Bcast(nums, 4, MPI_INT64_T, 0, comm));
+  long long n_yaml = rank == 0 && meta->config_yaml ? (long long)strlen(meta->config_yaml) : 0;
+  MPI_CHECK(MPI_Bcast(&n_yaml, 1, MPI_LONG_LONG, 0, comm));
+  CHECK(n_yaml < INT32_MAX, "ckpt_save: config_yaml is %lld bytes, expected under 2 GiB", n_yaml);
+  char *yaml = XMALLOC((size_t)n_yaml + 1);
+  if (rank == 0 && n_yaml) memcpy(yaml, meta->config_yaml, (size_t)n_yaml);
+  if (n_yaml) MPI_CHECK(MPI_Bcast(yaml, (int)n_yaml, MPI_CHAR, 0, comm));
+  yaml[n_yaml] = '\0';
+  int64_t step = nums[0];
+
+  char tmp[CKPT_PATH], final[CKPT_PATH];
+  int n1 = snprintf(tmp, sizeof tmp, "%s/.ckpt_%08" PRId64 ".h5.tmp", dir, step);
+  int n2 = snprintf(final, sizeof final, "%s/ckpt_%08" PRId64 ".h5", dir, step);
+  int rc = 0;
+  if (n1 >= (int)sizeof tmp || n2 >= (int)sizeof final) {
+    ckpt_msgf(msg, "checkpoint directory path %s is too long (at most about %d bytes): use a shorter "
+                   "checkpoint.dir",
+              dir, CKPT_PATH - 32);
+    rc = -1;
+  }
+  if (rc == 0 && rank == 0) {
+    int64_t n_bytes = (int64_t)n_yaml + (1 << 20);  // metadata and slack
+    for (int i = 0; i < n_tensors; i++) {
+      if (ckpt_first_index(tensors, i) != i) continue;
+      int64_t n_elem = 1;
+      for (int d = 0; d < tensors[i].ndim; d++) n_elem *= tensors[i].full[d];
+      n_bytes += n_elem * (int64_t)sizeof(float) + (n_elem * 4 >= (1 << 20) ? (1 << 20) : 0);  // + alignment
+    }
+    rc = ckpt_prepare_dir(dir, n_bytes, msg);
+  }
+  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+
+  hid_t fapl = ckpt_fapl(comm);
+  ckpt_quiet q;
+  char reason[256] = "";
+  ckpt_quiet_begin(&q);
+  hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (file < 0) ckpt_h5_reason(reason);
+  ckpt_quiet_end(&q);
+  H5_CHECK(H5Pclose(fapl));
+  if (file < 0)
+    ckpt_msgf(msg, "cannot create checkpoint file %s (HDF5: %s): check that %s is writable and on a file system "
+                   "every rank shares",
+              tmp, reason, dir);
+  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg)) != 0) {
+    if (file >= 0) ckpt_close_quietly(file);
+    goto out;
+  }
+
+  int32_t version = CKPT_FORMAT_VERSION;
+  ckpt_attr_write_string(file, "format", CKPT_MAGIC);
+  ckpt_attr_write(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT32, &version);
+  ckpt_attr_write(file, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[0]);
+  ckpt_attr_write(file, "samples_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[1]);
+  uint64_t seed = (uint64_t)nums[2], rng_counter = (uint64_t)nums[3];
+  ckpt_attr_write(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &seed);
+  ckpt_attr_write(file, "rng_counter", H5T_STD_U64LE, H5T_NATIVE_UINT64, &rng_counter);
+  ckpt_attr_write_string(file, "config_yaml", yaml);
+
+  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE), dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5_CHECK(lcpl);
+  H5_CHECK(dcpl);
+  H5_CHECK(dxpl);
+  H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));  // "optim/exp_avg/x" makes optim, optim/exp_avg
+  // Parallel HDF5 allocates datasets at creation and would otherwise write fill values over the
+  // whole file first: a second full pass of I/O for data that is overwritten anyway.
+  H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+  // Test hook: TRAINER_TEST_KILL_IN_CKPT=N makes the process SIGKILL itself after N tensors,
+  // mid-write, so a test can show that a crash leaves the previous checkpoint intact.
+  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
+  int kill_after = kill_env ? atoi(kill_env) : -1;
+  for (int i = 0; i < n_tensors && rc == 0; i++) {
+    if (i == kill_after) raise(SIGKILL);
+    int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, tmp, dir, msg);
+    rc = ckpt_agree(comm, w, msg);  // stop every rank at the first failed tensor, together
+  }
+  H5_CHECK(H5Pclose(lcpl));
+  H5_CHECK(H5Pclose(dcpl));
+  H5_CHECK(H5Pclose(dxpl));
+  if (rc == 0) {
+    int32_t complete = 1;  // last, so a reader never sees complete == 1 on a file missing data
+    ckpt_attr_write(file, "complete", H5T_STD_I32LE, H5T_NATIVE_INT32, &complete);
+  }
+  // An explicit flush is where MPI_File_sync happens (HDF5 skips it inside close): it makes every
+  // rank's data durable, not only what rank 0's fsync below can reach.
+  ckpt_quiet_begin(&q);
+  herr_t f = rc == 0 ? H5Fflush(file, H5F_SCOPE_GLOBAL) : 0;
+  herr_t c = H5Fclose(file);
+  if (f < 0 || c < 0) ckpt_h5_reason(reason);
+  ckpt_quiet_end(&q);
+  if (rc == 0 && (f < 0 || c < 0))
+    ckpt_msgf(msg, "finishing checkpoint %s failed (HDF5: %s): the disk may be full or the file system "
+                   "unavailable; free space in %s (or lower checkpoint.keep) and retry",
+              tmp, reason, dir);
+  if (rc == 0) rc = ckpt_agree(comm, f < 0 || c < 0 ? -1 : 0, msg);
+  if (rc != 0) {
+    if (rank == 0) unlink(tmp);  // a partial file only wastes space; the previous checkpoint stays
+    goto out;
+  }
+
+  MPI_CHECK(MPI_Barrier(comm));  // every rank's close has returned before the file is published
+  if (rank == 0) {
+    rc = ckpt_publish(tmp, final, dir, msg);
+    if (rc != 0) unlink(tmp);
+  }
+  // Broadcasting rank 0's result is also the barrier: no rank returns before the rename is done.
+  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+  if (rank == 0) ckpt_rotate(dir, keep, step);
+
+out:
+  free(yaml);
+  ckpt_copy_err(err, n_err, rc == 0 ? "" : msg);
+  return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+// Reads a scalar numeric attribute. 1: read; 0: missing; -1: present but not one readable number.
+static int ckpt_attr_read(hid_t loc, const char *name, hid_t mem_type, void *out) {
+  htri_t e = H5Aexists(loc, name);
+  H5_CHECK(e);
+  if (!e) return 0;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  H5_CHECK(a);
+  hid_t space = H5Aget_space(a);
+  H5_CHECK(space);
+  hssize_t n_points = H5Sget_simple_extent_npoints(space);
+  H5_CHECK(H5Sclose(space));
+  int ok = -1;
+  if (n_points == 1) {  // more points would overflow `out`
+    ckpt_quiet q;
+    ckpt_quiet_begin(&q);
+    ok = H5Aread(a, mem_type, out) < 0 ? -1 : 1;  // a string where a number belongs fails conversion
+    ckpt_quiet_end(&q);
+  }
+  H5_CHECK(H5Aclose(a));
+  return ok;
+}
+
+// Reads a string attribute (fixed or variable length) into a malloc'd copy; same returns.
+static int ckpt_attr_read_string(hid_t loc, const char *name, char **out) {
+  *out = NULL;
+  htri_t e = H5Aexists(loc, name);
+  H5_CHECK(e);
+  if (!e) return 0;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  H5_CHECK(a);
+  hid_t ftype = H5Aget_type(a), space = H5Aget_space(a);
+  H5_CHECK(ftype);
+  H5_CHECK(space);
+  int ok = -1;
+  if (H5Tget_class(ftype) == H5T_STRING && H5Sget_simple_extent_npoints(space) == 1) {
+    htri_t vl = H5Tis_variable_str(ftype);
+    H5_CHECK(vl);
+    hid_t mtype = H5Tcopy(ftype);
+    H5_CHECK(mtype);
+    if (vl) {
+      char *s = NULL;
+      H5_CHECK(H5Aread(a, mtype, &s));
+      *out = strdup(s ? s : "");
+      CHECK(*out != NULL, "out of host memory copying attribute %s", name);
+      H5free_memory(s);
+    } else {
+      size_t n = H5Tget_size(ftype);
+      *out = XMALLOC(n + 1);
+      H5_CHECK(H5Aread(a, mtype, *out));
+      (*out)[n] = '\0';
+    }
+    H5_CHECK(H5Tclose(mtype));
+    ok = 1;
+  }
+  H5_CHECK(H5Sclose(space));
+  H5_CHECK(H5Tclose(ftype));
+  H5_CHECK(H5Aclose(a));
+  return ok;
+}
+
+// Root attributes, in the order the format is checked. Returns 0 or -1 with msg.
+static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *msg) {
+  char *magic = NULL;
+  int32_t version = 0;
+  int has_magic = ckpt_attr_read_string(file, "format", &magic);
+  int good_magic = has_magic == 1 && strcmp(magic, CKPT_MAGIC) == 0;
+  free(magic);
+  int has_version = ckpt_attr_read(file, "format_version", H5T_NATIVE_INT32, &version);
+  if (!good_magic || has_version != 1) {
+    ckpt_msgf(msg, "%s is an HDF5 file but not a checkpoint of this trainer (expected root attributes "
+                   "format = '%s' and format_version): check checkpoint.resume",
+              path, CKPT_MAGIC);
+    return -1;
+  }
+  if (version != CKPT_FORMAT_VERSION) {
+    ckpt_msgf(msg, "checkpoint %s has format version %d, this trainer reads version %d: use the trainer "
+                   "version that wrote it, or start a fresh run",
+              path, (int)version, CKPT_FORMAT_VERSION);
+    return -1;
+  }
+  int32_t complete = 0;
+  if (ckpt_attr_read(file, "complete", H5T_NATIVE_INT32, &complete) != 1 || complete != 1) {
+    ckpt_msgf(msg, "checkpoint %s is incomplete (root attribute complete is not 1): its write was interrupted; "
+                   "resume from an earlier checkpoint",
+              path);
+    return -1;
+  }
+  if (!meta) return 0;
+  ckpt_meta m = {0};
+  char *yaml = NULL;
+  const char *bad = NULL;
+  if (ckpt_attr_read(file, "step", H5T_NATIVE_INT64, &m.step) != 1) bad = "step";
+  else if (ckpt_attr_read(file, "samples_seen", H5T_NATIVE_INT64, &m.samples_seen) != 1) bad = "samples_seen";
+  else if (ckpt_attr_read(file, "seed", H5T_NATIVE_UINT64, &m.seed) != 1) bad = "seed";
+  else if (ckpt_attr_read(file, "rng_counter", H5T_NATIVE_UINT64, &m.rng_counter) != 1) bad = "rng_counter";
+  else if (ckpt_attr_read_string(file, "config_yaml", &yaml) != 1) bad = "config_yaml";
+  if (bad) {
+    free(yaml);
+    ckpt_msgf(msg, "checkpoint %s: root attribute '%s' is missing or of the wrong type: the file is damaged; "
+                   "resume from an earlier checkpoint",
+              path, bad);
+    return -1;
+  }
+  m.config_yaml = yaml;
+  *meta = m;
+  return 0;
+}
+
+// Whether every component of a "/"-separated path exists. H5Lexists fails (rather than saying no)
+// when an intermediate group is missing, so walk it component by component.
+static int ckpt_path_exists(hid_t file, const char *name) {
+  char p[sizeof((ckpt_tensor *)0)->name];
+  snprintf(p, sizeof p, "%s", name);
+  for (char *s = p;; s++) {
+    if (*s != '/' && *s != '\0') continue;
+    char c = *s;
+    *s = '\0';
+    ckpt_quiet q;
+    ckpt_quiet_begin(&q);
+    htri_t e = H5Lexists(file, p, H5P_DEFAULT);  // fails if a component is a dataset, not a group
+    ckpt_quiet_end(&q);
+    if (e <= 0) return 0;
+    *s = c;
+    if (c == '\0') return 1;
+  }
+}
+
+static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
+  if (!ckpt_path_exists(file, t->name)) {
+    ckpt_msgf(msg, "checkpoint %s has no tensor '%s': it was written by a different model or trainer version",
+              path, t->name);
+    return -1;
+  }
+  ckpt_quiet q;
+  ckpt_quiet_begin(&q);
+  hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
+  ckpt_quiet_end(&q);
+  if (dset < 0) {
+    ckpt_msgf(msg, "checkpoint %s: '%s' is a group, not a tensor: it was written by a different model or trainer "
+                   "version",
+              path, t->name);
+    return -1;
+  }
+  int rc = 0;
+  hid_t ftype = H5Dget_type(dset), fspace = H5Dget_space(dset);
+  H5_CHECK(ftype);
+  H5_CHECK(fspace);
+  int ndim = H5Sget_simple_extent_ndims(fspace);
+  H5_CHECK(ndim);
+  hsize_t dims[H5S_MAX_RANK];
+  H5_CHECK(H5Sget_simple_extent_dims(fspace, dims, NULL));
+  int same = ndim == t->ndim;
+  for (int d = 0; same && d < ndim; d++) same = dims[d] == (hsize_t)t->full[d];
+  if (!same) {
+    int64_t file_dims[H5S_MAX_RANK];
+    for (int d = 0; d < ndim; d++) file_dims[d] = (int64_t)dims[d];
+    char fs[160], cs[160];
+    ckpt_fmt_shape(fs, sizeof fs, ndim, file_dims);
+    ckpt_fmt_shape(cs, sizeof cs, t->ndim, t->full);
+    ckpt_msgf(msg,
+              "checkpoint %s: tensor '%s' has shape %s in the file, the config expects %s: the model in the config "
+              "differs from the checkpoint's; use the config the checkpoint was written with (stored in its "
+              "config_yaml attribute) or start a fresh run",
+              path, t->name, fs, cs);
+    rc = -1;
+  } else if (H5Tget_class(ftype) != H5T_FLOAT) {
+    ckpt_msgf(msg, "checkpoint %s: tensor '%s' is not stored as floating point: the file is not a checkpoint of "
+                   "this trainer version; start a fresh run",
+              path, t->name);
+    rc = -1;
+  }
+  if (rc == 0) {
+    int reads = !ckpt_block_empty(t);
+    hid_t mspace = ckpt_select(t, reads, fspace);
+    float dummy = 0.0f;
+    char reason[256] = "";
+    ckpt_quiet_begin(&q);
+    herr_t r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
+    if (r < 0) ckpt_h5_reason(reason);
+    ckpt_quiet_end(&q);
+    H5_CHECK(H5Sclose(mspace));
+    if (r < 0) {
+      ckpt_msgf(msg, "reading tensor '%s' from checkpoint %s failed (HDF5: %s): the file is damaged or the file "
+                     "system unavailable; resume from an earlier checkpoint",
+                t->name, path, reason);
+      rc = -1;
+    }
+  }
+  H5_CHECK(H5Sclose(fspace));
+  H5_CHECK(H5Tclose(ftype));
+  H5_CHECK(H5Dclose(dset));
+  return rc;
+}
+
+int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors, ckpt_meta *meta, char *err,
+              size_t n_err) {
+  CHECK(path != NULL && path[0] != '\0', "ckpt_load: path is empty");
+  ckpt_check_list(comm, tensors, n_tensors, 0, "ckpt_load");
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  char msg[CKPT_MSG] = "";
+  if (meta) meta->config_yaml = NULL;
+  int rc = 0;
+
+  // One rank tells a missing file from a non-HDF5 one, so the message says which.
+  if (rank == 0) {
+    struct stat st;
+    ckpt_quiet q;
+    if (stat(path, &st) != 0) {
+      ckpt_msgf(msg, "checkpoint %s cannot be read (%s): check checkpoint.resume (a checkpoint file, or 'auto' "
+                     "for the newest in checkpoint.dir)",
+                path, strerror(errno));
+      rc = -1;
+    } else if (!S_ISREG(st.st_mode)) {
+      ckpt_msgf(msg, "checkpoint %s is not a regular file: checkpoint.resume takes a checkpoint file such as "
+                     "dir/ckpt_00001000.h5, or 'auto'",
+                path);
+      rc = -1;
+    } else {
+      ckpt_quiet_begin(&q);
+      htri_t is_h5 = H5Fis_hdf5(path);
+      ckpt_quiet_end(&q);
+      if (is_h5 <= 0) {
+        ckpt_msgf(msg, "%s is not an HDF5 file, so not a checkpoint of this trainer: check checkpoint.resume "
+                       "(a crashed write leaves only a .tmp file, which is never a checkpoint)",
+                  path);
+        rc = -1;
+      }
+    }
+  }
+  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+
+  hid_t fapl = ckpt_fapl(comm);
+  ckpt_quiet q;
+  char reason[256] = "";
+  ckpt_quiet_begin(&q);
+  hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  if (file < 0) ckpt_h5_reason(reason);
+  ckpt_quiet_end(&q);
+  H5_CHECK(H5Pclose(fapl));
+  if (file < 0)
+    ckpt_msgf(msg, "cannot open checkpoint %s on every rank (HDF5: %s): it must be on a file system all ranks "
+                   "share",
+              path, reason);
+  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg)) != 0) {
+    if (file >= 0) ckpt_close_quietly(file);
+    goto out;
+  }
+
+  // All ranks see the same metadata, so these checks fail alike everywhere; agreeing anyway
+  // keeps every rank on the same collective path if that ever stops being true.
+  rc = ckpt_agree(comm, ckpt_read_root(file, path, meta, msg), msg);
+  hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5_CHECK(dxpl);
+  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+  for (int i = 0; i < n_tensors && rc == 0; i++)
+    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, &tensors[i], dxpl, msg), msg);
+  H5_CHECK(H5Pclose(dxpl));
+  ckpt_close_quietly(file);  // read-only: nothing to lose if closing complains
+  if (rc != 0 && meta) {
+    free((void *)meta->config_yaml);
+    meta->config_yaml = NULL;
+  }
+
+out:
+  ckpt_copy_err(err, n_err, rc == 0 ? "" : msg);
+  return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Find latest
+
+// Serial read-only open: safe from every rank at once (shared lock, or no lock where the file
+// system has none). Returns 1 if the file has complete == 1, else 0 with the reason in why.
+static int ckpt_is_complete(const char *path, char *why, size_t n_why) {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5_CHECK(fapl);
+  H5_CHECK(H5Pset_file_locking(fapl, 1, 1));  // lock where supported; Lustre without flock still opens
+  ckpt_quiet q;
+  ckpt_quiet_begin(&q);
+  hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  ckpt_quiet_end(&q);
+  H5_CHECK(H5Pclose(fapl));
+  if (file < 0) {
+    snprintf(why, n_why, "not a readable HDF5 file");
+    return 0;
+  }
+  int32_t complete = 0;
+  int ok = ckpt_attr_read(file, "complete", H5T_NATIVE_INT32, &complete) == 1 && complete == 1;
+  if (!ok) snprintf(why, n_why, "root attribute complete is not 1 (its write was interrupted)");
+  H5_CHECK(H5Fclose(file));
+  return ok;
+}
+
+int ckpt_find_latest(const char *dir, char *path_out, size_t n_path) {
+  CHECK(dir != NULL && path_out != NULL && n_path > 0, "ckpt_find_latest: dir or path_out is NULL");
+  path_out[0] = '\0';
+  ckpt_entry *v = NULL;
+  int n = ckpt_list(dir, "ckpt_", ".h5", &v);
+  if (n < 0) {
+    if (errno == ENOENT) return 1;  // a fresh run with resume=auto: nothing written yet
+    snprintf(path_out, n_path, "cannot list checkpoint directory %s (%s): check checkpoint.dir and its permissions",
+             dir, strerror(errno));
+    return -1;
+  }
+  int found = 1;
+  for (int i = 0; i < n && found == 1; i++) {
+    char path[CKPT_PATH], why[128];
+    snprintf(path, sizeof path, "%s/%s", dir, v[i].name);
+    if (!ckpt_is_complete(path, why, sizeof why)) {
+      if (ckpt_is_world_root())
+        fprintf(stderr, "warning: skipping checkpoint %s: %s; trying an older one\n", path, why);
+      continue;
+    }
+    if (strlen(path) >= n_path) {
+      snprintf(path_out, n_path, "checkpoint path too long for the caller's buffer");
+      found = -1;
+    } else {
+      snprintf(path_out, n_path, "%s", path);
+      found = 0;
+    }
+  }
+  free(v);
+  return found;
+}

@@ -1,0 +1,311 @@
+// MPI implementation of the communicator table over host buffers: what CPU ranks use for every
+// collective and pipeline transfer, and the reference the NCCL backend is tested against.
+// bf16 travels as uint16 and is reduced by user-defined MPI ops that accumulate in float.
+// Counts are int64 but MPI 3 counts are int, so every call is cut into chunks of at most
+// chunk_elems elements (INT_MAX by default; TRAINER_COMM_CHUNK_ELEMS lowers it so tests can
+// exercise the chunked paths with small buffers).
+#include "parallel/comm.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+
+typedef struct comm_mpi {
+  MPI_Op bf16_sum;       // user ops: MPI has no bf16 type, predefined ops would sum bit patterns
+  MPI_Op bf16_max;
+  int64_t chunk_elems;   // largest count passed to one MPI call
+  int in_group;          // between group_start and group_end: p2p calls only post requests
+  MPI_Request *reqs;     // (n_reqs) requests posted in the open group
+  int n_reqs, cap_reqs;
+} comm_mpi;
+
+int comm_dtype_bytes(comm_dtype t) {
+  switch (t) {
+    case COMM_F32: return 4;
+    case COMM_BF16: return 2;
+    case COMM_F64: return 8;
+    case COMM_I32: return 4;
+    case COMM_I64: return 8;
+  }
+  CHECK(0, "unknown comm_dtype %d", (int)t);
+  return 0;
+}
+
+static MPI_Datatype comm_mpi_type(comm_dtype t) {
+  switch (t) {
+    case COMM_F32: return MPI_FLOAT;
+    case COMM_BF16: return MPI_UINT16_T;  // data movement only; reductions use the user ops
+    case COMM_F64: return MPI_DOUBLE;
+    case COMM_I32: return MPI_INT32_T;
+    case COMM_I64: return MPI_INT64_T;
+  }
+  CHECK(0, "unknown comm_dtype %d", (int)t);
+  return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op comm_mpi_op(const comm *c, comm_dtype t, comm_redop op) {
+  const comm_mpi *m = c->impl;
+  CHECK(op == COMM_SUM || op == COMM_MAX, "comm %s: unknown comm_redop %d", c->name, (int)op);
+  if (t == COMM_BF16) return op == COMM_SUM ? m->bf16_sum : m->bf16_max;
+  return op == COMM_SUM ? MPI_SUM : MPI_MAX;
+}
+
+// ---- bf16 reductions -----------------------------------------------------------------------
+
+static float comm_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as the GPU conversion does, so CPU and NCCL sums agree bit for bit
+// on exactly representable inputs. NaN stays NaN (quiet bit set so rounding cannot make Inf).
+static uint16_t comm_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static void comm_bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = comm_f32_to_bf16(comm_bf16_to_f32(a[i]) + comm_bf16_to_f32(b[i]));
+}
+
+static void comm_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) {
+    float x = comm_bf16_to_f32(a[i]), y = comm_bf16_to_f32(b[i]);
+    if (x > y || x != x) b[i] = a[i];  // NaN wins, so a diverged rank is not hidden by the max
+  }
+}
+
+// ---- collectives -----------------------------------------------------------------------------
+
+static int64_t comm_chunk(const comm *c) { return ((const comm_mpi *)c->impl)->chunk_elems; }
+
+static void comm_mpi_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+  CHECK(n_elem >= 0, "comm %s: all_reduce of %lld elements", c->name, (long long)n_elem);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  // Elementwise, so chunks are independent.
+  for (int64_t o = 0; o < n_elem; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + o * esz, n, comm_mpi_type(t), comm_mpi_op(c, t, op), c->mpi));
+  }
+}
+
+// A type that covers n contiguous elements but whose extent is one whole per-rank block
+// (block_elems), so "the next rank's block" starts one block later while a call moves only
+// the current chunk of each block.
+static MPI_Datatype comm_block_chunk_type(comm_dtype t, int n, int64_t block_elems) {
+  MPI_Datatype contig, resized;
+  MPI_CHECK(MPI_Type_contiguous(n, comm_mpi_type(t), &contig));
+  MPI_CHECK(MPI_Type_create_resized(contig, 0, (MPI_Aint)(block_elems * comm_dtype_bytes(t)), &resized));
+  MPI_CHECK(MPI_Type_commit(&resized));
+  MPI_CHECK(MPI_Type_free(&contig));
+  return resized;
+}
+
+static void comm_mpi_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  if (n_elem <= step) {
+    MPI_CHECK(MPI_Allgather(send, (int)n_elem, comm_mpi_type(t), recv, (int)n_elem, comm_mpi_type(t), c->mpi));
+    return;
+  }
+  for (int64_t o = 0; o < n_elem; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    MPI_Datatype rt = comm_block_chunk_type(t, n, n_elem);
+    MPI_CHECK(MPI_Allgather((const char *)send + o * esz, n, comm_mpi_type(t), (char *)recv + o * esz, 1, rt, c->mpi));
+    MPI_CHECK(MPI_Type_free(&rt));
+  }
+}
+
+static void comm_mpi_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op) {
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  if (n_elem <= step) {
+    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n_elem, comm_mpi_type(t), comm_mpi_op(c, t, op), c->mpi));
+    return;
+  }
+  // Reductions only accept derived types with user ops, so instead pack chunk o of every
+  // rank's block into a contiguous staging buffer per call, of at most 256 MiB.
+  int64_t piece = ((int64_t)256 << 20) / esz / c->size;
+  if (piece > step) piece = step;
+  if (piece < 1) piece = 1;
+  char *pack = XMALLOC((size_t)(c->size * piece * esz));
+  for (int64_t o = 0; o < n_elem; o += piece) {
+    int n = (int)(n_elem - o < piece ? n_elem - o : piece);
+    for (int r = 0; r < c->size; r++)
+      memcpy(pack + (int64_t)r * n * esz, (const char *)send + ((int64_t)r * n_elem + o) * esz, (size_t)(n * esz));
+    MPI_CHECK(MPI_Reduce_scatter_block(pack, (char *)recv + o * esz, n, comm_mpi_type(t), comm_mpi_op(c, t, op), c->mpi));
+  }
+  free(pack);
+}
+
+static void comm_mpi_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root) {
+  CHECK(n_elem >= 0, "comm %s: broadcast of %lld elements", c->name, (long long)n_elem);
+  CHECK(root >= 0 && root < c->size, "comm %s: broadcast root %d outside [0, %d)", c->name, root, c->size);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  for (int64_t o = 0; o < n_elem; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    MPI_CHECK(MPI_Bcast((char *)buf + o * esz, n, comm_mpi_type(t), root, c->mpi));
+  }
+}
+
+static void comm_mpi_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  CHECK(n_elem >= 0, "comm %s: all_to_all of %lld elements", c->name, (long long)n_elem);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  if (n_elem <= step) {
+    MPI_CHECK(MPI_Alltoall(send, (int)n_elem, comm_mpi_type(t), recv, (int)n_elem, comm_mpi_type(t), c->mpi));
+    return;
+  }
+  for (int64_t o = 0; o < n_elem; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    MPI_Datatype bt = comm_block_chunk_type(t, n, n_elem);
+    MPI_CHECK(MPI_Alltoall((const char *)send + o * esz, 1, bt, (char *)recv + o * esz, 1, bt, c->mpi));
+    MPI_CHECK(MPI_Type_free(&bt));
+  }
+}
+
+// ---- point-to-point --------------------------------------------------------------------------
+
+static MPI_Request *comm_push_req(comm *c) {
+  comm_mpi *m = c->impl;
+  if (m->n_reqs == m->cap_reqs) {
+    int cap = m->cap_reqs ? 2 * m->cap_reqs : 16;
+    MPI_Request *r = realloc(m->reqs, (size_t)cap * sizeof *r);
+    CHECK(r, "comm %s: out of memory growing the request list to %d", c->name, cap);
+    m->reqs = r;
+    m->cap_reqs = cap;
+  }
+  return &m->reqs[m->n_reqs++];
+}
+
+// One tag for everything: like NCCL, messages between a pair are matched in posting order,
+// so chunk k of a send meets chunk k of the receive, and callers must post in matching order.
+enum { COMM_P2P_TAG = 0 };
+
+static void comm_mpi_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
+  CHECK(n_elem >= 0, "comm %s: send of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: send peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_mpi *m = c->impl;
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  for (int64_t o = 0; o < n_elem || o == 0; o += step) {  // n_elem == 0 still sends one message
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    const char *p = (const char *)buf + o * esz;
+    if (m->in_group)
+      MPI_CHECK(MPI_Isend(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, comm_push_req(c)));
+    else
+      MPI_CHECK(MPI_Send(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi));
+    if (n_elem == 0) break;
+  }
+}
+
+static void comm_mpi_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
+  CHECK(n_elem >= 0, "comm %s: recv of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: recv peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_mpi *m = c->impl;
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  for (int64_t o = 0; o < n_elem || o == 0; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    char *p = (char *)buf + o * esz;
+    if (m->in_group)
+      MPI_CHECK(MPI_Irecv(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, comm_push_req(c)));
+    else
+      MPI_CHECK(MPI_Recv(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, MPI_STATUS_IGNORE));
+    if (n_elem == 0) break;
+  }
+}
+
+static void comm_mpi_group_start(comm *c) {
+  comm_mpi *m = c->impl;
+  // NCCL allows nesting groups; one level is all the pipeline needs, and a second start would
+  // most likely be a missing group_end, so say so instead of silently nesting.
+  CHECK(!m->in_group, "comm %s: group_start inside an open group (missing group_end?)", c->name);
+  m->in_group = 1;
+  m->n_reqs = 0;
+}
+
+static void comm_mpi_group_end(comm *c) {
+  comm_mpi *m = c->impl;
+  CHECK(m->in_group, "comm %s: group_end without group_start", c->name);
+  m->in_group = 0;
+  if (m->n_reqs) MPI_CHECK(MPI_Waitall(m->n_reqs, m->reqs, MPI_STATUSES_IGNORE));
+  m->n_reqs = 0;
+}
+
+static void comm_mpi_barrier(comm *c) { MPI_CHECK(MPI_Barrier(c->mpi)); }
+
+static void comm_mpi_free(comm *c) {
+  if (!c) return;
+  comm_mpi *m = c->impl;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // After MPI_Finalize the handles are already gone; freeing them would be an error.
+  if (!finalized) {
+    if (m) {
+      CHECK(!m->in_group, "comm %s freed with an open group", c->name);
+      MPI_CHECK(MPI_Op_free(&m->bf16_sum));
+      MPI_CHECK(MPI_Op_free(&m->bf16_max));
+    }
+    if (c->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&c->mpi));
+  }
+  if (m) free(m->reqs);
+  free(m);
+  free(c);
+}
+
+static const comm_ops comm_mpi_ops = {
+    .all_reduce = comm_mpi_all_reduce,
+    .all_gather = comm_mpi_all_gather,
+    .reduce_scatter = comm_mpi_reduce_scatter,
+    .broadcast = comm_mpi_broadcast,
+    .all_to_all = comm_mpi_all_to_all,
+    .send = comm_mpi_send,
+    .recv = comm_mpi_recv,
+    .group_start = comm_mpi_group_start,
+    .group_end = comm_mpi_group_end,
+    .barrier = comm_mpi_barrier,
+    .free = comm_mpi_free,
+};
+
+comm *comm_mpi_create(MPI_Comm mpi, const char *name) {
+  comm *c = XCALLOC(1, sizeof *c);
+  comm_mpi *m = XCALLOC(1, sizeof *m);
+  c->ops = &comm_mpi_ops;
+  c->impl = m;
+  snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+  // A private duplicate keeps our point-to-point traffic from ever matching messages that
+  // other code sends on the communicator we were given.
+  MPI_CHECK(MPI_Comm_dup(mpi, &c->mpi));
+  MPI_CHECK(MPI_Comm_rank(c->mpi, &c->rank));
+  MPI_CHECK(MPI_Comm_size(c->mpi, &c->size));
+  MPI_CHECK(MPI_Op_create(comm_bf16_sum_fn, 1, &m->bf16_sum));
+  MPI_CHECK(MPI_Op_create(comm_bf16_max_fn, 1, &m->bf16_max));
+  m->chunk_elems = INT_MAX;
+  const char *env = getenv("TRAINER_COMM_CHUNK_ELEMS");
+  if (env && *env) {
+    char *end = NULL;
+    long long v = strtoll(env, &end, 10);
+    CHECK(*end == '\0' && v >= 1 && v <= INT_MAX,
+          "TRAINER_COMM_CHUNK_ELEMS=%s: expected an integer in [1, %d]; unset it to use the default", env, INT_MAX);
+    m->chunk_elems = v;
+  }
+  return c;
+}
+
+void comm_free(comm **c) {
+  if (!c || !*c) return;
+  (*c)->ops->free(*c);
+  *c = NULL;
+}

@@ -1,0 +1,52 @@
+// Process grid: splits MPI_COMM_WORLD into the tensor-, data- and pipeline-parallel groups of
+// this rank (tp fastest, then dp, then pp) and wraps each in a communicator of the backend.
+#include "parallel/grid.h"
+
+#include <string.h>
+
+#include "kernels/check.h"
+
+// Splits world by color and wraps the piece; key orders ranks inside a group so that the
+// group rank is the coordinate along that axis (MPI_Comm_split sorts by key).
+static comm *grid_split(int color, int key, const char *name, comm *(*create_comm)(MPI_Comm, const char *)) {
+  MPI_Comm part;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &part));
+  comm *c = create_comm(part, name);  // the MPI backend duplicates, so our split is ours to free
+  MPI_CHECK(MPI_Comm_free(&part));
+  return c;
+}
+
+void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
+  memset(g, 0, sizeof *g);
+  CHECK(tp >= 1 && dp >= 1 && pp >= 1, "grid: tp = %d, dp = %d, pp = %d must all be >= 1", tp, dp, pp);
+  CHECK(create_comm, "grid: no communicator constructor given");
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g->world_size));
+  CHECK((long long)tp * dp * pp == g->world_size,
+        "grid: parallel.tp * parallel.dp * parallel.pp = %d * %d * %d = %lld, but the job has %d ranks; "
+        "change the layout or the rank count (mpirun -np)", tp, dp, pp, (long long)tp * dp * pp, g->world_size);
+  g->tp = tp;
+  g->dp = dp;
+  g->pp = pp;
+  // Inverse of world = tp_rank + tp * (dp_rank + dp * pp_rank).
+  g->tp_rank = g->world_rank % tp;
+  g->dp_rank = (g->world_rank / tp) % dp;
+  g->pp_rank = g->world_rank / (tp * dp);
+
+  // Color = the coordinates the group shares, key = the coordinate that varies within it.
+  g->world = create_comm(MPI_COMM_WORLD, "world");
+  g->tp_c = grid_split(g->dp_rank + dp * g->pp_rank, g->tp_rank, "tp", create_comm);
+  g->dp_c = grid_split(g->tp_rank + tp * g->pp_rank, g->dp_rank, "dp", create_comm);
+  g->pp_c = grid_split(g->tp_rank + tp * g->dp_rank, g->pp_rank, "pp", create_comm);
+  CHECK(g->tp_c->rank == g->tp_rank && g->dp_c->rank == g->dp_rank && g->pp_c->rank == g->pp_rank,
+        "grid: group ranks (tp %d, dp %d, pp %d) differ from coordinates (%d, %d, %d)",
+        g->tp_c->rank, g->dp_c->rank, g->pp_c->rank, g->tp_rank, g->dp_rank, g->pp_rank);
+}
+
+void grid_free(grid *g) {
+  if (!g) return;
+  comm_free(&g->pp_c);
+  comm_free(&g->dp_c);
+  comm_free(&g->tp_c);
+  comm_free(&g->world);
+}
