@@ -65,6 +65,7 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, bucket_mb, 1, 4096, 25, "DP gradient bucket size in MiB"),
 
   CFG_INT(train, steps, 1, 1000000000, 300, "optimizer steps"),
+  CFG_INT(train, stop_at, 0, 1000000000, 0, "stop after this step, schedule unchanged (split a run over jobs); 0 = off"),
   CFG_INT(train, global_batch, 1, 100000000, 32, "sequences per optimizer step, over all dp ranks"),
   CFG_INT(train, micro_batch, 1, 1000000, 8, "sequences per micro-batch on one rank"),
   CFG_FLOAT(train, lr, 0, 10, 3e-3, "peak learning rate, reached after warmup"),

@@ -35,6 +35,7 @@ typedef struct cfg_parallel {
 
 typedef struct cfg_train {
   int steps;            // optimizer steps
+  int stop_at;          // stop after this step (schedule unchanged); 0 = run to steps
   int global_batch;     // sequences per optimizer step, over all dp ranks
   int micro_batch;      // sequences per micro-batch on one rank
   float lr;             // peak learning rate

@@ -1,0 +1,90 @@
+// trainer: command-line entry point.
+//   mpirun -np N build/trainer CONFIG.yaml [section.key=value ...] [--dry-run [--world-size N]]
+// Loads and validates the config, builds the process grid and the backend, then trains
+// (or, with --dry-run, prints the plan without allocating).
+#include "app/config.h"
+#include "app/plan.h"
+#include "app/train.h"
+#include "kernels/backend.h"
+#include "parallel/grid.h"
+#include "parallel/pp_schedule.h"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: trainer CONFIG.yaml [section.key=value ...] [--dry-run [--world-size N]]\n"
+          "  trains the run that CONFIG describes (docs/config.md); under mpirun, one process per rank.\n"
+          "  --dry-run      print the layout, parameters and memory per rank, allocate nothing\n"
+          "  --world-size N with --dry-run: plan for N ranks (default: the number of MPI ranks)\n");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const char *path = NULL;
+  int dry_run = 0, plan_world = 0, n_over = 0, rc = 0;
+  char **over = calloc((size_t)argc, sizeof(char *));
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--dry-run") == 0) dry_run = 1;
+    else if (strcmp(argv[i], "--world-size") == 0 && i + 1 < argc) plan_world = atoi(argv[++i]);
+    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) { if (rank == 0) usage(); goto out; }
+    else if (argv[i][0] == '-') { if (rank == 0) { fprintf(stderr, "error: unknown option '%s'\n", argv[i]); usage(); } rc = 2; goto out; }
+    else if (!path && !strchr(argv[i], '=')) path = argv[i];
+    else over[n_over++] = argv[i];
+  }
+  if (!path) {
+    if (rank == 0) usage();
+    rc = 2;
+    goto out;
+  }
+  cfg c;
+  char err[2048];
+  int ranks = dry_run && plan_world > 0 ? plan_world : world;
+  if (cfg_load(&c, path, n_over, over, err, sizeof err) != 0 || cfg_validate(&c, ranks, err, sizeof err) != 0) {
+    if (rank == 0) fprintf(stderr, "error: %s\n", err);
+    rc = 2;
+    goto out;
+  }
+  int n_micro = c.train.global_batch / (c.parallel.dp * c.train.micro_batch);
+  if (pp_schedule_check(c.parallel.pp, c.parallel.vpp, n_micro, err, sizeof err) != 0) {
+    if (rank == 0) fprintf(stderr, "error: %s\n", err);
+    rc = 2;
+    goto out;
+  }
+  if (dry_run) {
+    if (rank == 0) rc = run_plan(&c, ranks);
+    goto out;
+  }
+  if (strcmp(c.train.device, "cuda") == 0) {
+    if (rank == 0) fprintf(stderr, "error: train.device=cuda: this build has no CUDA backend yet; use train.device=cpu\n");
+    rc = 2;
+    goto out;
+  }
+  if (strcmp(c.train.recompute, "none") != 0) {
+    if (rank == 0) fprintf(stderr, "error: train.recompute=%s: the CPU backend keeps all activations; use none\n", c.train.recompute);
+    rc = 2;
+    goto out;
+  }
+  if (rank == 0) {
+    size_t n = cfg_to_yaml(&c, NULL, 0) + 1;
+    char *yaml = malloc(n);
+    cfg_to_yaml(&c, yaml, n);
+    printf("# resolved config (%s)\n%s", path, yaml);
+    free(yaml);
+  }
+  grid g;
+  grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
+  k_backend *be = k_backend_cpu_create();
+  rc = run_train(&c, &g, be);
+  k_backend_free(&be);
+  grid_free(&g);
+out:
+  free(over);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,75 @@
+// Dry-run planning (see plan.h). Sizes come from the same spec table and activation layout
+// the model allocates from, so the estimate follows the code.
+#include "app/plan.h"
+#include "model/model.h"
+#include "model/model_internal.h"
+#include "parallel/pp_schedule.h"
+#include <stdio.h>
+
+static double gib(double n_bytes) { return n_bytes / (1024.0 * 1024.0 * 1024.0); }
+
+// Elements of the tensors of one layer, or of the non-layer tensors of a stage, on one tp rank.
+static int64_t local_elems(const cfg_model *mc, int tp, model_kind k) {
+  int64_t full[2];
+  model_full_shape(mc, k, full);
+  int64_t n = full[0] * full[1];
+  return model_specs[k].tp_split >= 0 ? n / tp : n;
+}
+
+int run_plan(const cfg *c, int world_size) {
+  const cfg_model *mc = &c->model;
+  const cfg_parallel *pc = &c->parallel;
+  int tp = pc->tp, pp = pc->pp, dp = pc->dp, vpp = pc->vpp;
+  int sp = pc->sequence_parallel && tp > 1;
+  int n_micro = c->train.global_batch / (dp * c->train.micro_batch);
+  int per_chunk = mc->n_layers / (pp * vpp);
+  int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
+  int hd = mc->dim / mc->n_heads;
+  printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
+         sp ? ", sequence parallel" : "", pc->distributed_optimizer && dp > 1 ? ", distributed optimizer" : "");
+  printf("model: %.3fB parameters (%.3fB without the embedding), d %d, %d layers, %d heads (%d kv), head dim %d, "
+         "ffn %d, vocab %d, seq %d\n",
+         n_total / 1e9, n_no_embed / 1e9, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, hd, mc->ffn_dim,
+         mc->vocab_size, mc->seq_len);
+  printf("batch: global %d sequences = dp %d x %d micro-batches x %d; pipeline bubble (theory) %.1f%%\n",
+         c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
+  printf("memory per rank (fp32 weights, grads and activations as this trainer holds them on CPU ranks; Adam "
+         "moments %s):\n", pc->distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
+  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
+         "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
+  model_dims dm;
+  for (int pr = 0; pr < pp; pr++) {
+    pp_schedule s = {0};
+    char err[256];
+    int max_in_flight = pp_schedule_build(&s, pp, vpp, n_micro, pr, err, sizeof err) == 0 ? s.max_in_flight : 1;
+    pp_schedule_free(&s);
+    for (int tr = 0; tr < tp; tr++) {
+      model_dims_compute(&dm, c, tp, tr, sp);
+      int64_t n = 0, act = 0;
+      char layers[64] = "";
+      int len = 0;
+      for (int ci = 0; ci < vpp; ci++) {
+        int vs = ci * pp + pr, l0 = vs * per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
+        len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
+        if (first) n += local_elems(mc, tp, MODEL_EMBED);
+        for (int k = 0; k < MODEL_N_KINDS; k++)
+          if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+        if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
+        int64_t a = model_acts_bytes(&dm, per_chunk, last);
+        if (a > act) act = a;
+      }
+      double w = 4.0 * n, gr = 4.0 * n, adam = 8.0 * n / (pc->distributed_optimizer ? dp : 1);
+      double acts = (double)act * max_in_flight;
+      char heads[32], kv[32], vocab[32];
+      snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
+      snprintf(kv, sizeof kv, "%d-%d", tr * dm.nkv, (tr + 1) * dm.nkv - 1);
+      snprintf(vocab, sizeof vocab, "%d-%d", dm.v0, dm.v0 + dm.vocab - 1);
+      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, layers,
+             heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight,
+             gib(w + gr + adam + acts));
+    }
+  }
+  printf("(GiB; act/micro: activations of one micro-batch in one chunk; in-flt: most micro-batch chunks whose "
+         "backward has not run yet; dp replicas hold the same as dp rank 0)\n");
+  return 0;
+}

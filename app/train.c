@@ -1,0 +1,239 @@
+// The training loop (see train.h). Rank 0 prints and writes the metrics file; every rank
+// holds the same step counter and data position, so the loop needs no coordination beyond
+// the collectives of the step itself.
+#include "app/train.h"
+#include "app/run_ckpt.h"
+#include "data/data.h"
+#include "kernels/check.h"
+#include "model/ckpt.h"
+#include "parallel/optim.h"
+#include "parallel/pp_exec.h"
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct run_batch {
+  int32_t *tokens_h, *targets_h;  // (n, T, B) host
+  int32_t *tokens, *targets;      // the same in backend memory
+  int32_t *window;                // (T + 1)
+} run_batch;
+
+// Fills micro-batches with consecutive samples from `first`, sequence-major: token t of
+// sequence b of micro-batch j at [j][t][b].
+static void fill_batch(run_batch *rb, data_loader *dl, int64_t first, int n_micro, int B, int T, k_backend *be) {
+  for (int j = 0; j < n_micro; j++)
+    for (int b = 0; b < B; b++) {
+      data_get_window(dl, first + (int64_t)j * B + b, rb->window);
+      int64_t base = (int64_t)j * T * B;
+      for (int t = 0; t < T; t++) {
+        rb->tokens_h[base + (int64_t)t * B + b] = rb->window[t];
+        rb->targets_h[base + (int64_t)t * B + b] = rb->window[t + 1];
+      }
+    }
+  size_t n_bytes = (size_t)n_micro * T * B * sizeof(int32_t);
+  be->from_host(be, rb->tokens, rb->tokens_h, n_bytes);
+  be->from_host(be, rb->targets, rb->targets_h, n_bytes);
+}
+
+// The loss term of this rank counts only where the last virtual stage lives, once per tp group.
+static double world_loss_sum(const grid *g, double local) {
+  double v = (g->pp_rank == g->pp - 1 && g->tp_rank == 0) ? local : 0;
+  g->world->ops->all_reduce(g->world, &v, 1, COMM_F64, COMM_SUM);
+  return v;
+}
+
+// Validation loss over the first eval_batches * micro_batch sequences of the val stream,
+// split over dp ranks; the same sequences whatever the layout.
+static double evaluate(const cfg *c, grid *g, pp_exec *e, data_loader *val, run_batch *rb) {
+  int B = c->train.micro_batch, T = c->model.seq_len;
+  int64_t n_seq = (int64_t)c->log.eval_batches * B;
+  double local = 0;
+  for (int64_t first = (int64_t)g->dp_rank * B; first < n_seq; first += (int64_t)g->dp * B) {
+    fill_batch(rb, val, first, 1, B, T, e->m->be);
+    local += pp_exec_forward(e, rb->tokens, rb->targets);
+  }
+  return world_loss_sum(g, local) / ((double)n_seq * T);
+}
+
+static void format_duration(double s, char *buf, size_t n) {
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(buf, n, "%lds", t);
+}
+
+static int mkdir_parents(const char *path) {
+  char tmp[CFG_STR];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(tmp, 0755);
+      *p = '/';
+    }
+  return 0;
+}
+
+// Decides where to resume from: -1 error, 0 fresh start, 1 path set.
+static int resume_path(const cfg *c, char *path, size_t n, char *err, size_t n_err) {
+  const char *r = c->checkpoint.resume;
+  if (strcmp(r, "none") == 0) return 0;
+  if (strcmp(r, "auto") == 0) {
+    if (!c->checkpoint.dir[0]) return 0;
+    int rc = ckpt_find_latest(c->checkpoint.dir, path, n);
+    if (rc < 0) {
+      snprintf(err, n_err, "checkpoint.resume=auto: cannot scan checkpoint.dir '%s'", c->checkpoint.dir);
+      return -1;
+    }
+    return rc == 0;
+  }
+  snprintf(path, n, "%s", r);
+  return 1;
+}
+
+#define RUN_FAIL(...)                                  \
+  do {                                                 \
+    if (g->world_rank == 0) {                          \
+      fprintf(stderr, "error: ");                      \
+      fprintf(stderr, __VA_ARGS__);                    \
+      fprintf(stderr, "\n");                           \
+    }                                                  \
+    rc = 1;                                            \
+    goto done;                                         \
+  } while (0)
+
+int run_train(const cfg *c, grid *g, k_backend *be) {
+  int rc = 0, r0 = g->world_rank == 0;
+  char err[1024] = "";
+  data_loader train = {0}, val = {0};
+  model m = {0};
+  opt_state o = {0};
+  pp_exec e = {0};
+  run_batch rb = {0};
+  FILE *metrics = NULL;
+  const cfg_train *hp = &c->train;
+  int B = hp->micro_batch, T = c->model.seq_len;
+  int n_micro = hp->global_batch / (g->dp * B);
+  int have_val = c->data.val[0] && c->log.eval_batches > 0;
+
+  if (data_open(&train, c->data.train, T, hp->seed, err, sizeof err) != 0) RUN_FAIL("data.train: %s", err);
+  if (have_val && data_open(&val, c->data.val, T, hp->seed, err, sizeof err) != 0) RUN_FAIL("data.val: %s", err);
+  int32_t max_tok = train.max_token > val.max_token ? train.max_token : val.max_token;
+  if (max_tok >= c->model.vocab_size)
+    RUN_FAIL("the data holds token id %d but model.vocab_size is %d: set model.vocab_size to at least %d", max_tok,
+             c->model.vocab_size, max_tok + 1);
+
+  model_init(&m, c, g, be);
+  model_init_weights(&m, hp->seed);
+  opt_init(&o, &m, c);
+  if (pp_exec_init(&e, &m, n_micro, err, sizeof err) != 0) RUN_FAIL("%s", err);
+
+  int64_t step = 0, samples_seen = 0;
+  char path[CFG_STR + 64];
+  int resume = resume_path(c, path, sizeof path, err, sizeof err);
+  if (resume < 0) RUN_FAIL("%s", err);
+  if (resume) {
+    if (run_ckpt_load(path, c, &m, &o, &step, &samples_seen, err, sizeof err) != 0) RUN_FAIL("%s", err);
+    if (r0) printf("resumed from %s at step %lld\n", path, (long long)step);
+  } else if (r0 && strcmp(c->checkpoint.resume, "auto") == 0) {
+    printf("checkpoint.resume=auto: no checkpoint in '%s', starting fresh\n", c->checkpoint.dir);
+  }
+
+  size_t tok_bytes = (size_t)n_micro * T * B * sizeof(int32_t);
+  rb.tokens_h = XMALLOC(tok_bytes);
+  rb.targets_h = XMALLOC(tok_bytes);
+  rb.tokens = be->alloc(be, tok_bytes);
+  rb.targets = be->alloc(be, tok_bytes);
+  rb.window = XMALLOC((size_t)(T + 1) * sizeof(int32_t));
+
+  if (r0 && c->log.metrics[0]) {
+    mkdir_parents(c->log.metrics);
+    metrics = fopen(c->log.metrics, step > 0 ? "a" : "w");
+    if (!metrics) fprintf(stderr, "warning: cannot open log.metrics '%s'; no metrics file\n", c->log.metrics);
+  }
+  int64_t n_params_no_embed = 0, n_params = model_count_params(&c->model, &n_params_no_embed);
+  if (r0)
+    printf("model: %.2fM parameters (%.2fM without the embedding), %d micro-batches of %d x %d tokens per rank "
+           "per step, %s backend, %d rank%s\n",
+           n_params / 1e6, n_params_no_embed / 1e6, n_micro, B, T, be->name, g->world_size,
+           g->world_size > 1 ? "s" : "");
+
+  double tokens_per_step = (double)hp->global_batch * T;
+  double loss_scale = 1.0 / tokens_per_step;
+  double t_start = MPI_Wtime(), last_loss = NAN, last_val = NAN, t_steps = 0;
+  int64_t first_step = step, tokens_seen = 0;
+  int64_t last_step = hp->stop_at > 0 && hp->stop_at < hp->steps ? hp->stop_at : hp->steps;
+  while (step < last_step) {
+    double t0 = MPI_Wtime();
+    float lr = opt_lr_at(hp, step);
+    int64_t first = samples_seen + (int64_t)g->dp_rank * (hp->global_batch / g->dp);
+    fill_batch(&rb, &train, first, n_micro, B, T, be);
+    double local = pp_exec_train_step(&e, rb.tokens, rb.targets, (float)loss_scale);
+    double loss = world_loss_sum(g, local) / tokens_per_step;
+    double gnorm = opt_step(&o, lr, step + 1);
+    be->sync(be);
+    step++;
+    samples_seen += hp->global_batch;
+    tokens_seen += (int64_t)tokens_per_step;
+    double dt = MPI_Wtime() - t0;
+    t_steps += dt;
+    last_loss = loss;
+    if (!isfinite(loss)) RUN_FAIL("loss is %g at step %lld: lower train.lr or check the data", loss, (long long)step);
+
+    int do_eval = have_val && ((c->log.eval_every > 0 && step % c->log.eval_every == 0) || step == hp->steps);
+    double val_loss = do_eval ? evaluate(c, g, &e, &val, &rb) : NAN;
+    if (do_eval) last_val = val_loss;
+    int do_log = step % c->log.every == 0 || step == last_step || step == first_step + 1 || do_eval;
+    if (r0 && do_log) {
+      double tps = tokens_per_step / dt, eta = (double)(last_step - step) * (t_steps / (step - first_step));
+      char eta_s[32];
+      format_duration(eta, eta_s, sizeof eta_s);
+      printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step | %3.0f%% | ETA %s",
+             (long long)step, hp->steps, loss, lr, gnorm, tps, dt * 1e3, 100.0 * step / hp->steps, eta_s);
+      if (do_eval) printf(" | val_loss %.4f", val_loss);
+      printf("\n");
+      fflush(stdout);
+      if (metrics) {
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
+                         "\"ms_per_step\": %.3f",
+                (long long)step, loss, lr, gnorm, tps, dt * 1e3);
+        if (do_eval) fprintf(metrics, ", \"val_loss\": %.9g", val_loss);
+        fprintf(metrics, "}\n");
+        fflush(metrics);
+      }
+    }
+    if (c->checkpoint.dir[0] && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || step == last_step)) {
+      double tc = MPI_Wtime();
+      if (run_ckpt_save(c, &m, &o, step, samples_seen, err, sizeof err) != 0) RUN_FAIL("checkpoint: %s", err);
+      if (r0) printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)step, c->checkpoint.dir, MPI_Wtime() - tc);
+    }
+  }
+  if (r0) {
+    double wall = MPI_Wtime() - t_start;
+    char wall_s[32];
+    format_duration(wall, wall_s, sizeof wall_s);
+    printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s, "
+           "final train loss %.4f, final val loss %.4f\n",
+           (long long)step, (long long)(step - first_step), (long long)tokens_seen, wall_s,
+           t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss, last_val);
+    if (metrics)
+      fprintf(metrics, "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"tokens_per_s\": %.1f, "
+                       "\"final_loss\": %.9g, \"final_val_loss\": %.9g}\n",
+              (long long)step, (long long)tokens_seen, wall, t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss,
+              isnan(last_val) ? -1.0 : last_val);
+  }
+
+done:
+  if (metrics) fclose(metrics);
+  free(rb.tokens_h);
+  free(rb.targets_h);
+  free(rb.window);
+  if (rb.tokens) be->free(be, rb.tokens);
+  if (rb.targets) be->free(be, rb.targets);
+  pp_exec_free(&e);
+  opt_free(&o);
+  model_free(&m);
+  data_close(&train);
+  data_close(&val);
+  return rc;
+}

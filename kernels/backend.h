@@ -1,0 +1,56 @@
+// A compute backend is a table of functions plus a context, chosen at run time (the ggml
+// way): the model calls every op through it, so the same model code runs on CPU ranks or on
+// GPUs. Pointers are in the backend's memory. Op semantics are those of kernels/cpu/ops_cpu.h,
+// the reference every other backend is tested against.
+#ifndef TRAINER_BACKEND_H
+#define TRAINER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct k_backend {
+  const char *name;  // "cpu", "cuda"
+  void *ctx;
+  // Memory.
+  void *(*alloc)(struct k_backend *b, size_t n_bytes);  // zero-filled
+  void (*free)(struct k_backend *b, void *p);
+  void (*to_host)(struct k_backend *b, void *dst_host, const void *src, size_t n_bytes);
+  void (*from_host)(struct k_backend *b, void *dst, const void *src_host, size_t n_bytes);
+  void (*copy)(struct k_backend *b, void *dst, const void *src, size_t n_bytes);
+  void (*zero)(struct k_backend *b, void *p, size_t n_bytes);
+  void (*sync)(struct k_backend *b);
+  // Ops.
+  void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc);
+  void (*rmsnorm_fwd)(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
+  void (*rmsnorm_bwd)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                      int64_t rows, int d);
+  void (*rope)(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse);
+  void (*attn_fwd)(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T, int nh,
+                   int nkv, int hd);
+  void (*attn_bwd)(const float *dout, const float *q, const float *k, const float *v, const float *o,
+                   const float *lse, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd);
+  void (*swiglu_fwd)(const float *gate, const float *up, float *out, int64_t n);
+  void (*swiglu_bwd)(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n);
+  void (*embed_fwd)(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+                    int n_vocab_local);
+  void (*embed_bwd)(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
+                    int n_vocab_local);
+  void (*ce_local_stats)(const float *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+                         float *row_max, float *row_sumexp, float *target_logit);
+  void (*ce_bwd)(float *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+                 float scale);
+  void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                float eps, float weight_decay, float bc1, float bc2);
+  double (*sumsq)(const float *x, int64_t n);
+  void (*scale)(float *x, int64_t n, float s);
+  void (*add)(float *y, const float *x, int64_t n);
+  // (T, B, H, hd) <-> (B, T, H, hd) layout change; dst and src do not overlap.
+  void (*transpose_tb)(float *dst, const float *src, int T, int B, int64_t inner);
+} k_backend;
+
+// The CPU reference backend (OpenMP threads of this rank).
+k_backend *k_backend_cpu_create(void);
+void k_backend_free(k_backend **b);
+
+#endif

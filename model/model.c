@@ -1,0 +1,205 @@
+// Parameter layout from the spec table: which tensors this rank holds (pipeline chunks, tp
+// shards), one flat allocation for parameters and one for gradients, and the
+// layout-independent initialisation.
+#include "model/model.h"
+#include "kernels/check.h"
+#include "model/model_internal.h"
+#include <math.h>
+#include <string.h>
+
+const model_spec model_specs[MODEL_N_KINDS] = {
+    [MODEL_EMBED] = {"embed", 0, 0, 1, 0},
+    [MODEL_ATTN_NORM] = {"attn_norm", 1, -1, 0, 2},
+    [MODEL_WQ] = {"wq", 1, 0, 1, 0},
+    [MODEL_WK] = {"wk", 1, 0, 1, 0},
+    [MODEL_WV] = {"wv", 1, 0, 1, 0},
+    [MODEL_WO] = {"wo", 1, 1, 1, 1},
+    [MODEL_MLP_NORM] = {"mlp_norm", 1, -1, 0, 2},
+    [MODEL_W_GATE] = {"w_gate", 1, 0, 1, 0},
+    [MODEL_W_UP] = {"w_up", 1, 0, 1, 0},
+    [MODEL_W_DOWN] = {"w_down", 1, 1, 1, 1},
+    [MODEL_FINAL_NORM] = {"final_norm", 0, -1, 0, 2},
+    [MODEL_LM_HEAD] = {"lm_head", 0, 0, 1, 0},
+};
+
+// Full logical shape of a kind; returns ndim.
+int model_full_shape(const cfg_model *c, model_kind k, int64_t full[2]) {
+  int64_t d = c->dim, hd = c->dim / c->n_heads, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd;
+  full[1] = 1;
+  switch (k) {
+    case MODEL_EMBED: case MODEL_LM_HEAD: full[0] = c->vocab_size; full[1] = d; return 2;
+    case MODEL_ATTN_NORM: case MODEL_MLP_NORM: case MODEL_FINAL_NORM: full[0] = d; return 1;
+    case MODEL_WQ: full[0] = q; full[1] = d; return 2;
+    case MODEL_WK: case MODEL_WV: full[0] = kv; full[1] = d; return 2;
+    case MODEL_WO: full[0] = d; full[1] = q; return 2;
+    case MODEL_W_GATE: case MODEL_W_UP: full[0] = c->ffn_dim; full[1] = d; return 2;
+    case MODEL_W_DOWN: full[0] = d; full[1] = c->ffn_dim; return 2;
+    default: return 0;
+  }
+}
+
+void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int sp) {
+  const cfg_model *mc = &c->model;
+  dm->B = c->train.micro_batch;
+  dm->T = mc->seq_len;
+  dm->d = mc->dim;
+  dm->hd = mc->dim / mc->n_heads;
+  dm->nh = mc->n_heads / tp;
+  dm->nkv = mc->n_kv_heads / tp;
+  dm->ffn = mc->ffn_dim / tp;
+  dm->vocab = mc->vocab_size / tp;
+  dm->v0 = dm->vocab * tp_rank;
+  dm->rows = (int64_t)dm->T * dm->B;
+  dm->rows_s = sp ? dm->rows / tp : dm->rows;
+}
+
+int64_t model_count_params(const cfg_model *c, int64_t *n_without_embedding) {
+  int64_t total = 0, embed = 0, full[2];
+  for (int k = 0; k < MODEL_N_KINDS; k++) {
+    if (k == MODEL_LM_HEAD && c->tie_embeddings) continue;
+    model_full_shape(c, (model_kind)k, full);
+    int64_t n = full[0] * full[1] * (model_specs[k].per_layer ? c->n_layers : 1);
+    total += n;
+    if (k == MODEL_EMBED) embed = n;
+  }
+  if (n_without_embedding) *n_without_embedding = total - embed;
+  return total;
+}
+
+static model_tensor *add_tensor(model *m, int *n, model_kind k, int layer, int chunk) {
+  model_tensor *t = &m->tensors[(*n)++];
+  memset(t, 0, sizeof *t);
+  t->kind = k;
+  t->layer = layer;
+  t->chunk = chunk;
+  if (layer >= 0) snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, model_specs[k].name);
+  else snprintf(t->name, sizeof t->name, "%s", model_specs[k].name);
+  t->ndim = model_full_shape(&m->cfg, k, t->full);
+  t->count[0] = t->full[0];
+  t->count[1] = t->full[1];
+  int split = model_specs[k].tp_split;
+  if (split >= 0) {
+    t->count[split] = t->full[split] / m->tp;
+    t->start[split] = t->count[split] * m->tp_rank;
+  }
+  t->tp_replicated = split < 0;
+  t->n_elem = t->count[0] * t->count[1];
+  return t;
+}
+
+void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
+  memset(m, 0, sizeof *m);
+  m->cfg = c->model;
+  m->g = g;
+  m->be = be;
+  m->tp = g->tp;
+  m->tp_rank = g->tp_rank;
+  m->pp = g->pp;
+  m->pp_rank = g->pp_rank;
+  m->vpp = c->parallel.vpp;
+  m->sp = c->parallel.sequence_parallel && g->tp > 1;
+  const cfg_model *mc = &c->model;
+  int n_vstages = m->pp * m->vpp, per_chunk = mc->n_layers / n_vstages;
+  CHECK(per_chunk * n_vstages == mc->n_layers, "n_layers %d not divisible by pp*vpp %d", mc->n_layers, n_vstages);
+
+  model_dims_compute(&m->dims, c, m->tp, m->tp_rank, m->sp);
+
+  int max_tensors = m->vpp * (per_chunk * 9 + 3);
+  m->tensors = XCALLOC(max_tensors, sizeof(model_tensor));
+  m->chunks = XCALLOC(m->vpp, sizeof(model_chunk));
+  int n = 0;
+  for (int ci = 0; ci < m->vpp; ci++) {
+    model_chunk *ch = &m->chunks[ci];
+    ch->vstage = ci * m->pp + m->pp_rank;
+    ch->layer0 = ch->vstage * per_chunk;
+    ch->n_layers = per_chunk;
+    ch->layers = XCALLOC(per_chunk, sizeof(model_layer));
+    if (ch->vstage == 0) ch->embed = add_tensor(m, &n, MODEL_EMBED, -1, ci);
+    for (int i = 0; i < per_chunk; i++) {
+      int l = ch->layer0 + i;
+      model_layer *ly = &ch->layers[i];
+      ly->attn_norm = add_tensor(m, &n, MODEL_ATTN_NORM, l, ci);
+      ly->wq = add_tensor(m, &n, MODEL_WQ, l, ci);
+      ly->wk = add_tensor(m, &n, MODEL_WK, l, ci);
+      ly->wv = add_tensor(m, &n, MODEL_WV, l, ci);
+      ly->wo = add_tensor(m, &n, MODEL_WO, l, ci);
+      ly->mlp_norm = add_tensor(m, &n, MODEL_MLP_NORM, l, ci);
+      ly->w_gate = add_tensor(m, &n, MODEL_W_GATE, l, ci);
+      ly->w_up = add_tensor(m, &n, MODEL_W_UP, l, ci);
+      ly->w_down = add_tensor(m, &n, MODEL_W_DOWN, l, ci);
+    }
+    if (ch->vstage == n_vstages - 1) {
+      ch->final_norm = add_tensor(m, &n, MODEL_FINAL_NORM, -1, ci);
+      if (mc->tie_embeddings) {
+        CHECK(ch->embed, "tied embeddings need the embedding and the head on one stage (pp 1)");
+        ch->lm_head = ch->embed;
+      } else {
+        ch->lm_head = add_tensor(m, &n, MODEL_LM_HEAD, -1, ci);
+      }
+    }
+  }
+  m->n_tensors = n;
+  int64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    m->tensors[i].offset = off;
+    off += m->tensors[i].n_elem;
+  }
+  int dp = g->dp;
+  m->n_params_used = off;
+  m->n_params = (off + dp - 1) / dp * dp;
+  m->params = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  for (int i = 0; i < n; i++) {
+    m->tensors[i].p = m->params + m->tensors[i].offset;
+    m->tensors[i].g = m->grads + m->tensors[i].offset;
+  }
+  model_work_init(m);
+}
+
+void model_free(model *m) {
+  if (!m->tensors) return;
+  model_work_free(m);
+  m->be->free(m->be, m->params);
+  m->be->free(m->be, m->grads);
+  for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
+  free(m->chunks);
+  free(m->tensors);
+  m->tensors = NULL;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+  return h;
+}
+
+// Standard normal from (key, index) alone: Box-Muller on two hashed uniforms.
+static float normal_at(uint64_t key, uint64_t i) {
+  uint64_t a = splitmix64(key ^ splitmix64(2 * i)), b = splitmix64(key ^ splitmix64(2 * i + 1));
+  double u1 = ((a >> 11) + 1.0) / 9007199254740993.0, u2 = (b >> 11) / 9007199254740992.0;
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void model_init_weights(model *m, uint64_t seed) {
+  for (int i = 0; i < m->n_tensors; i++) {
+    model_tensor *t = &m->tensors[i];
+    float *host = XMALLOC((size_t)t->n_elem * sizeof(float));
+    int init = model_specs[t->kind].init;
+    float std = m->cfg.init_std * (init == 1 ? 1.0f / sqrtf(2.0f * m->cfg.n_layers) : 1.0f);
+    uint64_t key = splitmix64(seed) ^ hash_name(t->name);
+    for (int64_t r = 0; r < t->count[0]; r++)
+      for (int64_t c = 0; c < t->count[1]; c++) {
+        uint64_t idx = (uint64_t)((t->start[0] + r) * t->full[1] + t->start[1] + c);
+        host[r * t->count[1] + c] = init == 2 ? 1.0f : std * normal_at(key, idx);
+      }
+    m->be->from_host(m->be, t->p, host, (size_t)t->n_elem * sizeof(float));
+    free(host);
+  }
+}

@@ -1,0 +1,126 @@
+// The Llama-style decoder as this rank holds it: parameters laid out from a spec table (one
+// allocation, pointers carved out), sharded over tensor-parallel ranks and split into
+// pipeline chunks, and the forward/backward of one chunk for one micro-batch.
+// Activations are sequence-major, (T, B, d): a sequence-parallel shard is then a contiguous
+// block of rows, [tp_rank * T/tp * B, (tp_rank + 1) * T/tp * B).
+#ifndef TRAINER_MODEL_H
+#define TRAINER_MODEL_H
+
+#include <stdint.h>
+#include "app/config.h"
+#include "kernels/backend.h"
+#include "parallel/grid.h"
+
+typedef enum model_kind {
+  MODEL_EMBED,        // (V, d), vocab split over tp
+  MODEL_ATTN_NORM,    // (d)
+  MODEL_WQ,           // (n_heads * hd, d), heads split over tp
+  MODEL_WK,           // (n_kv_heads * hd, d), heads split over tp
+  MODEL_WV,           // (n_kv_heads * hd, d), heads split over tp
+  MODEL_WO,           // (d, n_heads * hd), input split over tp
+  MODEL_MLP_NORM,     // (d)
+  MODEL_W_GATE,       // (ffn, d), ffn split over tp
+  MODEL_W_UP,         // (ffn, d), ffn split over tp
+  MODEL_W_DOWN,       // (d, ffn), input split over tp
+  MODEL_FINAL_NORM,   // (d)
+  MODEL_LM_HEAD,      // (V, d), vocab split over tp; absent when tied to MODEL_EMBED
+  MODEL_N_KINDS
+} model_kind;
+
+// One row of the spec table: what a parameter is, independent of any layout.
+typedef struct model_spec {
+  const char *name;   // name in checkpoints: "embed", "layers.{i}.<name>", "final_norm", "lm_head"
+  int per_layer;
+  int tp_split;       // -1 replicated, 0 split rows (column-parallel), 1 split columns (row-parallel)
+  int decay;          // weight decay applies
+  int init;           // 0 normal(init_std), 1 normal(init_std / sqrt(2 L)) (residual outputs), 2 ones
+} model_spec;
+extern const model_spec model_specs[MODEL_N_KINDS];
+
+// One parameter tensor instance held by this rank (a layer's matrix, or a global tensor).
+typedef struct model_tensor {
+  model_kind kind;
+  int layer;              // -1 for non-layer tensors
+  int chunk;              // local pipeline chunk holding it
+  char name[64];
+  int ndim;               // 1 or 2
+  int64_t full[2];        // logical shape
+  int64_t start[2];       // this rank's block
+  int64_t count[2];
+  int64_t n_elem;         // count product
+  int64_t offset;         // in the flat parameter / gradient buffers
+  int tp_replicated;      // same values on every tp rank (norms): counted once in norms
+  float *p, *g;
+} model_tensor;
+
+typedef struct model_layer {
+  model_tensor *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+} model_layer;
+
+typedef struct model_chunk {
+  int vstage;             // virtual pipeline stage: chunk * pp + pp_rank
+  int layer0, n_layers;   // global index of its first layer, and count
+  model_layer *layers;    // (n_layers)
+  model_tensor *embed;    // first virtual stage only
+  model_tensor *final_norm, *lm_head;  // last virtual stage only (lm_head = embed when tied)
+} model_chunk;
+
+// Sizes of one micro-batch's activations for one chunk.
+typedef struct model_dims {
+  int B, T, d, hd;
+  int nh, nkv, ffn, vocab;   // local (per tp rank)
+  int v0;                    // first vocab row of this rank
+  int64_t rows;              // T * B: rows inside tensor-parallel regions
+  int64_t rows_s;            // rows of the residual stream on this rank (T/tp * B with SP)
+} model_dims;
+
+typedef struct model {
+  cfg_model cfg;
+  int tp, tp_rank, pp, pp_rank, vpp, sp;
+  grid *g;
+  k_backend *be;
+  model_dims dims;
+  model_tensor *tensors;  // (n_tensors), in flat-buffer order
+  int n_tensors;
+  model_chunk *chunks;    // (vpp)
+  float *params, *grads;  // (n_params) flat, in backend memory
+  int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
+  int64_t n_params_used;  // local elements before padding
+  struct model_work *work;  // scratch shared by every forward/backward (block.c)
+} model;
+
+// Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
+// the activation sizes. dp pads the flat buffer to a multiple of dp.
+void model_init(model *m, const cfg *c, grid *g, k_backend *be);
+void model_free(model *m);
+// Deterministic init, independent of the layout: element (i) of a full tensor gets a value
+// from (seed, tensor name, i), so every layout starts from the same weights.
+void model_init_weights(model *m, uint64_t seed);
+// Parameter counts of the whole model (all ranks): total and without the embedding table.
+int64_t model_count_params(const cfg_model *c, int64_t *n_without_embedding);
+
+// Activations of one (micro-batch, chunk): inputs, saved tensors, outputs, gradients.
+typedef struct model_acts model_acts;
+model_acts *model_acts_create(model *m, int chunk);
+void model_acts_free(model *m, model_acts **a);
+// The chunk's input x (rows_s, d) (received activations) and input gradient (rows_s, d).
+float *model_acts_input(model_acts *a);
+float *model_acts_input_grad(model_acts *a);
+// The chunk's output (rows_s, d) and output gradient (rows_s, d) (received gradients).
+float *model_acts_output(const model *m, model_acts *a);
+float *model_acts_output_grad(model_acts *a);
+// Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
+int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head);
+// Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.
+void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int sp);
+
+// Forward of a chunk. tokens/targets: (T, B) in backend memory, used by the first/last
+// virtual stage. On the last stage returns the sum over this micro-batch of the per-token
+// loss (identical on every tp rank); else 0.
+double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens, const int32_t *targets);
+// Backward of a chunk: output gradient (or, on the last stage, the loss scaled by
+// loss_scale per token) to input gradient; parameter gradients accumulate into m->grads.
+void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, const int32_t *targets,
+                     float loss_scale);
+
+#endif

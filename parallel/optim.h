@@ -1,0 +1,44 @@
+// AdamW over this rank's parameters, and the gradient synchronisation that precedes it:
+// sequence-parallel norm gradients reduced over tp, DP gradients averaged in buckets (or
+// reduce-scattered with the distributed optimizer, ZeRO-1), the global gradient norm, clipping,
+// the update, and (ZeRO-1) the all-gather of updated parameters.
+// Parameters are fp32 and are the master weights; moments are fp32.
+#ifndef TRAINER_OPTIM_H
+#define TRAINER_OPTIM_H
+
+#include <stdint.h>
+#include "app/config.h"
+#include "model/model.h"
+
+typedef struct opt_range {
+  int64_t offset, n_elem;  // a tensor's span in the flat buffer
+  int decay;               // weight decay applies
+  int in_norm;             // counted in the global gradient norm by this rank
+} opt_range;
+
+typedef struct opt_state {
+  model *m;
+  grid *g;
+  cfg_train hp;
+  int zero;                 // distributed optimizer over dp
+  int64_t bucket_elem;      // DP bucket size
+  int64_t shard_lo, shard_n;  // this rank's slice of the flat buffer (all of it without ZeRO)
+  float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
+  float *grad_shard;        // (shard_n) ZeRO only
+  opt_range *ranges;
+  int n_ranges;
+} opt_state;
+
+void opt_init(opt_state *o, model *m, const cfg *c);
+void opt_free(opt_state *o);
+// Learning rate at step (0-based): linear warmup, then cosine decay to min_lr.
+float opt_lr_at(const cfg_train *hp, int64_t step);
+// Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,
+// for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
+double opt_step(opt_state *o, float lr, int64_t t);
+// Moments for this rank's whole flat buffer (gathered over dp with ZeRO), into host arrays
+// of m->n_params elements; and back.
+void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
+void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);
+
+#endif

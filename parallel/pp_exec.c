@@ -1,0 +1,111 @@
+// Pipeline executor (see pp_exec.h). Consecutive send/recv steps of a schedule are posted as
+// one group and completed together, which is the contract pp_schedule_build is built for.
+#include "parallel/pp_exec.h"
+#include "kernels/check.h"
+#include <string.h>
+
+int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
+  memset(e, 0, sizeof *e);
+  e->m = m;
+  e->n_micro = n_micro;
+  if (pp_schedule_build(&e->sched, m->pp, m->vpp, n_micro, m->pp_rank, err, n_err) != 0) return -1;
+  e->slot = XCALLOC((size_t)n_micro * m->vpp, sizeof(model_acts *));
+  e->pool_cap = n_micro;
+  e->pool = XCALLOC((size_t)m->vpp * e->pool_cap, sizeof(model_acts *));
+  e->pool_n = XCALLOC(m->vpp, sizeof(int));
+  return 0;
+}
+
+void pp_exec_free(pp_exec *e) {
+  if (!e->m) return;
+  for (int i = 0; i < e->n_micro * e->m->vpp; i++) model_acts_free(e->m, &e->slot[i]);
+  for (int c = 0; c < e->m->vpp; c++)
+    for (int i = 0; i < e->pool_n[c]; i++) model_acts_free(e->m, &e->pool[c * e->pool_cap + i]);
+  free(e->slot);
+  free(e->pool);
+  free(e->pool_n);
+  pp_schedule_free(&e->sched);
+  e->m = NULL;
+}
+
+static model_acts *acts_get(pp_exec *e, int micro, int chunk) {
+  model_acts **s = &e->slot[micro * e->m->vpp + chunk];
+  if (!*s) {
+    if (e->pool_n[chunk] > 0) {
+      *s = e->pool[chunk * e->pool_cap + --e->pool_n[chunk]];
+    } else {
+      *s = model_acts_create(e->m, chunk);
+      e->n_created++;
+    }
+  }
+  return *s;
+}
+
+static void acts_put(pp_exec *e, int micro, int chunk) {
+  model_acts **s = &e->slot[micro * e->m->vpp + chunk];
+  CHECK(*s, "pipeline executor: release of (micro %d, chunk %d) which holds no activations", micro, chunk);
+  e->pool[chunk * e->pool_cap + e->pool_n[chunk]++] = *s;
+  *s = NULL;
+}
+
+static int is_comm(pp_op op) { return op != PP_FWD && op != PP_BWD; }
+
+double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
+  model *m = e->m;
+  comm *pc = m->g->pp_c;
+  int64_t rows = m->dims.rows, rs_d = m->dims.rows_s * m->dims.d;
+  int last_vstage = m->pp * m->vpp - 1;
+  double loss = 0;
+  const pp_step *st = e->sched.steps;
+  for (int i = 0; i < e->sched.n_steps;) {
+    if (!is_comm(st[i].op)) {
+      const pp_step *s = &st[i++];
+      model_acts *a = acts_get(e, s->micro, s->chunk);
+      const int32_t *tok = tokens + s->micro * rows, *tgt = targets + s->micro * rows;
+      if (s->op == PP_FWD) {
+        loss += model_chunk_fwd(m, s->chunk, a, tok, tgt);
+      } else {
+        model_chunk_bwd(m, s->chunk, a, tok, tgt, loss_scale);
+        if (m->chunks[s->chunk].vstage == 0) acts_put(e, s->micro, s->chunk);
+      }
+      continue;
+    }
+    int j = i;
+    pc->ops->group_start(pc);
+    for (; j < e->sched.n_steps && is_comm(st[j].op); j++) {
+      const pp_step *s = &st[j];
+      model_acts *a = acts_get(e, s->micro, s->chunk);
+      switch (s->op) {
+        case PP_SEND_ACT: pc->ops->send(pc, model_acts_output(m, a), rs_d, COMM_F32, s->peer); break;
+        case PP_RECV_ACT: pc->ops->recv(pc, model_acts_input(a), rs_d, COMM_F32, s->peer); break;
+        case PP_SEND_GRAD: pc->ops->send(pc, model_acts_input_grad(a), rs_d, COMM_F32, s->peer); break;
+        case PP_RECV_GRAD: pc->ops->recv(pc, model_acts_output_grad(a), rs_d, COMM_F32, s->peer); break;
+        default: break;
+      }
+    }
+    pc->ops->group_end(pc);
+    for (; i < j; i++)
+      if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
+  }
+  (void)last_vstage;
+  return loss;
+}
+
+double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets) {
+  model *m = e->m;
+  comm *pc = m->g->pp_c;
+  int64_t rs_d = m->dims.rows_s * m->dims.d;
+  int n_vstages = m->pp * m->vpp;
+  double loss = 0;
+  // Virtual stages run one after the other; each waits for its input, so plain blocking
+  // send/recv along the chain cannot deadlock.
+  for (int s = m->pp_rank; s < n_vstages; s += m->pp) {
+    int chunk = s / m->pp;
+    model_acts *a = acts_get(e, 0, chunk);
+    if (s > 0) pc->ops->recv(pc, model_acts_input(a), rs_d, COMM_F32, (s - 1) % m->pp);
+    loss += model_chunk_fwd(m, chunk, a, tokens, targets);
+    if (s < n_vstages - 1) pc->ops->send(pc, model_acts_output(m, a), rs_d, COMM_F32, (s + 1) % m->pp);
+    acts_put(e, 0, chunk);
+  }
+  return loss;
+}

@@ -1,0 +1,32 @@
+// The pipeline executor: runs any schedule from pp_schedule_build for one optimizer step
+// (forward and backward of every micro-batch of this rank's chunks), and the forward-only
+// pass used for evaluation. Activation buffers come from a pool, taken when a micro-batch
+// enters a chunk and returned once its input gradient has left.
+#ifndef TRAINER_PP_EXEC_H
+#define TRAINER_PP_EXEC_H
+
+#include "model/model.h"
+#include "parallel/pp_schedule.h"
+
+typedef struct pp_exec {
+  model *m;
+  pp_schedule sched;
+  int n_micro;
+  model_acts **slot;     // (n_micro * vpp): activations in use by (micro, chunk), or NULL
+  model_acts **pool;     // free activations, per chunk a stack of up to pool_cap
+  int *pool_n;           // (vpp)
+  int pool_cap;
+  int n_created;         // activation sets allocated so far (peak in-flight)
+} pp_exec;
+
+// Returns 0, or -1 with a message when the schedule is not admissible.
+int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err);
+void pp_exec_free(pp_exec *e);
+// One step. tokens/targets: (n_micro, T, B) in backend memory. Returns the summed per-token
+// loss of this rank's micro-batches if it holds the last virtual stage, else 0.
+double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale);
+// Forward only of one micro-batch through every virtual stage (evaluation). Returns the
+// summed loss on the rank holding the last virtual stage, else 0.
+double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets);
+
+#endif

@@ -1,0 +1,25 @@
+// Tensor/sequence-parallel region pairs (see tp.h). With one tp rank every call is a copy.
+#include "parallel/tp.h"
+
+static void gather_or_copy(const tp_region *r, const float *src_s, float *dst, int d) {
+  if (r->sp && r->c->size > 1)
+    r->c->ops->all_gather(r->c, src_s, dst, r->rows_s * d, COMM_F32);
+  else
+    r->be->copy(r->be, dst, src_s, (size_t)(r->rows * d) * sizeof(float));
+}
+
+static void reduce_to_shard(const tp_region *r, float *src, float *dst_s, int d) {
+  if (r->c->size == 1) {
+    r->be->copy(r->be, dst_s, src, (size_t)(r->rows_s * d) * sizeof(float));
+  } else if (r->sp) {
+    r->c->ops->reduce_scatter(r->c, src, dst_s, r->rows_s * d, COMM_F32, COMM_SUM);
+  } else {
+    r->c->ops->all_reduce(r->c, src, r->rows * d, COMM_F32, COMM_SUM);
+    r->be->copy(r->be, dst_s, src, (size_t)(r->rows * d) * sizeof(float));
+  }
+}
+
+void tp_enter_fwd(const tp_region *r, const float *x_s, float *x, int d) { gather_or_copy(r, x_s, x, d); }
+void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d) { reduce_to_shard(r, dx, dx_s, d); }
+void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d) { reduce_to_shard(r, y, y_s, d); }
+void tp_exit_bwd(const tp_region *r, const float *dy_s, float *dy, int d) { gather_or_copy(r, dy_s, dy, d); }

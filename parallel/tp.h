@@ -1,0 +1,31 @@
+// Tensor- and sequence-parallel regions as named forward/backward pairs. A column-parallel
+// linear is entered with tp_enter (copy-to-region / all-gather along the sequence) and a
+// row-parallel linear is left with tp_exit (all-reduce / reduce-scatter along the sequence).
+// Activations are sequence-major, so a sequence shard is a contiguous block of rows.
+#ifndef TRAINER_TP_H
+#define TRAINER_TP_H
+
+#include <stdint.h>
+#include "kernels/backend.h"
+#include "parallel/comm.h"
+
+typedef struct tp_region {
+  comm *c;         // the tp group
+  k_backend *be;
+  int sp;          // sequence parallel
+  int64_t rows;    // rows inside the region (T * B)
+  int64_t rows_s;  // rows outside it on this rank (rows / tp with sp, else rows)
+} tp_region;
+
+// Forward into the region: x_s (rows_s, d) -> x (rows, d). SP: all-gather; else copy.
+void tp_enter_fwd(const tp_region *r, const float *x_s, float *x, int d);
+// Its backward: dx (rows, d) partial per rank -> dx_s (rows_s, d). SP: reduce-scatter;
+// else all-reduce. dx is clobbered.
+void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d);
+// Forward out of the region: partial y (rows, d) -> y_s (rows_s, d). SP: reduce-scatter;
+// else all-reduce. y is clobbered.
+void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d);
+// Its backward: dy_s (rows_s, d) -> dy (rows, d). SP: all-gather; else copy.
+void tp_exit_bwd(const tp_region *r, const float *dy_s, float *dy, int d);
+
+#endif

@@ -1,0 +1,57 @@
+#!/bin/sh
+# Bad input gets one clear message and a non-zero exit, never a crash: each case names the
+# problem. expect_error NAME PATTERN NP ARGS...
+. "$(dirname "$0")/lib.sh"
+make_corpus
+
+expect_error() {
+  local what=$1 pattern=$2 np=$3 status
+  shift 3
+  set +e
+  $MPIRUN -np "$np" "$TRAINER" "$@" > "$WORK/out" 2>&1
+  status=$?
+  set -e
+  if [ "$status" = 0 ]; then fail "$what: exit 0"; return; fi
+  if [ "$status" -gt 128 ]; then fail "$what: killed by a signal ($status)"; cat "$WORK/out"; return; fi
+  if grep -q "error:.*$pattern" "$WORK/out"; then
+    pass "$what: $(grep -m1 'error:' "$WORK/out")"
+  else
+    fail "$what: no message matching '$pattern'"; cat "$WORK/out"
+  fi
+  if grep -qiE "segmentation|core dumped|backtrace" "$WORK/out"; then fail "$what: crashed"; fi
+}
+
+T="$SRC/configs/tiny.yaml"
+D="data.train=$WORK/data/train_*.bin"
+V="data.val=$WORK/data/val_*.bin"
+printf 'model:\n  dim: 64\n  dimm: 3\n' > "$WORK/typo.yaml"
+expect_error "unknown key" "typo.yaml:3.*unknown key 'model.dimm'" 1 "$WORK/typo.yaml"
+expect_error "unknown key override" "model.nlayers" 1 "$T" model.nlayers=3
+expect_error "dim not divisible by n_heads" "model.dim.*model.n_heads" 1 "$T" model.dim=66
+expect_error "n_heads not divisible by n_kv_heads" "n_heads.*n_kv_heads" 1 "$T" model.n_kv_heads=3
+expect_error "missing config" "cannot open" 1 "$WORK/nope.yaml"
+expect_error "missing shard" "no data shard matches" 1 "$T" "data.train=$WORK/none_*.bin" "$V"
+
+head -c 1000 "$WORK/data/train_000.bin" > "$WORK/trunc.bin"
+expect_error "truncated shard" "truncated" 1 "$T" "data.train=$WORK/trunc.bin" "$V"
+{ printf 'NOTASHRD'; tail -c +9 "$WORK/data/train_000.bin"; } > "$WORK/magic.bin"
+expect_error "wrong-magic shard" "magic" 1 "$T" "data.train=$WORK/magic.bin" "$V"
+expect_error "token beyond vocab" "vocab_size" 1 "$T" "$D" "$V" model.vocab_size=64 model.dim=64
+
+run small 1 || fail "run that writes a checkpoint"
+expect_error "checkpoint of another model shape" "shape" 1 "$T" "$D" "$V" model.dim=128 \
+  "checkpoint.resume=$WORK/small/ckpt/ckpt_00000006.h5" "checkpoint.dir=$WORK/other"
+expect_error "missing checkpoint file" "nope.h5" 1 "$T" "$D" "$V" "checkpoint.resume=$WORK/nope.h5"
+
+# Layouts refused before anything is allocated.
+expect_error "world size not divisible" "world size 3" 3 "$T" "$D" parallel.tp=2
+expect_error "n_heads not divisible by tp" "n_heads" 8 "$T" "$D" parallel.tp=8
+expect_error "n_kv_heads not divisible by tp" "n_kv_heads" 4 "$T" "$D" parallel.tp=4
+expect_error "n_layers not divisible by pp*vpp" "n_layers" 2 "$T" "$D" parallel.pp=2 parallel.vpp=4
+expect_error "micro-batches not a multiple of pp for interleaving" "parallel.vpp" 2 "$T" "$D" parallel.pp=2 \
+  parallel.vpp=2 train.global_batch=6
+expect_error "sequence parallel without tp" "sequence_parallel" 1 "$T" "$D" parallel.sequence_parallel=true
+expect_error "seq_len not divisible by tp" "seq_len" 2 "$T" "$D" parallel.tp=2 parallel.sequence_parallel=true \
+  model.seq_len=33
+expect_error "global batch not divisible" "global_batch" 2 "$T" "$D" parallel.dp=2 train.global_batch=6
+summary

@@ -1,0 +1,564 @@
+// Unit tests of the CPU reference kernels (kernels/cpu/ops_cpu.h): each forward against a naive
+// double-precision loop written here, each backward against central finite differences of a
+// scalar loss L = sum(out * R) with fixed random R, plus the determinism that bitwise resume
+// needs (same bits for 1, 2 and 3 threads). Shapes are small and odd on purpose.
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops_cpu.h"
+#include "tests/test_util.h"
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+// Uniform in [-1, 1): a fixed xorshift so every run sees the same data.
+static double rng_uniform(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+static float *rand_buf(int64_t n, double amp) {
+  float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * rng_uniform());
+  return x;
+}
+
+static float *copy_buf(const float *x, int64_t n) {
+  float *y = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  memcpy(y, x, sizeof(float) * (size_t)n);
+  return y;
+}
+
+// max |got - ref| / max(max |ref|, floor): one normalised error per tensor.
+static double rel_err(const float *got, const double *ref, int64_t n) {
+  double num = 0.0, den = 1e-30;
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs((double)got[i] - ref[i]);
+    if (!(e <= num)) num = e;  // also catches NaN
+    if (fabs(ref[i]) > den) den = fabs(ref[i]);
+  }
+  return num / den;
+}
+
+static double dot_r(const float *out, const double *R, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += (double)out[i] * R[i];
+  return s;
+}
+
+static double *rand_dbuf(int64_t n) {
+  double *r = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  for (int64_t i = 0; i < n; i++) r[i] = rng_uniform();
+  return r;
+}
+
+// Central differences of loss() over every element of x, compared with grad. Tolerance is
+// relative to the largest gradient magnitude: fp32 forward noise is ~1e-7 / eps of it. The floor
+// of 1e-3 on that magnitude covers gradients that are exactly zero (dk of a single position).
+typedef double (*loss_fn)(void *ctx);
+static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, int64_t n, const float *grad) {
+  const double eps = 1e-3, tol = 5e-3;
+  double max_err = 0.0, max_g = 1e-3;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const float save = x[i];
+    const float xp = (float)(save + eps), xm = (float)(save - eps);
+    x[i] = xp;
+    const double lp = loss(ctx);
+    x[i] = xm;
+    const double lm = loss(ctx);
+    x[i] = save;
+    const double fd = (lp - lm) / ((double)xp - (double)xm);
+    const double e = fabs(fd - (double)grad[i]);
+    if (!(e <= max_err)) max_err = e, worst = i;
+    if (fabs(fd) > max_g) max_g = fabs(fd);
+    if (fabs(grad[i]) > max_g) max_g = fabs(grad[i]);
+  }
+  EXPECT(max_err <= tol * max_g, "%s: finite-difference error %.3g (max |grad| %.3g, worst element %lld)", what,
+         max_err, max_g, (long long)worst);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, float beta) {
+  const int pad = 3;  // leading dims wider than the matrix, to catch ld mix-ups
+  const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+  float *A = rand_buf((int64_t)a_rows * lda, 1.0), *B = rand_buf((int64_t)b_rows * ldb, 1.0);
+  float *C = rand_buf((int64_t)M * ldc, 1.0);
+  float *C0 = copy_buf(C, (int64_t)M * ldc);
+  if (beta == 0.0f)  // beta == 0 must overwrite C without reading it: NaNs must not leak in
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) C[(int64_t)i * ldc + j] = NAN;
+  k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  double worst = 0.0;
+  int pad_ok = 1;
+  for (int i = 0; i < M; i++) {
+    for (int j = 0; j < N; j++) {
+      double s = 0.0, abs_s = 0.0;
+      for (int k = 0; k < K; k++) {
+        double a = ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k];
+        double b = tb ? B[(int64_t)j * ldb + k] : B[(int64_t)k * ldb + j];
+        s += a * b;
+        abs_s += fabs(a * b);
+      }
+      double c0 = C0[(int64_t)i * ldc + j];
+      double ref = alpha * s + (beta == 0.0f ? 0.0 : beta * c0);
+      double bound = 1e-5 * (fabs(alpha) * abs_s + fabs(beta * c0)) + 1e-6;
+      double e = fabs(C[(int64_t)i * ldc + j] - ref) / bound;
+      if (!(e <= worst)) worst = e;
+    }
+    for (int j = N; j < ldc; j++) pad_ok &= C[(int64_t)i * ldc + j] == C0[(int64_t)i * ldc + j];
+  }
+  EXPECT(worst <= 1.0, "gemm ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g: error %.3g of the bound", ta, tb, M, N, K,
+         alpha, beta, worst);
+  EXPECT(pad_ok, "gemm ta=%d tb=%d M=%d N=%d K=%d wrote outside C's N columns", ta, tb, M, N, K);
+  free(A), free(B), free(C), free(C0);
+}
+
+static void test_gemm(void) {
+  static const int shapes[][3] = {{1, 1, 1},     {3, 17, 33},   {17, 3, 100},  {33, 100, 17}, {100, 33, 3},
+                                  {64, 64, 64},  {130, 70, 300}, {9, 257, 513}, {257, 40, 20}, {1, 100, 7},
+                                  {100, 1, 260}, {200, 150, 90}};
+  static const float betas[] = {0.0f, 1.0f, 0.5f};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        for (int b = 0; b < 3; b++)
+          test_gemm_case(ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], b == 2 ? -0.75f : 1.0f, betas[b]);
+  // K == 0: C = beta * C (and beta == 0 gives zeros even over NaN).
+  float C[6] = {1, 2, 3, 4, 5, NAN}, A[1] = {0}, B[1] = {0};
+  k_cpu_gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.5f, C, 3);
+  EXPECT(C[0] == 0.5f && C[4] == 2.5f && isnan(C[5]), "gemm K=0 must give beta*C");
+  C[5] = NAN;
+  k_cpu_gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, C, 3);
+  EXPECT(C[0] == 0.0f && C[5] == 0.0f, "gemm K=0 beta=0 must give zeros");
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+typedef struct {
+  float *x, *w, *y, *rstd;
+  const double *R;
+  int rows, d;
+} rms_ctx;
+
+static double rms_loss(void *p) {
+  rms_ctx *c = p;
+  k_cpu_rmsnorm_fwd(c->x, c->w, c->y, c->rstd, c->rows, c->d, 1e-5f);
+  return dot_r(c->y, c->R, (int64_t)c->rows * c->d);
+}
+
+static void test_rmsnorm(int rows, int d) {
+  const int64_t n = (int64_t)rows * d;
+  float *x = rand_buf(n, 1.0), *w = rand_buf(d, 1.0), *y = rand_buf(n, 1.0), *rstd = rand_buf(rows, 1.0);
+  double *R = rand_dbuf(n), *ref = malloc(sizeof(double) * n), *rref = malloc(sizeof(double) * rows);
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, 1e-5f);
+  for (int r = 0; r < rows; r++) {
+    double ss = 0.0;
+    for (int j = 0; j < d; j++) ss += (double)x[r * d + j] * x[r * d + j];
+    rref[r] = 1.0 / sqrt(ss / d + 1e-5);
+    for (int j = 0; j < d; j++) ref[r * d + j] = x[r * d + j] * rref[r] * w[j];
+  }
+  EXPECT(rel_err(y, ref, n) < 1e-6, "rmsnorm fwd rows=%d d=%d: error %.3g", rows, d, rel_err(y, ref, n));
+  EXPECT(rel_err(rstd, rref, rows) < 1e-6, "rmsnorm rstd rows=%d d=%d", rows, d);
+  // Backward accumulates: start from known values and subtract them afterwards.
+  float *dy = malloc(sizeof(float) * n), *dx = rand_buf(n, 1.0), *dw = rand_buf(d, 1.0);
+  float *dx0 = copy_buf(dx, n), *dw0 = copy_buf(dw, d);
+  for (int64_t i = 0; i < n; i++) dy[i] = (float)R[i];
+  k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+  for (int64_t i = 0; i < n; i++) dx[i] -= dx0[i];
+  for (int j = 0; j < d; j++) dw[j] -= dw0[j];
+  rms_ctx c = {x, w, y, rstd, R, rows, d};
+  fd_check("rmsnorm dx", rms_loss, &c, x, n, dx);
+  fd_check("rmsnorm dw", rms_loss, &c, w, d, dw);
+  free(x), free(w), free(y), free(rstd), free(R), free(ref), free(rref), free(dy), free(dx), free(dw), free(dx0),
+      free(dw0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding
+
+typedef struct {
+  float *x, *y;
+  const double *R;
+  int B, T, H, hd, pos0;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+  rope_ctx *c = p;
+  const int64_t n = (int64_t)c->B * c->T * c->H * c->hd;
+  memcpy(c->y, c->x, sizeof(float) * n);
+  k_cpu_rope(c->y, c->B, c->T, c->H, c->hd, c->pos0, 10000.0f, 0);
+  return dot_r(c->y, c->R, n);
+}
+
+static void test_rope(int B, int T, int H, int hd, int pos0) {
+  const int64_t n = (int64_t)B * T * H * hd;
+  const int half = hd / 2;
+  float *x = rand_buf(n, 1.0), *y = copy_buf(x, n);
+  double *ref = malloc(sizeof(double) * n), *R = rand_dbuf(n);
+  k_cpu_rope(y, B, T, H, hd, pos0, 10000.0f, 0);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < half; i++) {
+          const int64_t o = (((int64_t)b * T + t) * H + h) * hd;
+          double ang = (pos0 + t) * pow(10000.0, -2.0 * i / hd);
+          ref[o + i] = x[o + i] * cos(ang) - x[o + half + i] * sin(ang);
+          ref[o + half + i] = x[o + i] * sin(ang) + x[o + half + i] * cos(ang);
+        }
+  EXPECT(rel_err(y, ref, n) < 1e-6, "rope fwd hd=%d pos0=%d: error %.3g", hd, pos0, rel_err(y, ref, n));
+  // The inverse undoes the forward (to rounding).
+  k_cpu_rope(y, B, T, H, hd, pos0, 10000.0f, 1);
+  for (int64_t i = 0; i < n; i++) ref[i] = x[i];
+  EXPECT(rel_err(y, ref, n) < 1e-6, "rope inverse(rope(x)) != x: error %.3g", rel_err(y, ref, n));
+  // The inverse is the backward: dx = rope^-1(dy).
+  float *g = malloc(sizeof(float) * n);
+  for (int64_t i = 0; i < n; i++) g[i] = (float)R[i];
+  k_cpu_rope(g, B, T, H, hd, pos0, 10000.0f, 1);
+  rope_ctx c = {x, y, R, B, T, H, hd, pos0};
+  fd_check("rope backward (inverse)", rope_loss, &c, x, n, g);
+  free(x), free(y), free(ref), free(R), free(g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+typedef struct {
+  float *q, *k, *v, *o, *lse;
+  const double *R;
+  int B, T, nh, nkv, hd;
+} attn_ctx;
+
+static double attn_loss(void *p) {
+  attn_ctx *c = p;
+  k_cpu_attn_fwd(c->q, c->k, c->v, c->o, c->lse, c->B, c->T, c->nh, c->nkv, c->hd);
+  return dot_r(c->o, c->R, (int64_t)c->B * c->T * c->nh * c->hd);
+}
+
+static void attn_ref(const float *q, const float *k, const float *v, double *o, double *lse, int B, int T, int nh,
+                     int nkv, int hd) {
+  double *s = malloc(sizeof(double) * T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < nh; h++)
+      for (int t = 0; t < T; t++) {
+        const int kh = h / (nh / nkv);
+        const float *qt = q + (((int64_t)b * T + t) * nh + h) * hd;
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j <= t; j++) {
+          const float *kj = k + (((int64_t)b * T + j) * nkv + kh) * hd;
+          s[j] = 0.0;
+          for (int c = 0; c < hd; c++) s[j] += (double)qt[c] * kj[c];
+          s[j] /= sqrt((double)hd);
+          if (s[j] > m) m = s[j];
+        }
+        for (int j = 0; j <= t; j++) sum += exp(s[j] - m);
+        double *ot = o + (((int64_t)b * T + t) * nh + h) * hd;
+        for (int c = 0; c < hd; c++) ot[c] = 0.0;
+        for (int j = 0; j <= t; j++) {
+          const float *vj = v + (((int64_t)b * T + j) * nkv + kh) * hd;
+          for (int c = 0; c < hd; c++) ot[c] += exp(s[j] - m) / sum * vj[c];
+        }
+        lse[((int64_t)b * nh + h) * T + t] = m + log(sum);
+      }
+  free(s);
+}
+
+static void test_attn(int B, int T, int nh, int nkv, int hd) {
+  const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd, nl = (int64_t)B * nh * T;
+  float *q = rand_buf(nq, 1.5), *k = rand_buf(nk, 1.5), *v = rand_buf(nk, 1.0);
+  float *o = rand_buf(nq, 1.0), *lse = rand_buf(nl, 1.0);
+  double *oref = malloc(sizeof(double) * nq), *lref = malloc(sizeof(double) * nl), *R = rand_dbuf(nq);
+  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  attn_ref(q, k, v, oref, lref, B, T, nh, nkv, hd);
+  EXPECT(rel_err(o, oref, nq) < 1e-5, "attn fwd B=%d T=%d nh=%d nkv=%d hd=%d: error %.3g", B, T, nh, nkv, hd,
+         rel_err(o, oref, nq));
+  EXPECT(rel_err(lse, lref, nl) < 1e-5, "attn lse B=%d T=%d nh=%d nkv=%d hd=%d: error %.3g", B, T, nh, nkv, hd,
+         rel_err(lse, lref, nl));
+  float *dout = malloc(sizeof(float) * nq), *dq = rand_buf(nq, 1.0), *dk = rand_buf(nk, 1.0), *dv = rand_buf(nk, 1.0);
+  for (int64_t i = 0; i < nq; i++) dout[i] = (float)R[i];
+  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  attn_ctx c = {q, k, v, o, lse, R, B, T, nh, nkv, hd};
+  char what[96];
+  snprintf(what, sizeof what, "attn dq (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
+  fd_check(what, attn_loss, &c, q, nq, dq);
+  snprintf(what, sizeof what, "attn dk (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
+  fd_check(what, attn_loss, &c, k, nk, dk);
+  snprintf(what, sizeof what, "attn dv (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
+  fd_check(what, attn_loss, &c, v, nk, dv);
+  free(q), free(k), free(v), free(o), free(lse), free(oref), free(lref), free(R), free(dout), free(dq), free(dk),
+      free(dv);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+typedef struct {
+  float *g, *u, *out;
+  const double *R;
+  int64_t n;
+} swiglu_ctx;
+
+static double swiglu_loss(void *p) {
+  swiglu_ctx *c = p;
+  k_cpu_swiglu_fwd(c->g, c->u, c->out, c->n);
+  return dot_r(c->out, c->R, c->n);
+}
+
+static void test_swiglu(int64_t n) {
+  float *g = rand_buf(n, 4.0), *u = rand_buf(n, 2.0), *out = malloc(sizeof(float) * n);
+  double *ref = malloc(sizeof(double) * n), *R = rand_dbuf(n);
+  k_cpu_swiglu_fwd(g, u, out, n);
+  for (int64_t i = 0; i < n; i++) ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+  EXPECT(rel_err(out, ref, n) < 1e-6, "swiglu fwd n=%lld: error %.3g", (long long)n, rel_err(out, ref, n));
+  float *dout = malloc(sizeof(float) * n), *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
+  for (int64_t i = 0; i < n; i++) dout[i] = (float)R[i];
+  k_cpu_swiglu_bwd(dout, g, u, dg, du, n);
+  swiglu_ctx c = {g, u, out, R, n};
+  fd_check("swiglu dgate", swiglu_loss, &c, g, n, dg);
+  fd_check("swiglu dup", swiglu_loss, &c, u, n, du);
+  free(g), free(u), free(out), free(ref), free(R), free(dout), free(dg), free(du);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding (vocab-parallel slice [v0, v0 + nvl) of a vocabulary of V)
+
+typedef struct {
+  const int32_t *tok;
+  float *table, *out;
+  const double *R;
+  int n, d, v0, nvl;
+} embed_ctx;
+
+static double embed_loss(void *p) {
+  embed_ctx *c = p;
+  k_cpu_embed_fwd(c->tok, c->table, c->out, c->n, c->d, c->v0, c->nvl);
+  return dot_r(c->out, c->R, (int64_t)c->n * c->d);
+}
+
+static void test_embed(int n, int d, int V, int v0, int nvl) {
+  int32_t *tok = malloc(sizeof(int32_t) * n);
+  for (int i = 0; i < n; i++) tok[i] = (int32_t)((rng_uniform() + 1.0) * 0.5 * V) % V;
+  tok[0] = v0, tok[n - 1] = v0 + nvl - 1, tok[1] = v0;  // both ends of the slice, and a repeat
+  float *table = rand_buf((int64_t)nvl * d, 1.0), *out = rand_buf((int64_t)n * d, 1.0);
+  double *ref = malloc(sizeof(double) * n * d), *R = rand_dbuf((int64_t)n * d);
+  k_cpu_embed_fwd(tok, table, out, n, d, v0, nvl);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < d; j++)
+      ref[i * d + j] = tok[i] >= v0 && tok[i] < v0 + nvl ? table[(tok[i] - v0) * d + j] : 0.0;
+  EXPECT(rel_err(out, ref, (int64_t)n * d) == 0.0, "embed fwd v0=%d nvl=%d: not an exact row copy / zero", v0, nvl);
+  float *dout = malloc(sizeof(float) * n * d), *dt = rand_buf((int64_t)nvl * d, 1.0);
+  float *dt0 = copy_buf(dt, (int64_t)nvl * d);
+  for (int64_t i = 0; i < (int64_t)n * d; i++) dout[i] = (float)R[i];
+  k_cpu_embed_bwd(tok, dout, dt, n, d, v0, nvl);
+  for (int64_t i = 0; i < (int64_t)nvl * d; i++) dt[i] -= dt0[i];
+  embed_ctx c = {tok, table, out, R, n, d, v0, nvl};
+  fd_check("embed dtable", embed_loss, &c, table, (int64_t)nvl * d, dt);
+  free(tok), free(table), free(out), free(ref), free(R), free(dout), free(dt), free(dt0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy: the vocabulary V is split into two slices as two TP ranks would hold it; the
+// caller's combination of local stats into the global lse is done here as the model would.
+
+typedef struct {
+  float *logits;  // (rows, V)
+  const int32_t *tgt;
+  int rows, V;
+  double scale;
+} ce_ctx;
+
+// scale * sum_r (lse_r - logit_r[target]) straight from the full logits, in double.
+static double ce_loss(void *p) {
+  ce_ctx *c = p;
+  double L = 0.0;
+  for (int r = 0; r < c->rows; r++) {
+    const float *lr = c->logits + (int64_t)r * c->V;
+    double m = -INFINITY, s = 0.0;
+    for (int j = 0; j < c->V; j++) m = lr[j] > m ? lr[j] : m;
+    for (int j = 0; j < c->V; j++) s += exp(lr[j] - m);
+    L += m + log(s) - lr[c->tgt[r]];
+  }
+  return c->scale * L;
+}
+
+static void test_ce(int rows, int V, int split) {
+  float *logits = rand_buf((int64_t)rows * V, 3.0);
+  int32_t *tgt = malloc(sizeof(int32_t) * rows);
+  for (int r = 0; r < rows; r++) tgt[r] = (int32_t)((rng_uniform() + 1.0) * 0.5 * V) % V;
+  tgt[0] = split - 1, tgt[rows - 1] = split;  // targets on both sides of the slice boundary
+  const int v0s[2] = {0, split}, nvls[2] = {split, V - split};
+  float *loc[2], mx[2][64], se[2][64], tl[2][64];
+  for (int s = 0; s < 2; s++) {
+    loc[s] = malloc(sizeof(float) * rows * nvls[s]);
+    for (int r = 0; r < rows; r++)
+      memcpy(loc[s] + (int64_t)r * nvls[s], logits + (int64_t)r * V + v0s[s], sizeof(float) * nvls[s]);
+    k_cpu_ce_local_stats(loc[s], tgt, rows, nvls[s], v0s[s], mx[s], se[s], tl[s]);
+    for (int r = 0; r < rows; r++) {
+      double m = -INFINITY, sum = 0.0;
+      const float *lr = loc[s] + (int64_t)r * nvls[s];
+      for (int j = 0; j < nvls[s]; j++) m = lr[j] > m ? lr[j] : m;
+      for (int j = 0; j < nvls[s]; j++) sum += exp(lr[j] - m);
+      int local = tgt[r] >= v0s[s] && tgt[r] < v0s[s] + nvls[s];
+      EXPECT(mx[s][r] == (float)m, "ce row_max slice %d row %d", s, r);
+      EXPECT(fabs(se[s][r] - sum) <= 1e-6 * sum, "ce row_sumexp slice %d row %d: %g vs %g", s, r, se[s][r], sum);
+      EXPECT(tl[s][r] == (local ? lr[tgt[r] - v0s[s]] : 0.0f), "ce target_logit slice %d row %d", s, r);
+    }
+  }
+  // Global lse as the caller combines it across ranks; the loss it gives must match the reference.
+  float lse[64];
+  const double scale = 1.0 / rows;
+  double L = 0.0;
+  for (int r = 0; r < rows; r++) {
+    double m = mx[0][r] > mx[1][r] ? mx[0][r] : mx[1][r];
+    double s = se[0][r] * exp(mx[0][r] - m) + se[1][r] * exp(mx[1][r] - m);
+    lse[r] = (float)(m + log(s));
+    L += scale * ((double)lse[r] - tl[0][r] - tl[1][r]);
+  }
+  ce_ctx c = {logits, tgt, rows, V, scale};
+  EXPECT(fabs(L - ce_loss(&c)) < 1e-5, "ce loss from local stats %.8g vs reference %.8g", L, ce_loss(&c));
+  float *grad = malloc(sizeof(float) * rows * V);
+  for (int s = 0; s < 2; s++) {
+    k_cpu_ce_bwd(loc[s], tgt, lse, rows, nvls[s], v0s[s], (float)scale);
+    for (int r = 0; r < rows; r++)
+      memcpy(grad + (int64_t)r * V + v0s[s], loc[s] + (int64_t)r * nvls[s], sizeof(float) * nvls[s]);
+  }
+  fd_check("ce dlogits (two vocab slices)", ce_loss, &c, logits, (int64_t)rows * V, grad);
+  free(logits), free(tgt), free(loc[0]), free(loc[1]), free(grad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW, sumsq, scale, add
+
+static void test_adamw(void) {
+  const int64_t n = 1001;
+  float *p = rand_buf(n, 1.0), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+  double *pr = malloc(sizeof(double) * n), *mr = calloc(n, sizeof(double)), *vr = calloc(n, sizeof(double));
+  for (int64_t i = 0; i < n; i++) pr[i] = p[i];
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  for (int t = 1; t <= 5; t++) {
+    float *g = rand_buf(n, 0.5);
+    const float bc1 = 1.0f - powf(b1, t), bc2 = 1.0f - powf(b2, t);
+    k_cpu_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    for (int64_t i = 0; i < n; i++) {
+      mr[i] = b1 * mr[i] + (1.0 - b1) * g[i];
+      vr[i] = b2 * vr[i] + (1.0 - b2) * (double)g[i] * g[i];
+      pr[i] -= lr * (mr[i] / bc1 / (sqrt(vr[i] / bc2) + eps) + wd * pr[i]);
+    }
+    free(g);
+  }
+  EXPECT(rel_err(p, pr, n) < 1e-6, "adamw p: error %.3g", rel_err(p, pr, n));
+  EXPECT(rel_err(m, mr, n) < 1e-6, "adamw m: error %.3g", rel_err(m, mr, n));
+  EXPECT(rel_err(v, vr, n) < 1e-6, "adamw v: error %.3g", rel_err(v, vr, n));
+  free(p), free(m), free(v), free(pr), free(mr), free(vr);
+}
+
+static void test_vector_ops(void) {
+  const int64_t n = 1000003;  // several sumsq blocks, last one partial
+  float *x = rand_buf(n, 2.0), *y = rand_buf(n, 1.0), *y0 = copy_buf(y, n);
+  double ref = 0.0;
+  for (int64_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+  double s[3];
+  for (int nt = 1; nt <= 3; nt++) {
+    omp_set_num_threads(nt);
+    s[nt - 1] = k_cpu_sumsq(x, n);
+  }
+  omp_set_num_threads(2);
+  EXPECT(fabs(s[0] - ref) <= 1e-12 * ref, "sumsq %.17g vs %.17g", s[0], ref);
+  EXPECT(memcmp(&s[0], &s[1], sizeof(double)) == 0 && memcmp(&s[0], &s[2], sizeof(double)) == 0,
+         "sumsq differs with thread count: %.17g %.17g %.17g", s[0], s[1], s[2]);
+  EXPECT(k_cpu_sumsq(x, 0) == 0.0 && k_cpu_sumsq(x, 3) == (double)x[0] * x[0] + (double)x[1] * x[1] + (double)x[2] * x[2],
+         "sumsq of tiny inputs");
+  k_cpu_add(y, x, n);
+  int ok = 1;
+  for (int64_t i = 0; i < n; i++) ok &= y[i] == y0[i] + x[i];
+  EXPECT(ok, "add");
+  k_cpu_scale(y, n, 0.25f);
+  ok = 1;
+  for (int64_t i = 0; i < n; i++) ok &= y[i] == (y0[i] + x[i]) * 0.25f;
+  EXPECT(ok, "scale");
+  free(x), free(y), free(y0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism: the same bits for 1, 2 and 3 threads (3 gives uneven static splits).
+
+static void test_determinism(void) {
+  const int M = 300, N = 200, K = 600;
+  float *A = rand_buf((int64_t)M * K, 1.0), *B = rand_buf((int64_t)K * N, 1.0);
+  float *C[3];
+  const int Bt = 2, T = 64, nh = 4, nkv = 2, hd = 32;
+  const int64_t nq = (int64_t)Bt * T * nh * hd, nk = (int64_t)Bt * T * nkv * hd;
+  float *q = rand_buf(nq, 1.0), *k = rand_buf(nk, 1.0), *v = rand_buf(nk, 1.0), *dout = rand_buf(nq, 1.0);
+  float *o[3], *lse[3], *dq[3], *dk[3], *dv[3];
+  const int rows = 1000, d = 100;
+  float *x = rand_buf((int64_t)rows * d, 1.0), *w = rand_buf(d, 1.0), *y = malloc(sizeof(float) * rows * d);
+  float *rstd = malloc(sizeof(float) * rows), *dx = calloc((size_t)rows * d, sizeof(float)), *dw[3], *dtab[3];
+  int32_t *tok = malloc(sizeof(int32_t) * rows);
+  for (int i = 0; i < rows; i++) tok[i] = i % 37;
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, 1e-5f);
+  for (int nt = 1; nt <= 3; nt++) {
+    const int i = nt - 1;
+    omp_set_num_threads(nt);
+    C[i] = malloc(sizeof(float) * M * N);
+    k_cpu_gemm(1, 0, M, N, K, 1.0f, A, M, B, N, 0.0f, C[i], N);
+    o[i] = malloc(sizeof(float) * nq), lse[i] = malloc(sizeof(float) * Bt * nh * T);
+    dq[i] = malloc(sizeof(float) * nq), dk[i] = malloc(sizeof(float) * nk), dv[i] = malloc(sizeof(float) * nk);
+    k_cpu_attn_fwd(q, k, v, o[i], lse[i], Bt, T, nh, nkv, hd);
+    k_cpu_attn_bwd(dout, q, k, v, o[i], lse[i], dq[i], dk[i], dv[i], Bt, T, nh, nkv, hd);
+    dw[i] = calloc(d, sizeof(float)), dtab[i] = calloc(37 * d, sizeof(float));
+    k_cpu_rmsnorm_bwd(x, x, w, rstd, dx, dw[i], rows, d);
+    k_cpu_embed_bwd(tok, x, dtab[i], rows, d, 0, 37);
+  }
+  omp_set_num_threads(2);
+  for (int i = 1; i < 3; i++) {
+    EXPECT(memcmp(C[0], C[i], sizeof(float) * M * N) == 0, "gemm bits differ between 1 and %d threads", i + 1);
+    EXPECT(memcmp(o[0], o[i], sizeof(float) * nq) == 0 && memcmp(lse[0], lse[i], sizeof(float) * Bt * nh * T) == 0,
+           "attn fwd bits differ between 1 and %d threads", i + 1);
+    EXPECT(memcmp(dq[0], dq[i], sizeof(float) * nq) == 0 && memcmp(dk[0], dk[i], sizeof(float) * nk) == 0 &&
+               memcmp(dv[0], dv[i], sizeof(float) * nk) == 0,
+           "attn bwd bits differ between 1 and %d threads", i + 1);
+    EXPECT(memcmp(dw[0], dw[i], sizeof(float) * d) == 0, "rmsnorm dw bits differ between 1 and %d threads", i + 1);
+    EXPECT(memcmp(dtab[0], dtab[i], sizeof(float) * 37 * d) == 0, "embed dtable bits differ, 1 vs %d threads", i + 1);
+  }
+  // Run to run on the same thread count.
+  float *C2 = malloc(sizeof(float) * M * N);
+  k_cpu_gemm(1, 0, M, N, K, 1.0f, A, M, B, N, 0.0f, C2, N);
+  EXPECT(memcmp(C[0], C2, sizeof(float) * M * N) == 0, "gemm bits differ run to run");
+  free(C2);
+  for (int i = 0; i < 3; i++) free(C[i]), free(o[i]), free(lse[i]), free(dq[i]), free(dk[i]), free(dv[i]), free(dw[i]),
+                              free(dtab[i]);
+  free(A), free(B), free(q), free(k), free(v), free(dout), free(x), free(w), free(y), free(rstd), free(dx), free(tok);
+}
+
+int main(void) {
+  test_gemm();
+  test_rmsnorm(5, 19);
+  test_rmsnorm(3, 64);
+  test_rope(2, 5, 3, 8, 7);
+  test_rope(1, 4, 2, 6, 1000);
+  test_attn(2, 7, 4, 2, 8);  // GQA: two query heads per kv head
+  test_attn(1, 5, 3, 3, 5);  // nh == nkv, odd head dim
+  test_attn(1, 1, 2, 1, 4);  // a single position
+  test_attn(1, 19, 4, 1, 17);  // multi-query, longer than the lane width
+  test_swiglu(37);
+  test_embed(23, 5, 20, 8, 6);  // slice [8, 14) of a vocabulary of 20
+  test_embed(9, 33, 7, 0, 7);
+  test_ce(6, 21, 9);
+  test_ce(5, 3, 1);
+  test_adamw();
+  test_vector_ops();
+  test_determinism();
+  return test_summary();
+}
