@@ -212,15 +212,16 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     double wall = MPI_Wtime() - t_start;
     char wall_s[32];
     format_duration(wall, wall_s, sizeof wall_s);
+    char val_s[32] = "null";  // JSON has no NaN: no evaluation ran
+    if (!isnan(last_val)) snprintf(val_s, sizeof val_s, "%.9g", last_val);
     printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s, "
            "final train loss %.4f, final val loss %.4f\n",
            (long long)step, (long long)(step - first_step), (long long)tokens_seen, wall_s,
            t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss, last_val);
     if (metrics)
       fprintf(metrics, "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"tokens_per_s\": %.1f, "
-                       "\"final_loss\": %.9g, \"final_val_loss\": %.9g}\n",
-              (long long)step, (long long)tokens_seen, wall, t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss,
-              isnan(last_val) ? -1.0 : last_val);
+                       "\"final_loss\": %.9g, \"final_val_loss\": %s}\n",
+              (long long)step, (long long)tokens_seen, wall, t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss, val_s);
   }
 
 done:

@@ -34,7 +34,8 @@ void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mp
   g->pp_rank = g->world_rank / (tp * dp);
 
   // Color = the coordinates the group shares, key = the coordinate that varies within it.
-  g->world = create_comm(MPI_COMM_WORLD, "world");
+  // The world communicator carries host scalars (loss, gradient norm) on every backend.
+  g->world = comm_mpi_create(MPI_COMM_WORLD, "world");
   g->tp_c = grid_split(g->dp_rank + dp * g->pp_rank, g->tp_rank, "tp", create_comm);
   g->dp_c = grid_split(g->tp_rank + tp * g->pp_rank, g->dp_rank, "dp", create_comm);
   g->pp_c = grid_split(g->tp_rank + tp * g->dp_rank, g->pp_rank, "pp", create_comm);

@@ -10,14 +10,15 @@ typedef struct grid {
   int world_rank, world_size;
   int tp, dp, pp;
   int tp_rank, dp_rank, pp_rank;
-  comm *world;  // all ranks
+  comm *world;  // all ranks; always MPI over host buffers (loss, gradient norm)
   comm *tp_c;   // same dp_rank and pp_rank
   comm *dp_c;   // same tp_rank and pp_rank
   comm *pp_c;   // same tp_rank and dp_rank; rank within it is pp_rank
 } grid;
 
 // Collective over MPI_COMM_WORLD; tp * dp * pp must equal the world size (checked by
-// cfg_validate before). create_comm makes one group communicator (comm_mpi_create, or NCCL).
+// cfg_validate before). create_comm makes the tp, dp and pp communicators (comm_mpi_create, or
+// NCCL over device buffers).
 // create_comm must duplicate (or otherwise not keep) the MPI_Comm it is given: grid_init frees
 // its MPI_Comm_split results right after the call. The group rank of tp_c/dp_c/pp_c equals
 // tp_rank/dp_rank/pp_rank (checked).

@@ -54,7 +54,6 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
   model *m = e->m;
   comm *pc = m->g->pp_c;
   int64_t rows = m->dims.rows, rs_d = m->dims.rows_s * m->dims.d;
-  int last_vstage = m->pp * m->vpp - 1;
   double loss = 0;
   const pp_step *st = e->sched.steps;
   for (int i = 0; i < e->sched.n_steps;) {
@@ -87,7 +86,6 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
     for (; i < j; i++)
       if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
   }
-  (void)last_vstage;
   return loss;
 }
 
