@@ -60,15 +60,16 @@ static double *rand_dbuf(int64_t n) {
   return r;
 }
 
-// Central differences of loss() over every element of x, compared with grad. Tolerance is
+// Central differences of loss() over every stride-th element of x, compared with grad. Tolerance is
 // relative to the largest gradient magnitude: fp32 forward noise is ~1e-7 / eps of it. The floor
 // of 1e-3 on that magnitude covers gradients that are exactly zero (dk of a single position).
 typedef double (*loss_fn)(void *ctx);
-static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, int64_t n, const float *grad) {
+static void fd_check_strided(const char *what, loss_fn loss, void *ctx, float *x, int64_t n, const float *grad,
+                             int64_t stride) {
   const double eps = 1e-3, tol = 5e-3;
   double max_err = 0.0, max_g = 1e-3;
   int64_t worst = 0;
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = 0; i < n; i += stride) {
     const float save = x[i];
     const float xp = (float)(save + eps), xm = (float)(save - eps);
     x[i] = xp;
@@ -84,6 +85,10 @@ static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, int64_
   }
   EXPECT(max_err <= tol * max_g, "%s: finite-difference error %.3g (max |grad| %.3g, worst element %lld)", what,
          max_err, max_g, (long long)worst);
+}
+
+static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, int64_t n, const float *grad) {
+  fd_check_strided(what, loss, ctx, x, n, grad, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -125,10 +130,12 @@ static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, flo
   free(A), free(B), free(C), free(C0);
 }
 
+// Every kernel the CPU can run (TRAINER_GEMM_ISA caps the choice), each against the naive loop.
+static void test_gemm_all(void);
 static void test_gemm(void) {
   static const int shapes[][3] = {{1, 1, 1},     {3, 17, 33},   {17, 3, 100},  {33, 100, 17}, {100, 33, 3},
                                   {64, 64, 64},  {130, 70, 300}, {9, 257, 513}, {257, 40, 20}, {1, 100, 7},
-                                  {100, 1, 260}, {200, 150, 90}};
+                                  {100, 1, 260}, {200, 150, 90}, {19, 3100, 9}};  // last: N > one NC block
   static const float betas[] = {0.0f, 1.0f, 0.5f};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int ta = 0; ta < 2; ta++)
@@ -142,6 +149,27 @@ static void test_gemm(void) {
   C[5] = NAN;
   k_cpu_gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, C, 3);
   EXPECT(C[0] == 0.0f && C[5] == 0.0f, "gemm K=0 beta=0 must give zeros");
+}
+
+static void test_gemm_all(void) {
+  static const char *isas[] = {"avx512", "avx2", "sse"};
+  for (int i = 0; i < 3; i++) {
+    setenv("TRAINER_GEMM_ISA", isas[i], 1);
+    test_gemm();
+  }
+  // The AVX2 and AVX-512 kernels (different tiles, both FMA) must agree bitwise, edges included.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    const int M = 37, N = 71, K = 300;
+    float *A = rand_buf((int64_t)M * K, 1.0), *B = rand_buf((int64_t)K * N, 1.0);
+    float *C1 = rand_buf((int64_t)M * N, 1.0), *C2 = copy_buf(C1, (int64_t)M * N);
+    setenv("TRAINER_GEMM_ISA", "avx512", 1);
+    k_cpu_gemm(0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C1, N);
+    setenv("TRAINER_GEMM_ISA", "avx2", 1);
+    k_cpu_gemm(0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C2, N);
+    EXPECT(memcmp(C1, C2, sizeof(float) * M * N) == 0, "gemm: AVX2 and AVX-512 kernels disagree bitwise");
+    free(A), free(B), free(C1), free(C2);
+  }
+  unsetenv("TRAINER_GEMM_ISA");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,7 +303,9 @@ static void attn_ref(const float *q, const float *k, const float *v, double *o, 
   free(s);
 }
 
-static void test_attn(int B, int T, int nh, int nkv, int hd) {
+// stride > 1 checks every stride-th input element only, for sequences long enough to span
+// several query blocks of the kernel, where checking all of them would be slow.
+static void test_attn(int B, int T, int nh, int nkv, int hd, int stride) {
   const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd, nl = (int64_t)B * nh * T;
   float *q = rand_buf(nq, 1.5), *k = rand_buf(nk, 1.5), *v = rand_buf(nk, 1.0);
   float *o = rand_buf(nq, 1.0), *lse = rand_buf(nl, 1.0);
@@ -292,11 +322,11 @@ static void test_attn(int B, int T, int nh, int nkv, int hd) {
   attn_ctx c = {q, k, v, o, lse, R, B, T, nh, nkv, hd};
   char what[96];
   snprintf(what, sizeof what, "attn dq (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
-  fd_check(what, attn_loss, &c, q, nq, dq);
+  fd_check_strided(what, attn_loss, &c, q, nq, dq, stride);
   snprintf(what, sizeof what, "attn dk (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
-  fd_check(what, attn_loss, &c, k, nk, dk);
+  fd_check_strided(what, attn_loss, &c, k, nk, dk, stride);
   snprintf(what, sizeof what, "attn dv (T=%d nh=%d nkv=%d hd=%d)", T, nh, nkv, hd);
-  fd_check(what, attn_loss, &c, v, nk, dv);
+  fd_check_strided(what, attn_loss, &c, v, nk, dv, stride);
   free(q), free(k), free(v), free(o), free(lse), free(oref), free(lref), free(R), free(dout), free(dq), free(dk),
       free(dv);
 }
@@ -314,6 +344,29 @@ static double swiglu_loss(void *p) {
   swiglu_ctx *c = p;
   k_cpu_swiglu_fwd(c->g, c->u, c->out, c->n);
   return dot_r(c->out, c->R, c->n);
+}
+
+// SwiGLU over a wide range of gates: exercises the kernels' exp far from 0 (g / (1 + exp(-g))
+// has the relative error of exp(-g) when g << 0) and at the ends where it under/overflows.
+static void test_swiglu_range(void) {
+  enum { N = 20001 };
+  float *g = malloc(sizeof(float) * (N + 6)), *u = malloc(sizeof(float) * (N + 6));
+  float *out = malloc(sizeof(float) * (N + 6));
+  for (int i = 0; i < N; i++) g[i] = -86.0f + 172.0f * i / (N - 1), u[i] = 1.0f;
+  const float special[6] = {-200.0f, 200.0f, -INFINITY, INFINITY, NAN, 0.0f};
+  for (int i = 0; i < 6; i++) g[N + i] = special[i], u[N + i] = 1.0f;
+  k_cpu_swiglu_fwd(g, u, out, N + 6);
+  double worst = 0.0;
+  for (int i = 0; i < N; i++) {
+    const double ref = g[i] / (1.0 + exp(-(double)g[i]));
+    const double e = ref == 0.0 ? fabs(out[i]) : fabs(out[i] - ref) / fabs(ref);
+    if (!(e <= worst)) worst = e;
+  }
+  EXPECT(worst < 3e-7, "swiglu over g in [-86, 86]: relative error %.3g (exp accuracy)", worst);
+  EXPECT(out[N] == 0.0f && out[N + 1] == 200.0f && isnan(out[N + 2]) && out[N + 3] == INFINITY &&
+             isnan(out[N + 4]) && out[N + 5] == 0.0f,
+         "swiglu special gates: %g %g %g %g %g %g", out[N], out[N + 1], out[N + 2], out[N + 3], out[N + 4], out[N + 5]);
+  free(g), free(u), free(out);
 }
 
 static void test_swiglu(int64_t n) {
@@ -478,8 +531,8 @@ static void test_vector_ops(void) {
   EXPECT(fabs(s[0] - ref) <= 1e-12 * ref, "sumsq %.17g vs %.17g", s[0], ref);
   EXPECT(memcmp(&s[0], &s[1], sizeof(double)) == 0 && memcmp(&s[0], &s[2], sizeof(double)) == 0,
          "sumsq differs with thread count: %.17g %.17g %.17g", s[0], s[1], s[2]);
-  EXPECT(k_cpu_sumsq(x, 0) == 0.0 && k_cpu_sumsq(x, 3) == (double)x[0] * x[0] + (double)x[1] * x[1] + (double)x[2] * x[2],
-         "sumsq of tiny inputs");
+  const double s3 = (double)x[0] * x[0] + (double)x[1] * x[1] + (double)x[2] * x[2];
+  EXPECT(k_cpu_sumsq(x, 0) == 0.0 && k_cpu_sumsq(x, 3) == s3, "sumsq of tiny inputs");
   k_cpu_add(y, x, n);
   int ok = 1;
   for (int64_t i = 0; i < n; i++) ok &= y[i] == y0[i] + x[i];
@@ -498,7 +551,7 @@ static void test_determinism(void) {
   const int M = 300, N = 200, K = 600;
   float *A = rand_buf((int64_t)M * K, 1.0), *B = rand_buf((int64_t)K * N, 1.0);
   float *C[3];
-  const int Bt = 2, T = 64, nh = 4, nkv = 2, hd = 32;
+  const int Bt = 2, T = 100, nh = 4, nkv = 2, hd = 32;  // T spans two query blocks
   const int64_t nq = (int64_t)Bt * T * nh * hd, nk = (int64_t)Bt * T * nkv * hd;
   float *q = rand_buf(nq, 1.0), *k = rand_buf(nk, 1.0), *v = rand_buf(nk, 1.0), *dout = rand_buf(nq, 1.0);
   float *o[3], *lse[3], *dq[3], *dk[3], *dv[3];
@@ -543,16 +596,18 @@ static void test_determinism(void) {
 }
 
 int main(void) {
-  test_gemm();
+  test_gemm_all();
   test_rmsnorm(5, 19);
   test_rmsnorm(3, 64);
   test_rope(2, 5, 3, 8, 7);
   test_rope(1, 4, 2, 6, 1000);
-  test_attn(2, 7, 4, 2, 8);  // GQA: two query heads per kv head
-  test_attn(1, 5, 3, 3, 5);  // nh == nkv, odd head dim
-  test_attn(1, 1, 2, 1, 4);  // a single position
-  test_attn(1, 19, 4, 1, 17);  // multi-query, longer than the lane width
+  test_attn(2, 7, 4, 2, 8, 1);    // GQA: two query heads per kv head
+  test_attn(1, 5, 3, 3, 5, 1);    // nh == nkv, odd head dim
+  test_attn(1, 1, 2, 1, 4, 1);    // a single position
+  test_attn(1, 19, 4, 1, 17, 1);  // multi-query, longer than the lane width
+  test_attn(1, 150, 4, 2, 8, 23);  // three query blocks (64, 64, 22): dk/dv summed across blocks
   test_swiglu(37);
+  test_swiglu_range();
   test_embed(23, 5, 20, 8, 6);  // slice [8, 14) of a vocabulary of 20
   test_embed(9, 33, 7, 0, 7);
   test_ce(6, 21, 9);

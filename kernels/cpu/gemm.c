@@ -1,8 +1,8 @@
 // CPU reference GEMM (fp32, row-major): cache-blocked, packed panels, a register-tile
 // micro-kernel written with GCC vector extensions and built per ISA (AVX-512, AVX2+FMA,
 // baseline SSE), chosen at run time so one -O3 binary runs on any x86-64 and is fast on the
-// machines that have wide vectors. The whole training run on CPU ranks spends most of its time
-// here, which is why this one op is tuned and the others are plain loops.
+// machines that have wide vectors. Training on CPU ranks spends most of its time here (the
+// attention kernels are built from it too), which is why it is tuned.
 //
 // Determinism: every element of C is the sum over k in increasing order, in blocks of KC, each
 // block accumulated in one register lane and then added to C. Threads split only the M x N tiles
@@ -20,10 +20,8 @@
 // KC is part of the numerical definition (where the k sum is split); keep it fixed. MC and NC
 // only size the cache blocks: an A block of MC x KC (128 KiB) sits in L2, a B micro-panel of
 // KC x NR (32 KiB at NR = 32) in L1, and the shared packed B block of KC x NC in L2/L3.
-enum { GEMM_KC = 256, GEMM_MC_MAX = 128, GEMM_NC = 3072 };
-#ifndef GEMM_DIRECT_REUSE
-#define GEMM_DIRECT_REUSE 4
-#endif
+// GEMM_DIRECT_REUSE: a panel used this many times or fewer is read in place, not packed.
+enum { GEMM_KC = 256, GEMM_MC_MAX = 128, GEMM_NC = 3072, GEMM_DIRECT_REUSE = 4 };
 
 // The FMA kernels rely on GCC contracting acc += a * b into one FMA, which it does in the GNU
 // dialects (-std=gnu11, CMake's default) but not under strict ISO (-std=c11 sets
@@ -72,7 +70,8 @@ typedef void (*gemm_ukernel_fn)(int kc, const float *a, int64_t rs_a, int64_t cs
         for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = alpha * tile[i * NR + j];                     \
     } else {                                                                                                \
       for (int i = 0; i < mr; i++)                                                                          \
-        for (int j = 0; j < nr; j++) c[(size_t)i * ldc + j] = alpha * tile[i * NR + j] + beta * c[(size_t)i * ldc + j]; \
+        for (int j = 0; j < nr; j++)                                                                        \
+          c[(size_t)i * ldc + j] = alpha * tile[i * NR + j] + beta * c[(size_t)i * ldc + j];                \
     }                                                                                                       \
   }
 
@@ -87,12 +86,49 @@ typedef struct {
   int mr, nr;
 } gemm_kernel;
 
+// The widest kernel the CPU runs. TRAINER_GEMM_ISA=avx2|sse caps it (tests use this to check
+// every kernel on one machine, and that the AVX2 and AVX-512 ones agree bitwise).
 static gemm_kernel gemm_pick_kernel(void) {
   // __builtin_cpu_supports is a cheap load of a table the runtime fills once at startup.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
+  const char *cap = getenv("TRAINER_GEMM_ISA");
+  const int allow512 = !cap || strcmp(cap, "avx512") == 0, allow2 = allow512 || strcmp(cap, "avx2") == 0;
+  if (allow512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
     return (gemm_kernel){gemm_ukernel_avx512, 8, 32};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (gemm_kernel){gemm_ukernel_avx2, 6, 16};
+  if (allow2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return (gemm_kernel){gemm_ukernel_avx2, 6, 16};
   return (gemm_kernel){gemm_ukernel_sse, 6, 8};
+}
+
+// Packs 8 full rows of an untransposed A (at stride lda, ks [0, kc)) into one 8-row panel: an
+// 8 x 8 transpose in registers per 8 ks, instead of one scalar store per element, which made
+// packing A about 7% of a training step. Only the AVX-512 kernel has 8-row panels.
+__attribute__((target("avx512f,avx2,fma"))) static void gemm_pack_a8_rows(const float *src, int lda, int kc,
+                                                                          float *dst) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef int v8i __attribute__((vector_size(32)));
+  int p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    v8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) memcpy(&r[i], src + (size_t)i * lda + p, sizeof(v8));
+    for (int i = 0; i < 8; i += 2) {  // interleave row pairs: [r0_0 r1_0 r0_1 r1_1 | r0_4 r1_4 r0_5 r1_5]
+      t[i] = __builtin_shuffle(r[i], r[i + 1], (v8i){0, 8, 1, 9, 4, 12, 5, 13});
+      t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (v8i){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4) {  // then pairs of pairs: four rows of one k per 128-bit half
+      u[i] = __builtin_shuffle(t[i], t[i + 2], (v8i){0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + 1] = __builtin_shuffle(t[i], t[i + 2], (v8i){2, 3, 10, 11, 6, 7, 14, 15});
+      u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], (v8i){0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], (v8i){2, 3, 10, 11, 6, 7, 14, 15});
+    }
+    for (int k = 0; k < 4; k++) {  // u[k] holds rows 0-3 of ks k and k+4, u[k+4] rows 4-7
+      const v8 lo = __builtin_shuffle(u[k], u[k + 4], (v8i){0, 1, 2, 3, 8, 9, 10, 11});
+      const v8 hi = __builtin_shuffle(u[k], u[k + 4], (v8i){4, 5, 6, 7, 12, 13, 14, 15});
+      memcpy(dst + (size_t)(p + k) * 8, &lo, sizeof(v8));
+      memcpy(dst + (size_t)(p + k + 4) * 8, &hi, sizeof(v8));
+    }
+  }
+  for (; p < kc; p++)
+    for (int i = 0; i < 8; i++) dst[(size_t)p * 8 + i] = src[(size_t)i * lda + p];
 }
 
 // Pack rows [i0, i0+mc) and ks [p0, p0+kc) of op(A) into panels of mr rows, k-major, zero-padded.
@@ -100,6 +136,10 @@ static void gemm_pack_a(int trans_a, const float *A, int lda, int i0, int mc, in
   for (int ir = 0; ir < mc; ir += mr) {
     float *dst = ap + (size_t)ir * kc;
     int rows = mc - ir < mr ? mc - ir : mr;
+    if (!trans_a && mr == 8 && rows == 8) {
+      gemm_pack_a8_rows(A + (size_t)(i0 + ir) * lda + p0, lda, kc, dst);
+      continue;
+    }
     if (!trans_a) {
       // Rows of A are contiguous along k: read them in order, write with stride mr.
       for (int i = 0; i < rows; i++) {

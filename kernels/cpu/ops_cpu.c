@@ -1,16 +1,17 @@
 // CPU reference kernels other than GEMM (fp32, row-major, OpenMP): RMSNorm, rotary embedding,
 // causal GQA attention, SwiGLU, vocab-parallel embedding and cross-entropy, AdamW and the small
-// vector helpers. They define what the CUDA kernels are tested against, so they favour plain,
-// exact loops; speed matters only where the default 2-core run spends its time (attention).
+// vector helpers. They define what the CUDA kernels are tested against, so they stay plain
+// loops, except where the default 2-core run spends its time: attention is built on k_cpu_gemm,
+// and softmax, SwiGLU and cross-entropy use a vectorisable exp (ops_expf).
 //
 // Determinism: every output element is computed by one thread in a fixed order. Reductions over
 // rows (dw of RMSNorm, dtable of the embedding) are parallelised over output columns, each
 // thread walking all rows in order; k_cpu_sumsq uses fixed blocks summed in block order. Inner
 // sums use a fixed lane layout (OPS_LANES partial sums, then a fixed tree), so vector width does
-// not change the bits either.
+// not change the bits either. (Across machines, the AVX2/AVX-512 builds of the GEMM and of the
+// exp loops use FMA and the baseline build does not, so those differ in the last bits.)
 #include "kernels/cpu/ops_cpu.h"
 
-#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -34,6 +35,84 @@ static inline float ops_dot(const float *restrict a, const float *restrict b, in
   for (int w = OPS_LANES / 2; w > 0; w /= 2)
     for (int l = 0; l < w; l++) s[l] += s[l + w];
   return s[0];
+}
+
+// exp(x) for fp32, within 1 ulp of the correctly rounded value (checked over [-104, 89]), with
+// exp(-inf) = 0, exp(+inf) = inf, NaN in NaN out. libm's expf is a call per element; this one is
+// straight-line code that GCC vectorises inside the loops below, which is where softmax, SwiGLU
+// and cross-entropy spend their time. Cody-Waite reduction x = n ln2 + r, the Cephes degree-6
+// polynomial for exp(r), and 2^n applied as two factors so that results which underflow or
+// overflow round to 0 or inf as they should.
+static inline float ops_expf(float x) {
+  // Clamp to [-104, 89] (beyond, the result is 0 or inf anyway) on the bits, with integer
+  // min/select: float selects would keep GCC from vectorising (they may trap). NaN keeps its
+  // bits and comes out NaN.
+  uint32_t ix;
+  memcpy(&ix, &x, sizeof ix);
+  const uint32_t sign = ix & 0x80000000u, ax = ix & 0x7FFFFFFFu;
+  uint32_t lim = sign ? 0x42D00000u : 0x42B20000u;  // 104.0f : 89.0f
+  lim = ax > 0x7F800000u ? ax : lim;
+  const uint32_t cx = (ax < lim ? ax : lim) | sign;
+  float xc;
+  memcpy(&xc, &cx, sizeof xc);
+  // Adding 1.5 * 2^23 rounds x / ln2 to an integer n and leaves n in the low mantissa bits.
+  const float shifter = 12582912.0f;
+  const float t = xc * 1.44269504088896341f + shifter;
+  uint32_t it;
+  memcpy(&it, &t, sizeof it);
+  const int32_t n = (int32_t)(it - 0x4B400000u), n1 = n / 2, n2 = n - n1;
+  const float nf = t - shifter;
+  float r = xc - nf * 0.693359375f;  // ln2 split in two: the first product is exact
+  r = r - nf * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return y * s1 * s2;
+}
+
+// The loops that call ops_expf are built for AVX-512, AVX2 and baseline x86-64 (one binary,
+// chosen at load time). As in the GEMM, the FMA builds round differently from the baseline
+// build; each is deterministic, and the lane layout makes AVX-512 and AVX2 agree.
+#define OPS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// x[j] = exp(x[j] - sub) for j < n; returns their sum (fixed lanes, fixed tree).
+static inline float ops_exp_sum(float *x, int n, float sub) {
+  float s[OPS_LANES] = {0};
+  int j = 0;
+  for (; j + OPS_LANES <= n; j += OPS_LANES)
+    for (int l = 0; l < OPS_LANES; l++) {
+      const float e = ops_expf(x[j + l] - sub);
+      x[j + l] = e;
+      s[l] += e;
+    }
+  for (int l = 0; j + l < n; l++) {
+    const float e = ops_expf(x[j + l] - sub);
+    x[j + l] = e;
+    s[l] += e;
+  }
+  for (int w = OPS_LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) s[l] += s[l + w];
+  return s[0];
+}
+
+static inline float ops_max(const float *x, int n) {
+  float m[OPS_LANES];
+  for (int l = 0; l < OPS_LANES; l++) m[l] = -INFINITY;
+  int j = 0;
+  for (; j + OPS_LANES <= n; j += OPS_LANES)
+    for (int l = 0; l < OPS_LANES; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (int l = 0; j + l < n; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (int w = OPS_LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) m[l] = m[l + w] > m[l] ? m[l + w] : m[l];
+  return m[0];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -91,30 +170,36 @@ void k_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const fl
 void k_cpu_rope(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
   CHECK(hd % 2 == 0, "rope needs an even head dim, got hd=%d", hd);
   const int half = hd / 2;
-#pragma omp parallel if ((int64_t)B * T * H * hd > OPS_PAR_MIN)
-  {
-    float *cs = XMALLOC(sizeof(float) * 2 * (size_t)half);  // (2, half): cos then sin of this position
-#pragma omp for schedule(static)
-    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-      const int t = (int)(bt % T);
-      const double pos = (double)pos0 + t;
-      // Angles in double: positions reach thousands, where a float angle loses the low bits.
+  // cos and sin of each position's angles, (T, 2, half): shared by every batch row and head.
+  float *cs = XMALLOC(sizeof(float) * (size_t)T * hd);
+  double *inv_freq = XMALLOC(sizeof(double) * (size_t)half);
+  for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / hd);
+  const int par = (int64_t)B * T * H * hd > OPS_PAR_MIN;
+#pragma omp parallel for schedule(static) if (par)
+  for (int t = 0; t < T; t++) {
+    // Angles in double: positions reach thousands, where a float angle loses the low bits.
+    const double pos = (double)pos0 + t;
+    float *ct = cs + (int64_t)t * hd;
+    for (int i = 0; i < half; i++) {
+      const double ang = pos * inv_freq[i];
+      ct[i] = (float)cos(ang);
+      ct[half + i] = inverse ? (float)-sin(ang) : (float)sin(ang);
+    }
+  }
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+    const float *ct = cs + (bt % T) * hd;
+    for (int h = 0; h < H; h++) {
+      float *xh = x + (bt * H + h) * hd;
       for (int i = 0; i < half; i++) {
-        const double ang = pos * pow((double)theta, -2.0 * i / hd);
-        cs[i] = (float)cos(ang);
-        cs[half + i] = inverse ? (float)-sin(ang) : (float)sin(ang);
-      }
-      for (int h = 0; h < H; h++) {
-        float *xh = x + (bt * H + h) * hd;
-        for (int i = 0; i < half; i++) {
-          const float x0 = xh[i], x1 = xh[half + i], c = cs[i], s = cs[half + i];
-          xh[i] = x0 * c - x1 * s;
-          xh[half + i] = x0 * s + x1 * c;
-        }
+        const float x0 = xh[i], x1 = xh[half + i], c = ct[i], s = ct[half + i];
+        xh[i] = x0 * c - x1 * s;
+        xh[half + i] = x0 * s + x1 * c;
       }
     }
-    free(cs);
   }
+  free(cs);
+  free(inv_freq);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,6 +242,35 @@ static void attn_scatter_kv(const float *src, float *x, int b, int kh, int T, in
     memcpy(x + (((int64_t)b * T + j) * nkv + kh) * hd, src + (int64_t)j * hd, sizeof(float) * hd);
 }
 
+// Causal softmax in place on the scores p (t1 - t0, t1) of query rows [t0, t1); lse_h[t] saved.
+OPS_CLONES static void attn_softmax_rows(float *p, float *lse_h, int t0, int t1) {
+  for (int t = t0; t < t1; t++) {
+    float *pr = p + (int64_t)(t - t0) * t1;
+    const float m = ops_max(pr, t + 1);
+    const float sum = ops_exp_sum(pr, t + 1, m);
+    const float inv = 1.0f / sum;
+    for (int j = 0; j <= t; j++) pr[j] *= inv;
+    for (int j = t + 1; j < t1; j++) pr[j] = 0.0f;  // causal mask
+    lse_h[t] = m + logf(sum);
+  }
+}
+
+// From the scores p and dP = dO V^T in ds, both (t1 - t0, t1): p becomes exp(s - lse) and ds
+// becomes dS = p * (dP - dO.O), masked. doh, oh: this head's rows at stride ld.
+OPS_CLONES static void attn_dsoftmax_rows(float *p, float *ds, const float *lse_h, const float *doh, const float *oh,
+                                          int64_t ld, int t0, int t1, int hd) {
+  for (int t = t0; t < t1; t++) {
+    float *pr = p + (int64_t)(t - t0) * t1, *dr = ds + (int64_t)(t - t0) * t1;
+    const float lt = lse_h[t];
+    const float delta = ops_dot(doh + t * ld, oh + t * ld, hd);  // sum_j p_j dP_j = dO . O
+    for (int j = 0; j <= t; j++) {
+      pr[j] = ops_expf(pr[j] - lt);
+      dr[j] = pr[j] * (dr[j] - delta);
+    }
+    for (int j = t + 1; j < t1; j++) pr[j] = dr[j] = 0.0f;  // causal mask
+  }
+}
+
 void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T, int nh,
                     int nkv, int hd) {
   CHECK(nkv > 0 && nh % nkv == 0, "attention needs nh (%d) to be a multiple of nkv (%d)", nh, nkv);
@@ -179,19 +293,7 @@ void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, fl
       for (int t0 = 0; t0 < T; t0 += ATTN_QB) {
         const int t1 = t0 + ATTN_QB < T ? t0 + ATTN_QB : T;
         attn_scores(qh, ld, kt, T, p, t0, t1, hd, scale);
-        for (int t = t0; t < t1; t++) {
-          float *pr = p + (int64_t)(t - t0) * t1;
-          float m = -FLT_MAX, sum = 0.0f;
-          for (int j = 0; j <= t; j++) m = pr[j] > m ? pr[j] : m;
-          for (int j = 0; j <= t; j++) {
-            pr[j] = expf(pr[j] - m);
-            sum += pr[j];
-          }
-          const float inv = 1.0f / sum;
-          for (int j = 0; j <= t; j++) pr[j] *= inv;
-          for (int j = t + 1; j < t1; j++) pr[j] = 0.0f;  // causal mask
-          lse_h[t] = m + logf(sum);
-        }
+        attn_softmax_rows(p, lse_h, t0, t1);
         k_cpu_gemm(0, 0, t1 - t0, hd, t1, 1.0f, p, t1, vv, hd, 0.0f, oh + t0 * ld, (int)ld);
       }
     }
@@ -234,16 +336,7 @@ void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const flo
           const int t1 = t0 + ATTN_QB < T ? t0 + ATTN_QB : T, mq = t1 - t0;
           attn_scores(qh, ld, kt, T, p, t0, t1, hd, scale);
           k_cpu_gemm(0, 0, mq, t1, hd, 1.0f, doh + t0 * ld, (int)ld, vt, T, 0.0f, ds, t1);  // dP = dO V^T
-          for (int t = t0; t < t1; t++) {
-            float *pr = p + (int64_t)(t - t0) * t1, *dr = ds + (int64_t)(t - t0) * t1;
-            const float lt = lse_h[t];
-            const float delta = ops_dot(doh + t * ld, oh + t * ld, hd);  // sum_j p_j dP_j = dO . O
-            for (int j = 0; j <= t; j++) {
-              pr[j] = expf(pr[j] - lt);
-              dr[j] = pr[j] * (dr[j] - delta);  // dS
-            }
-            for (int j = t + 1; j < t1; j++) pr[j] = dr[j] = 0.0f;  // causal mask
-          }
+          attn_dsoftmax_rows(p, ds, lse_h, doh, oh, ld, t0, t1, hd);
           // dQ = scale dS K; dK[0:t1] += scale dS^T Q; dV[0:t1] += P^T dO.
           k_cpu_gemm(0, 0, mq, hd, t1, scale, ds, t1, kk, hd, 0.0f, dqh + t0 * ld, (int)ld);
           k_cpu_gemm(1, 0, t1, hd, mq, scale, ds, t1, qh + t0 * ld, (int)ld, 1.0f, dkb, hd);
@@ -260,22 +353,36 @@ void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const flo
 // ---------------------------------------------------------------------------------------------
 // SwiGLU
 
-void k_cpu_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
+// Elementwise ops run on fixed spans of OPS_SPAN elements, one cloned call per span.
+enum { OPS_SPAN = 4096 };
+
+OPS_CLONES static void swiglu_fwd_span(const float *gate, const float *up, float *out, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = g / (1.0f + ops_expf(-g)) * up[i];
   }
 }
 
-void k_cpu_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n) {
-  // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
-#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
+// d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
+OPS_CLONES static void swiglu_bwd_span(const float *dout, const float *gate, const float *up, float *dgate, float *dup,
+                                       int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    const float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
+    const float g = gate[i], sig = 1.0f / (1.0f + ops_expf(-g));
     dgate[i] = dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
     dup[i] = dout[i] * g * sig;
   }
+}
+
+void k_cpu_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
+  for (int64_t i = 0; i < n; i += OPS_SPAN)
+    swiglu_fwd_span(gate + i, up + i, out + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
+}
+
+void k_cpu_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
+  for (int64_t i = 0; i < n; i += OPS_SPAN)
+    swiglu_bwd_span(dout + i, gate + i, up + i, dgate + i, dup + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,32 +420,41 @@ void k_cpu_embed_bwd(const int32_t *tokens, const float *dout, float *dtable, in
 // ---------------------------------------------------------------------------------------------
 // Vocab-parallel cross-entropy
 
+// One row: max, sum of exp(l - max) (fixed lanes) and the target's logit if it is local.
+OPS_CLONES static void ce_stats_row(const float *lr, int n, int64_t tl, float *row_max, float *row_sumexp,
+                                    float *target_logit) {
+  const float m = ops_max(lr, n);
+  float s[OPS_LANES] = {0};
+  int j = 0;
+  for (; j + OPS_LANES <= n; j += OPS_LANES)
+    for (int l = 0; l < OPS_LANES; l++) s[l] += ops_expf(lr[j + l] - m);
+  for (int l = 0; j + l < n; l++) s[l] += ops_expf(lr[j + l] - m);
+  for (int w = OPS_LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) s[l] += s[l + w];
+  *row_max = m;
+  *row_sumexp = s[0];
+  *target_logit = tl >= 0 && tl < n ? lr[tl] : 0.0f;
+}
+
 void k_cpu_ce_local_stats(const float *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                           float *row_max, float *row_sumexp, float *target_logit) {
 #pragma omp parallel for schedule(static) if (rows * n_vocab_local > OPS_PAR_MIN)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *lr = logits + r * n_vocab_local;
-    float m = -FLT_MAX;
-    for (int j = 0; j < n_vocab_local; j++) m = lr[j] > m ? lr[j] : m;
-    double sum = 0.0;  // in double: a vocabulary slice can be tens of thousands of terms
-    for (int j = 0; j < n_vocab_local; j++) sum += (double)expf(lr[j] - m);
-    const int64_t tl = (int64_t)targets[r] - v0;
-    row_max[r] = m;
-    row_sumexp[r] = (float)sum;
-    target_logit[r] = tl >= 0 && tl < n_vocab_local ? lr[tl] : 0.0f;
-  }
+  for (int64_t r = 0; r < rows; r++)
+    ce_stats_row(logits + r * n_vocab_local, n_vocab_local, (int64_t)targets[r] - v0, row_max + r, row_sumexp + r,
+                 target_logit + r);
+}
+
+// One row in place: scale * (exp(l - lse) - onehot); tl outside [0, n) when the target is not
+// local. p - 0 is exact, so the one-hot changes nothing off the target.
+OPS_CLONES static void ce_bwd_row(float *lr, int n, int64_t tl, float lse, float scale) {
+  for (int j = 0; j < n; j++) lr[j] = scale * (ops_expf(lr[j] - lse) - (j == tl ? 1.0f : 0.0f));
 }
 
 void k_cpu_ce_bwd(float *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
                   int v0, float scale) {
 #pragma omp parallel for schedule(static) if (rows * n_vocab_local > OPS_PAR_MIN)
-  for (int64_t r = 0; r < rows; r++) {
-    float *lr = logits + r * n_vocab_local;
-    const float l = lse[r];
-    const int64_t tl = (int64_t)targets[r] - v0;  // outside [0, n_vocab_local) when not local
-    // p - 0 is exact, so the one-hot costs nothing off the target.
-    for (int j = 0; j < n_vocab_local; j++) lr[j] = scale * (expf(lr[j] - l) - (j == tl ? 1.0f : 0.0f));
-  }
+  for (int64_t r = 0; r < rows; r++)
+    ce_bwd_row(logits + r * n_vocab_local, n_vocab_local, (int64_t)targets[r] - v0, lse[r], scale);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+// The CUDA backend: its context (one non-blocking stream, a cuBLAS handle, scratch), device
+// memory, the table of ops (kernels/cuda/ops_cuda.h) and the GEMM on cuBLAS. Storage is fp32.
+// The table's op signatures carry no context (they are the CPU reference's), so the ops read a
+// file-static current context: the backend created last. A process drives one GPU, so there is
+// one backend per process and the static is never ambiguous.
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <string.h>
+
+static k_cuda_ctx *g_ctx;  // the current context (see above)
+
+// 32 MiB, the workspace NVIDIA recommends for Hopper. A fixed workspace makes cuBLAS pick the
+// same kernels (and so the same bits) on every run.
+static const size_t k_cublas_ws_bytes = (size_t)32 << 20;
+
+k_cuda_ctx *k_cuda_cur(void) {
+  CHECK(g_ctx != NULL, "a CUDA op was called before k_backend_cuda_create");
+  return g_ctx;
+}
+
+void *k_cuda_scratch(size_t n_bytes) {
+  k_cuda_ctx *c = k_cuda_cur();
+  if (n_bytes <= c->scratch_bytes) return c->scratch;
+  // Kernels already queued may still read the old buffer: wait for them before freeing it.
+  CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  CUDA_CHECK(cudaFree(c->scratch));
+  const size_t mib = (size_t)1 << 20;
+  c->scratch_bytes = (n_bytes + mib - 1) / mib * mib;
+  CUDA_CHECK(cudaMalloc(&c->scratch, c->scratch_bytes));
+  return c->scratch;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory. Pointers given to from_host/to_host are ordinary (pageable) host memory: a pageable
+// host-to-device cudaMemcpyAsync returns once the source is staged, so the caller may reuse it
+// at once; device-to-host is followed by a stream sync because the caller reads the result.
+
+static k_cuda_ctx *ctx_of(k_backend *b) { return (k_cuda_ctx *)b->ctx; }
+
+static void *cuda_alloc(k_backend *b, size_t n_bytes) {
+  void *p = NULL;
+  CUDA_CHECK(cudaMalloc(&p, n_bytes ? n_bytes : 1));
+  // Zero-filled is the contract (the CPU backend uses calloc); ordered before any op on the stream.
+  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, ctx_of(b)->stream));
+  return p;
+}
+
+static void cuda_free(k_backend *b, void *p) {
+  (void)b;
+  if (p) CUDA_CHECK(cudaFree(p));  // cudaFree waits for work in flight that may use p
+}
+
+static void cuda_to_host(k_backend *b, void *dst_host, const void *src, size_t n_bytes) {
+  if (!n_bytes) return;
+  cudaStream_t s = ctx_of(b)->stream;
+  CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n_bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_from_host(k_backend *b, void *dst, const void *src_host, size_t n_bytes) {
+  if (!n_bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n_bytes, cudaMemcpyHostToDevice, ctx_of(b)->stream));
+}
+
+static void cuda_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
+  if (!n_bytes || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
+}
+
+static void cuda_zero(k_backend *b, void *p, size_t n_bytes) {
+  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, ctx_of(b)->stream));
+}
+
+static void cuda_sync(k_backend *b) { CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)->stream)); }
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+// C = beta * C for K == 0 or alpha == 0, as the CPU reference (and BLAS) define them; beta == 0
+// writes zeros without reading C, so NaNs in C do not survive.
+__global__ void k_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
+  const int64_t n = (int64_t)M * N;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float *c = C + (i / N) * ldc + i % N;
+    *c = beta == 0.0f ? 0.0f : beta * *c;
+  }
+}
+
+// Row-major C (M,N) is column-major C^T (N,M) with the same leading dimension, so
+// C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLAS's first
+// operand is B (its op is trans_b, ld ldb), its second A (op trans_a, ld lda), m = N, n = M.
+extern "C" void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                            const float *B, int ldb, float beta, float *C, int ldc) {
+  CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape M=%d N=%d K=%d must be non-negative", M, N, K);
+  if (M == 0 || N == 0) return;
+  CHECK(ldc >= N, "gemm ldc=%d < N=%d", ldc, N);
+  CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N), "gemm lda=%d or ldb=%d too small for M=%d N=%d K=%d",
+        lda, ldb, M, N, K);
+  k_cuda_ctx *c = k_cuda_cur();
+  if (K == 0 || alpha == 0.0f) {
+    k_gemm_scale_c<<<k_cuda_blocks((int64_t)M * N, K_CUDA_THREADS), K_CUDA_THREADS, 0, c->stream>>>(M, N, beta, C,
+                                                                                                      ldc);
+    CUDA_LAUNCH_CHECK("k_gemm_scale_c");
+    return;
+  }
+  CUBLAS_CHECK(cublasGemmEx(c->cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                            M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                            c->gemm_compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation
+
+extern "C" int k_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no GPU: not an error here, clear it
+    return 0;
+  }
+  return n;
+}
+
+extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
+
+extern "C" k_backend *k_backend_cuda_create(int device) {
+  const int n_dev = k_cuda_device_count();
+  CHECK(device >= 0 && device < n_dev, "CUDA device %d requested but %d visible (check CUDA_VISIBLE_DEVICES)",
+        device, n_dev);
+  CUDA_CHECK(cudaSetDevice(device));
+  k_cuda_ctx *c = (k_cuda_ctx *)XCALLOC(1, sizeof *c);
+  c->device = device;
+  // Non-blocking: the legacy default stream (used by stray library calls) must not serialise with it.
+  CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&c->cublas));
+  CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));  // resets the workspace, so set it after
+  c->cublas_ws_bytes = k_cublas_ws_bytes;
+  CUDA_CHECK(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes));
+  CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes));
+  // Full fp32 by default so that GPU runs track the CPU reference; TF32 is an opt-in speed-up.
+  const char *tf32 = getenv("TRAINER_CUDA_TF32");
+  c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  g_ctx = c;
+
+  k_backend *b = (k_backend *)XCALLOC(1, sizeof *b);
+  b->name = "cuda";
+  b->ctx = c;
+  b->alloc = cuda_alloc;
+  b->free = cuda_free;
+  b->to_host = cuda_to_host;
+  b->from_host = cuda_from_host;
+  b->copy = cuda_copy;
+  b->zero = cuda_zero;
+  b->sync = cuda_sync;
+  b->gemm = k_cuda_gemm;
+  b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
+  b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
+  b->rope = k_cuda_rope;
+  b->attn_fwd = k_cuda_attn_fwd;
+  b->attn_bwd = k_cuda_attn_bwd;
+  b->swiglu_fwd = k_cuda_swiglu_fwd;
+  b->swiglu_bwd = k_cuda_swiglu_bwd;
+  b->embed_fwd = k_cuda_embed_fwd;
+  b->embed_bwd = k_cuda_embed_bwd;
+  b->ce_local_stats = k_cuda_ce_local_stats;
+  b->ce_bwd = k_cuda_ce_bwd;
+  b->adamw = k_cuda_adamw;
+  b->sumsq = k_cuda_sumsq;
+  b->scale = k_cuda_scale;
+  b->add = k_cuda_add;
+  b->transpose_tb = k_cuda_transpose_tb;
+  return b;
+}

@@ -1,0 +1,459 @@
+// NCCL implementation of the communicator table over device buffers: what GPU ranks use for
+// TP, DP and pipeline traffic. Each communicator is a non-blocking NCCL communicator (so no
+// NCCL call can block the host forever) bootstrapped over a duplicate of its MPI group, and
+// enqueues every operation on one CUDA stream. Errors and hangs end the job with a message
+// that names the group and the operation; see comm_nccl.h for what "complete" means here.
+#include "parallel/nccl/comm_nccl.h"
+
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "kernels/check.h"
+#include "parallel/nccl/nccl_check.h"
+
+typedef struct comm_nccl {
+  ncclComm_t nccl;          // NULL once destroyed or aborted
+  cudaStream_t stream;      // every operation of this communicator is enqueued here
+  int *scratch;             // (1) device int, the payload of barrier's all-reduce
+  char last_op[96];         // the operation enqueued last, named when a wait fails
+  comm *next_live;          // list of live communicators, all aborted together on a failure
+} comm_nccl;
+
+static void *comm_nccl_next_stream;   // the stream communicators created from now on use
+static int comm_nccl_stream_set;
+static double comm_nccl_timeout_s = 600.0;
+static comm *comm_nccl_live;
+// NCCL groups belong to the calling thread and span communicators, so depth is per thread,
+// not per communicator: a collective issued inside any open group is deferred too.
+static _Thread_local int comm_nccl_group_depth;
+static _Thread_local int comm_nccl_group_ops;
+static int comm_nccl_local_rank_v = -1, comm_nccl_local_size_v = -1;
+
+static const comm_ops comm_nccl_ops;
+
+// ---- settings ---------------------------------------------------------------------------------
+
+int comm_nccl_local_rank(void) {
+  if (comm_nccl_local_rank_v < 0) {
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_rank(node, &comm_nccl_local_rank_v));
+    MPI_CHECK(MPI_Comm_size(node, &comm_nccl_local_size_v));
+    MPI_CHECK(MPI_Comm_free(&node));
+  }
+  return comm_nccl_local_rank_v;
+}
+
+int comm_nccl_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver is an answer here, not an error to leave pending
+    n = 0;
+  }
+  return n;
+}
+
+int comm_nccl_set_device(void) {
+  int local = comm_nccl_local_rank(), n = comm_nccl_device_count();
+  CHECK(n > 0, "no CUDA device is visible to this rank (node-local rank %d): run on a GPU host, check "
+               "CUDA_VISIBLE_DEVICES, or use the CPU backend", local);
+  // NCCL refuses two ranks of one communicator on one GPU, so say so before it does, in words.
+  CHECK(comm_nccl_local_size_v <= n, "%d ranks run on this node but it has %d visible GPUs: NCCL needs one GPU "
+                                     "per rank; start at most %d ranks per node", comm_nccl_local_size_v, n, n);
+  int d = local % n;
+  CUDA_CHECK(cudaSetDevice(d));
+  return d;
+}
+
+void comm_nccl_set_stream(void *cuda_stream) {
+  comm_nccl_next_stream = cuda_stream;
+  comm_nccl_stream_set = 1;
+}
+
+void comm_nccl_set_timeout(double seconds) {
+  CHECK(seconds > 0, "comm_nccl_set_timeout(%g): the timeout must be positive", seconds);
+  comm_nccl_timeout_s = seconds;
+}
+
+double comm_nccl_timeout(void) {
+  const char *env = getenv("TRAINER_NCCL_TIMEOUT_S");
+  if (env && *env) {
+    char *end = NULL;
+    double v = strtod(env, &end);
+    CHECK(*end == '\0' && v > 0, "TRAINER_NCCL_TIMEOUT_S=%s: expected a positive number of seconds; unset it to "
+                                 "use the default (%g s)", env, comm_nccl_timeout_s);
+    return v;
+  }
+  return comm_nccl_timeout_s;
+}
+
+int comm_nccl_is(const comm *c) { return c && c->ops == &comm_nccl_ops; }
+
+void comm_nccl_set_comm_stream(comm *c, void *cuda_stream) {
+  CHECK(comm_nccl_is(c), "comm_nccl_set_comm_stream: '%s' is not an NCCL communicator", c ? c->name : "(null)");
+  ((comm_nccl *)c->impl)->stream = (cudaStream_t)cuda_stream;
+}
+
+void *comm_nccl_stream(const comm *c) {
+  return comm_nccl_is(c) ? (void *)((const comm_nccl *)c->impl)->stream : NULL;
+}
+
+// ---- failure path -----------------------------------------------------------------------------
+
+static double comm_nccl_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Busy-polls for the first few thousand rounds (collectives of small messages finish within
+// microseconds), then sleeps briefly so a long wait does not burn a core next to the data loader.
+static void comm_nccl_pause(long spin) {
+  if (spin < 4096) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 50 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+// Kills every NCCL communicator of this process: kernels waiting on a dead peer only return
+// once their communicator is aborted, and MPI_Abort should not have to tear down spinning GPUs.
+static void comm_nccl_abort_all(void) {
+  for (comm *c = comm_nccl_live; c; c = ((comm_nccl *)c->impl)->next_live) {
+    comm_nccl *m = c->impl;
+    if (m->nccl) {
+      ncclComm_t n = m->nccl;
+      m->nccl = NULL;
+      (void)ncclCommAbort(n);
+    }
+  }
+}
+
+// Same layout as check_fail (kernels/check.c), but the message is printed before the
+// communicators are aborted: ncclCommAbort can block on a wedged GPU, and the reason must be
+// out by then. Never returns.
+static void comm_nccl_die(const comm *c, const char *func, const char *file, int line, const char *what,
+                          const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  int rank = 0, inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  fprintf(stderr, "[rank %d] error in %s (%s:%d): %s\n  group '%s' rank %d of %d, device %d\n  failed: %s\n", rank,
+          func, file, line, msg, c->name, c->rank, c->size, nccl_check_device(), what);
+  fflush(stderr);
+  comm_nccl_abort_all();
+  if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
+  exit(1);
+}
+
+static void comm_nccl_die_rc(const comm *c, ncclResult_t rc, const char *what, const char *func, const char *file,
+                             int line) {
+  const comm_nccl *m = c->impl;
+  comm_nccl_die(c, func, file, line, what, "nccl: group '%s' %s failed: %s (%s)", c->name, m->last_op,
+                ncclGetErrorString(rc), ncclGetLastError(m->nccl));
+}
+
+static void comm_nccl_die_timeout(const comm *c, double waited, const char *what, const char *func, const char *file,
+                                  int line) {
+  const comm_nccl *m = c->impl;
+  comm_nccl_die(c, func, file, line, what,
+                "nccl: group '%s' %s did not complete within %g s: a peer rank died or hung; the first error is "
+                "in the other ranks' output; if the work is legitimately this slow, raise TRAINER_NCCL_TIMEOUT_S",
+                c->name, m->last_op, waited);
+}
+
+// Records what the next call enqueues, for the messages above.
+static void comm_nccl_note(comm *c, const char *fmt, ...) {
+  comm_nccl *m = c->impl;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m->last_op, sizeof m->last_op, fmt, ap);
+  va_end(ap);
+}
+
+// A non-blocking communicator may answer any call with ncclInProgress: NCCL finishes the call
+// in the background (connection set-up, init, finalize) and the communicator must not be used
+// again until ncclCommGetAsyncError stops saying so. Calls inside an open group only record
+// work, which ncclGroupEnd launches, so there is nothing to poll yet.
+static void comm_nccl_settle(comm *c, ncclResult_t rc, const char *what, const char *func, const char *file,
+                             int line) {
+  comm_nccl *m = c->impl;
+  if (rc != ncclSuccess && rc != ncclInProgress) comm_nccl_die_rc(c, rc, what, func, file, line);
+  if (rc == ncclSuccess && comm_nccl_group_depth > 0) return;
+  double start = 0, limit = 0;
+  for (long spin = 0;; spin++) {
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(m->nccl, &st);
+    if (q != ncclSuccess) comm_nccl_die_rc(c, q, "ncclCommGetAsyncError", func, file, line);
+    if (st == ncclSuccess) return;
+    if (st != ncclInProgress) comm_nccl_die_rc(c, st, what, func, file, line);
+    if (spin == 0) {
+      start = comm_nccl_now();
+      limit = comm_nccl_timeout();
+    } else if (comm_nccl_now() - start > limit) {
+      comm_nccl_die_timeout(c, limit, what, func, file, line);
+    }
+    comm_nccl_pause(spin);
+  }
+}
+
+#define COMM_NCCL_CALL(c, call) comm_nccl_settle((c), (call), #call, __func__, __FILE__, __LINE__)
+
+// Waits for c's stream to drain, watching NCCL's error state and the clock meanwhile.
+static void comm_nccl_drain(comm *c, const char *func, const char *file, int line) {
+  comm_nccl *m = c->impl;
+  double start = comm_nccl_now(), limit = comm_nccl_timeout();
+  for (long spin = 0;; spin++) {
+    cudaError_t e = cudaStreamQuery(m->stream);
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(m->nccl, &st);
+    if (q != ncclSuccess) comm_nccl_die_rc(c, q, "ncclCommGetAsyncError", func, file, line);
+    // An NCCL error can also make its kernels return early, so the stream drains with wrong
+    // data: the error state is checked on the way out too.
+    if (st != ncclSuccess && st != ncclInProgress) comm_nccl_die_rc(c, st, "cudaStreamQuery (waiting)", func, file, line);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady)
+      comm_nccl_die(c, func, file, line, "cudaStreamQuery(stream)",
+                    "nccl: group '%s' stream failed while waiting for %s: %s: %s (a kernel on the same stream may "
+                    "have faulted)", c->name, m->last_op, cudaGetErrorName(e), cudaGetErrorString(e));
+    if (comm_nccl_now() - start > limit) comm_nccl_die_timeout(c, limit, "cudaStreamQuery (waiting)", func, file, line);
+    comm_nccl_pause(spin);
+  }
+}
+
+// ---- operations -------------------------------------------------------------------------------
+
+static const char *comm_nccl_dtype_name(comm_dtype t) {
+  switch (t) {
+    case COMM_F32: return "f32";
+    case COMM_BF16: return "bf16";
+    case COMM_F64: return "f64";
+    case COMM_I32: return "i32";
+    case COMM_I64: return "i64";
+  }
+  return "?";
+}
+
+static ncclDataType_t comm_nccl_type(const comm *c, comm_dtype t) {
+  switch (t) {
+    case COMM_F32: return ncclFloat32;
+    case COMM_BF16: return ncclBfloat16;
+    case COMM_F64: return ncclFloat64;
+    case COMM_I32: return ncclInt32;
+    case COMM_I64: return ncclInt64;
+  }
+  CHECK(0, "comm %s: unknown comm_dtype %d", c->name, (int)t);
+  return ncclFloat32;
+}
+
+static ncclRedOp_t comm_nccl_op(const comm *c, comm_redop op) {
+  CHECK(op == COMM_SUM || op == COMM_MAX, "comm %s: unknown comm_redop %d", c->name, (int)op);
+  return op == COMM_SUM ? ncclSum : ncclMax;
+}
+
+static comm_nccl *comm_nccl_live_impl(const comm *c, const char *what) {
+  comm_nccl *m = c->impl;
+  CHECK(m && m->nccl, "comm %s: %s on a communicator that was freed or aborted", c->name, what);
+  return m;
+}
+
+static void comm_nccl_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+  CHECK(n_elem >= 0, "comm %s: all_reduce of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_reduce");
+  comm_nccl_note(c, "all_reduce of %lld %s", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl,
+                                  m->stream));
+}
+
+static void comm_nccl_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
+  comm_nccl_note(c, "all_gather of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, m->stream));
+}
+
+static void comm_nccl_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                     comm_redop op) {
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
+  comm_nccl_note(c, "reduce_scatter of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op),
+                                      m->nccl, m->stream));
+}
+
+static void comm_nccl_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root) {
+  CHECK(n_elem >= 0, "comm %s: broadcast of %lld elements", c->name, (long long)n_elem);
+  CHECK(root >= 0 && root < c->size, "comm %s: broadcast root %d outside [0, %d)", c->name, root, c->size);
+  comm_nccl *m = comm_nccl_live_impl(c, "broadcast");
+  comm_nccl_note(c, "broadcast of %lld %s from rank %d", (long long)n_elem, comm_nccl_dtype_name(t), root);
+  COMM_NCCL_CALL(c, ncclBroadcast(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), root, m->nccl, m->stream));
+}
+
+// ---- groups and point-to-point ----------------------------------------------------------------
+
+static void comm_nccl_group_start(comm *c) {
+  comm_nccl_live_impl(c, "group_start");
+  NCCL_CHECK(ncclGroupStart());
+  if (comm_nccl_group_depth++ == 0) comm_nccl_group_ops = 0;
+}
+
+// Ends a group; the outermost end launches everything the group recorded and settles c.
+// Groups may nest (NCCL allows it, and all_to_all opens its own inside a caller's group).
+static void comm_nccl_group_finish(comm *c, const char *func, const char *file, int line) {
+  CHECK(comm_nccl_group_depth > 0, "comm %s: group_end without group_start", c->name);
+  comm_nccl_group_depth--;
+  comm_nccl_settle(c, ncclGroupEnd(), "ncclGroupEnd()", func, file, line);
+}
+
+static void comm_nccl_group_end(comm *c) {
+  comm_nccl_live_impl(c, "group_end");
+  if (comm_nccl_group_depth == 1) comm_nccl_note(c, "group of %d send/recv calls", comm_nccl_group_ops);
+  comm_nccl_group_finish(c, __func__, __FILE__, __LINE__);
+}
+
+static void comm_nccl_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
+  CHECK(n_elem >= 0, "comm %s: send of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: send peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_nccl *m = comm_nccl_live_impl(c, "send");
+  comm_nccl_note(c, "send of %lld %s to rank %d", (long long)n_elem, comm_nccl_dtype_name(t), peer);
+  comm_nccl_group_ops++;
+  // Outside a group NCCL makes this a group of one: enqueued (complete in stream order) on return.
+  COMM_NCCL_CALL(c, ncclSend(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, m->nccl, m->stream));
+}
+
+static void comm_nccl_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
+  CHECK(n_elem >= 0, "comm %s: recv of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: recv peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_nccl *m = comm_nccl_live_impl(c, "recv");
+  comm_nccl_note(c, "recv of %lld %s from rank %d", (long long)n_elem, comm_nccl_dtype_name(t), peer);
+  comm_nccl_group_ops++;
+  COMM_NCCL_CALL(c, ncclRecv(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, m->nccl, m->stream));
+}
+
+// Grouped sends and receives: NCCL runs them as one launch, and every pair's transfer proceeds
+// concurrently (no ordering between peers, so no deadlock however ranks post them).
+static void comm_nccl_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  CHECK(n_elem >= 0, "comm %s: all_to_all of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_to_all");
+  const size_t block = (size_t)n_elem * (size_t)comm_dtype_bytes(t);
+  const ncclDataType_t nt = comm_nccl_type(c, t);
+  comm_nccl_group_start(c);
+  for (int q = 0; q < c->size; q++) {
+    COMM_NCCL_CALL(c, ncclSend((const char *)send + q * block, (size_t)n_elem, nt, q, m->nccl, m->stream));
+    COMM_NCCL_CALL(c, ncclRecv((char *)recv + q * block, (size_t)n_elem, nt, q, m->nccl, m->stream));
+  }
+  comm_nccl_note(c, "all_to_all of %lld %s per rank pair", (long long)n_elem, comm_nccl_dtype_name(t));
+  comm_nccl_group_finish(c, __func__, __FILE__, __LINE__);
+}
+
+// One-element all-reduce, then a bounded wait: when it returns every rank has reached the
+// barrier and this rank's stream has drained. Unlike MPI_Barrier, a dead peer ends in a
+// message after the timeout instead of a hang.
+static void comm_nccl_barrier(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "barrier");
+  CHECK(comm_nccl_group_depth == 0, "comm %s: barrier inside an open group would wait for itself", c->name);
+  comm_nccl_note(c, "barrier");
+  COMM_NCCL_CALL(c, ncclAllReduce(m->scratch, m->scratch, 1, ncclInt32, ncclSum, m->nccl, m->stream));
+  comm_nccl_drain(c, __func__, __FILE__, __LINE__);
+}
+
+void comm_nccl_wait(comm *c) {
+  if (!comm_nccl_is(c)) return;
+  comm_nccl_live_impl(c, "wait");
+  comm_nccl_drain(c, __func__, __FILE__, __LINE__);
+}
+
+// ---- life cycle -------------------------------------------------------------------------------
+
+static void comm_nccl_unlink(comm *c) {
+  for (comm **p = &comm_nccl_live; *p; p = &((comm_nccl *)(*p)->impl)->next_live) {
+    if (*p == c) {
+      *p = ((comm_nccl *)c->impl)->next_live;
+      return;
+    }
+  }
+}
+
+static void comm_nccl_free(comm *c) {
+  if (!c) return;
+  comm_nccl *m = c->impl;
+  if (m) {
+    if (m->nccl) {
+      // Finalize first: it flushes this rank's outstanding operations and lets us wait for
+      // them with the timeout, where a bare ncclCommDestroy could block without a bound.
+      comm_nccl_note(c, "tear-down (ncclCommFinalize)");
+      COMM_NCCL_CALL(c, ncclCommFinalize(m->nccl));
+      NCCL_CHECK(ncclCommDestroy(m->nccl));
+      m->nccl = NULL;
+    }
+    comm_nccl_unlink(c);
+    if (m->scratch) CUDA_CHECK(cudaFree(m->scratch));
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // After MPI_Finalize the handle is already gone; freeing it would be an error.
+  if (!finalized && c->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&c->mpi));
+  free(m);
+  free(c);
+}
+
+static const comm_ops comm_nccl_ops = {
+    .all_reduce = comm_nccl_all_reduce,
+    .all_gather = comm_nccl_all_gather,
+    .reduce_scatter = comm_nccl_reduce_scatter,
+    .broadcast = comm_nccl_broadcast,
+    .all_to_all = comm_nccl_all_to_all,
+    .send = comm_nccl_send,
+    .recv = comm_nccl_recv,
+    .group_start = comm_nccl_group_start,
+    .group_end = comm_nccl_group_end,
+    .barrier = comm_nccl_barrier,
+    .free = comm_nccl_free,
+};
+
+comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
+  // NVLink multicast (NVLS) can take a shared host's GPUs out of service; it stays off unless
+  // the user explicitly asked otherwise. Set before the first NCCL call, which reads it.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  CHECK(comm_nccl_stream_set, "comm_nccl_create(%s): no CUDA stream set: call comm_nccl_set_stream(k_cuda_stream()) "
+                              "after creating the CUDA backend", name ? name : "?");
+  comm *c = XCALLOC(1, sizeof *c);
+  comm_nccl *m = XCALLOC(1, sizeof *m);
+  c->ops = &comm_nccl_ops;
+  c->impl = m;
+  snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
+  m->stream = (cudaStream_t)comm_nccl_next_stream;
+  // The caller may free mpi right after (grid_init does), so the bootstrap below and anyone
+  // reading c->mpi later use a private duplicate.
+  MPI_CHECK(MPI_Comm_dup(mpi, &c->mpi));
+  MPI_CHECK(MPI_Comm_rank(c->mpi, &c->rank));
+  MPI_CHECK(MPI_Comm_size(c->mpi, &c->size));
+
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;  // every call returns; hangs are caught by our polling with a deadline
+  cfg.commName = c->name;
+  comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks)", c->size);
+  COMM_NCCL_CALL(c, ncclCommInitRankConfig(&m->nccl, c->size, id, c->rank, &cfg));
+  CUDA_CHECK(cudaMalloc((void **)&m->scratch, sizeof *m->scratch));
+  CUDA_CHECK(cudaMemsetAsync(m->scratch, 0, sizeof *m->scratch, m->stream));
+  m->next_live = comm_nccl_live;
+  comm_nccl_live = c;
+  comm_nccl_note(c, "work on its stream (no operation of this group yet)");
+  return c;
+}

@@ -1,0 +1,480 @@
+// commbench: bandwidth and latency of every communicator operation, as the trainer calls them,
+// over NCCL (device buffers) or MPI (host buffers, for comparison), so the cost of a TP
+// all-reduce or a DP reduce-scatter of a given size can be read off a table. Each result is
+// checked (rank-number payloads, known by hand) before it is timed. Numbers follow nccl-tests:
+// size is the largest buffer of the call (the gathered output, the scattered input), algbw =
+// size / time, busbw = algbw * (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all
+// (n-1)/n; broadcast and sendrecv 1), GB = 1e9 bytes; time is the slowest rank's mean per call.
+//   mpirun -np 8 commbench [--backend nccl|mpi] [--min-bytes 8] [--max-bytes 1073741824]
+//          [--factor 2] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--ops all_reduce,...]
+//          [--p2p-matrix]
+// --p2p-matrix times every ordered pair of ranks alone: one-way bandwidth of --max-bytes
+// messages and half the round trip of --min-bytes ping-pongs.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include "kernels/check.h"
+#include "parallel/comm.h"
+#include "parallel/nccl/comm_nccl.h"
+#include "parallel/nccl/nccl_check.h"
+
+typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_SENDRECV, OP_ALL_TO_ALL, N_OPS } bench_op;
+static const char *op_names[N_OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all"};
+
+typedef struct bench_opts {
+  int nccl;                  // 1: NCCL over device buffers; 0: MPI over host buffers
+  int64_t min_bytes, max_bytes;
+  int factor, iters, warmup;
+  comm_dtype dtype;
+  int ops[N_OPS];            // which operations to run
+  int p2p_matrix;
+} bench_opts;
+
+// Where buffers live and how time is taken: device memory and CUDA events on the
+// communicator's stream for NCCL, host memory and MPI_Wtime for MPI.
+typedef struct bench {
+  bench_opts o;
+  comm *c;
+  cudaStream_t stream;
+  cudaEvent_t ev0, ev1;
+  double t0;
+} bench;
+
+// ---- buffers ----------------------------------------------------------------------------------
+
+static void *bench_alloc(bench *b, size_t n_bytes) {
+  void *p = NULL;
+  if (b->o.nccl)
+    CUDA_CHECK(cudaMalloc(&p, n_bytes ? n_bytes : 1));
+  else
+    p = XMALLOC(n_bytes);
+  return p;
+}
+
+static void bench_release(bench *b, void *p) {
+  if (b->o.nccl)
+    CUDA_CHECK(cudaFree(p));
+  else
+    free(p);
+}
+
+static void bench_put(bench *b, void *dst, const void *host, size_t n_bytes) {
+  if (b->o.nccl) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, n_bytes, cudaMemcpyHostToDevice, b->stream));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+  } else {
+    memcpy(dst, host, n_bytes);
+  }
+}
+
+static void bench_get(bench *b, void *host, const void *src, size_t n_bytes) {
+  if (b->o.nccl) {
+    comm_nccl_wait(b->c);  // bounded: a hung peer ends the job with a message
+    CUDA_CHECK(cudaMemcpyAsync(host, src, n_bytes, cudaMemcpyDeviceToHost, b->stream));
+    CUDA_CHECK(cudaStreamSynchronize(b->stream));
+  } else {
+    memcpy(host, src, n_bytes);
+  }
+}
+
+static void bench_zero(bench *b, void *p, size_t n_bytes) {
+  if (b->o.nccl)
+    CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, b->stream));
+  else
+    memset(p, 0, n_bytes);
+}
+
+// ---- timing -----------------------------------------------------------------------------------
+
+static void bench_start(bench *b) {
+  if (b->o.nccl)
+    CUDA_CHECK(cudaEventRecord(b->ev0, b->stream));
+  else
+    b->t0 = MPI_Wtime();
+}
+
+// Microseconds since bench_start on this rank.
+static double bench_stop(bench *b) {
+  if (b->o.nccl) {
+    CUDA_CHECK(cudaEventRecord(b->ev1, b->stream));
+    comm_nccl_wait(b->c);
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, b->ev0, b->ev1));
+    return 1e3 * ms;
+  }
+  return 1e6 * (MPI_Wtime() - b->t0);
+}
+
+// ---- payloads ---------------------------------------------------------------------------------
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; the values here are exact anyway
+  return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void set(void *buf, int64_t i, comm_dtype t, float v) {
+  if (t == COMM_BF16)
+    ((uint16_t *)buf)[i] = to_bf16(v);
+  else
+    ((float *)buf)[i] = v;
+}
+
+static float get(const void *buf, int64_t i, comm_dtype t) {
+  return t == COMM_BF16 ? from_bf16(((const uint16_t *)buf)[i]) : ((const float *)buf)[i];
+}
+
+// Every payload is a small integer (< 256 for up to 64 ranks), exact in bf16, and every
+// partial sum of a reduction stays below 256 for up to 200 ranks, so results compare with ==
+// whatever order NCCL adds in. Rank 0 is the odd one out of reductions so a dropped or doubled
+// contribution shows. Returns the expected value of element i of the output.
+static float payload_in(bench_op op, int r, int n, int64_t i, int64_t per_rank) {
+  switch (op) {
+    case OP_ALL_REDUCE: return r == 0 ? (float)(i % 8) : 1.0f;
+    case OP_ALL_GATHER: return (float)(r % 64 + i % 4);
+    case OP_REDUCE_SCATTER: return r == 0 ? (float)((i / per_rank + i) % 8) : 1.0f;
+    case OP_BROADCAST: return r == n - 1 ? (float)(n % 64 + i % 8) : -1.0f;
+    case OP_SENDRECV: return (float)(r % 64 + i % 4);
+    case OP_ALL_TO_ALL: return (float)((r % 16) * 8 + (i / per_rank) % 8 + i % 2);
+    default: return 0;
+  }
+}
+
+static float payload_out(bench_op op, int r, int n, int64_t i, int64_t per_rank) {
+  switch (op) {
+    case OP_ALL_REDUCE: return (float)(n - 1 + i % 8);
+    case OP_ALL_GATHER: return (float)((i / per_rank) % 64 + (i % per_rank) % 4);
+    // Output block r holds input elements r * per_rank + i.
+    case OP_REDUCE_SCATTER: return (float)(n - 1 + (r + r * per_rank + i) % 8);
+    case OP_BROADCAST: return (float)(n % 64 + i % 8);
+    case OP_SENDRECV: return (float)(((r + n - 1) % n) % 64 + i % 4);
+    // Block s came from rank s's block r.
+    case OP_ALL_TO_ALL: return (float)(((i / per_rank) % 16) * 8 + r % 8 + (r * per_rank + i % per_rank) % 2);
+    default: return 0;
+  }
+}
+
+// ---- one operation at one size ----------------------------------------------------------------
+
+typedef struct bench_case {
+  int64_t in_elem, out_elem;  // elements of the input and output buffer of this rank
+  int64_t per_rank;           // count passed to the call
+  int64_t size_bytes;         // nccl-tests "size": the largest buffer
+  double bus_factor;
+} bench_case;
+
+// Counts in nccl-tests fashion: the size is rounded down to a multiple of n elements where the
+// call splits it by rank. Returns 0 when the size holds too few elements for this op.
+static int bench_shape(bench_op op, int64_t bytes, int n, int esz, bench_case *k) {
+  int64_t count = bytes / esz;
+  const double nm1 = (double)(n - 1) / n;
+  memset(k, 0, sizeof *k);
+  switch (op) {
+    case OP_ALL_REDUCE: k->per_rank = count; k->in_elem = k->out_elem = count; k->bus_factor = 2 * nm1; break;
+    case OP_BROADCAST: k->per_rank = count; k->in_elem = k->out_elem = count; k->bus_factor = 1; break;
+    case OP_SENDRECV: k->per_rank = count; k->in_elem = k->out_elem = count; k->bus_factor = 1; break;
+    case OP_ALL_GATHER:
+      k->per_rank = count / n; k->in_elem = k->per_rank; k->out_elem = k->per_rank * n; k->bus_factor = nm1; break;
+    case OP_REDUCE_SCATTER:
+      k->per_rank = count / n; k->in_elem = k->per_rank * n; k->out_elem = k->per_rank; k->bus_factor = nm1; break;
+    case OP_ALL_TO_ALL:
+      k->per_rank = count / n; k->in_elem = k->out_elem = k->per_rank * n; k->bus_factor = nm1; break;
+    default: return 0;
+  }
+  k->size_bytes = (k->in_elem > k->out_elem ? k->in_elem : k->out_elem) * esz;
+  return k->per_rank > 0;
+}
+
+static void bench_call(bench *b, bench_op op, const bench_case *k, void *in, void *out) {
+  comm *c = b->c;
+  const comm_dtype t = b->o.dtype;
+  switch (op) {
+    case OP_ALL_REDUCE: c->ops->all_reduce(c, in, k->per_rank, t, COMM_SUM); break;
+    case OP_ALL_GATHER: c->ops->all_gather(c, in, out, k->per_rank, t); break;
+    case OP_REDUCE_SCATTER: c->ops->reduce_scatter(c, in, out, k->per_rank, t, COMM_SUM); break;
+    case OP_BROADCAST: c->ops->broadcast(c, in, k->per_rank, t, c->size - 1); break;
+    case OP_SENDRECV:
+      c->ops->group_start(c);
+      c->ops->send(c, in, k->per_rank, t, (c->rank + 1) % c->size);
+      c->ops->recv(c, out, k->per_rank, t, (c->rank + c->size - 1) % c->size);
+      c->ops->group_end(c);
+      break;
+    case OP_ALL_TO_ALL: c->ops->all_to_all(c, in, out, k->per_rank, t); break;
+    default: break;
+  }
+}
+
+// In-place operations leave their result in the input buffer.
+static int bench_in_place(bench_op op) { return op == OP_ALL_REDUCE || op == OP_BROADCAST; }
+
+// Checks one call on known payloads, then times iters calls after warmup ones. Returns the
+// slowest rank's mean microseconds per call; *n_wrong gets the wrong elements of all ranks and
+// *issue_us the slowest rank's host time per call up to the last launch (NCCL: returns before
+// the GPU is done; MPI: the whole call).
+static double bench_one(bench *b, bench_op op, const bench_case *k, void *in, void *out, void *host,
+                        long long *n_wrong, double *issue_us) {
+  const int r = b->c->rank, n = b->c->size, esz = comm_dtype_bytes(b->o.dtype);
+  for (int64_t i = 0; i < k->in_elem; i++) set(host, i, b->o.dtype, payload_in(op, r, n, i, k->per_rank));
+  bench_put(b, in, host, (size_t)(k->in_elem * esz));
+  bench_call(b, op, k, in, out);
+  bench_get(b, host, bench_in_place(op) ? in : out, (size_t)(k->out_elem * esz));
+  long long bad = 0;
+  for (int64_t i = 0; i < k->out_elem; i++) {
+    float want = payload_out(op, r, n, i, k->per_rank), got = get(host, i, b->o.dtype);
+    if (got != want && bad++ == 0)
+      fprintf(stderr, "rank %d: %s of %lld bytes: [%lld] = %g, want %g\n", r, op_names[op],
+              (long long)k->size_bytes, (long long)i, got, want);
+  }
+  MPI_CHECK(MPI_Allreduce(&bad, n_wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+
+  // Timed calls run on zeros: repeated in-place sums would otherwise grow to Inf, and the data
+  // never changes the speed of a transfer.
+  bench_zero(b, in, (size_t)(k->in_elem * esz));
+  for (int w = 0; w < b->o.warmup; w++) bench_call(b, op, k, in, out);
+  b->c->ops->barrier(b->c);  // everyone starts the clock together
+  bench_start(b);
+  double h0 = MPI_Wtime();
+  for (int it = 0; it < b->o.iters; it++) bench_call(b, op, k, in, out);
+  // Host time to issue a call: when it is close to the GPU time, launches, not links, set
+  // the pace (small messages).
+  double h1 = MPI_Wtime();
+  double t[2] = {bench_stop(b) / b->o.iters, 1e6 * (h1 - h0) / b->o.iters};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  *issue_us = t[1];
+  return t[0];
+}
+
+static int bench_run_ops(bench *b) {
+  const int n = b->c->size, r = b->c->rank, esz = comm_dtype_bytes(b->o.dtype);
+  // The largest buffer any op needs at max_bytes, for two buffers and a host copy.
+  const size_t cap = (size_t)b->o.max_bytes + (size_t)n * esz;
+  void *in = bench_alloc(b, cap), *out = bench_alloc(b, cap), *host = XMALLOC(cap);
+  long long total_wrong = 0;
+  for (int op = 0; op < N_OPS; op++) {
+    if (!b->o.ops[op]) continue;
+    if (r == 0) {
+      printf("\n# %s, %s backend, %d ranks, %s, %d iterations after %d warm-up\n", op_names[op],
+             b->o.nccl ? "nccl" : "mpi", n, b->o.dtype == COMM_BF16 ? "bf16" : "f32", b->o.iters, b->o.warmup);
+      printf("%14s %12s %12s %12s %12s %8s %10s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+             "#wrong", "issue(us)");
+    }
+    double last_bus = 0;
+    int64_t last_size = 0;
+    for (int64_t bytes = b->o.min_bytes; bytes <= b->o.max_bytes; bytes *= b->o.factor) {
+      bench_case k;
+      if (!bench_shape((bench_op)op, bytes, n, esz, &k)) continue;
+      long long wrong = 0;
+      double issue_us = 0;
+      double us = bench_one(b, (bench_op)op, &k, in, out, host, &wrong, &issue_us);
+      double algbw = (double)k.size_bytes / (us * 1e-6) / 1e9, busbw = algbw * k.bus_factor;
+      total_wrong += wrong;
+      last_bus = busbw;
+      last_size = k.size_bytes;
+      if (r == 0) {
+        printf("%14lld %12lld %12.2f %12.2f %12.2f %8lld %10.2f\n", (long long)k.size_bytes,
+               (long long)(k.in_elem > k.out_elem ? k.in_elem : k.out_elem), us, algbw, busbw, wrong, issue_us);
+        fflush(stdout);
+      }
+    }
+    if (r == 0 && last_size) printf("# %s busbw at %lld bytes: %.2f GB/s\n", op_names[op], (long long)last_size, last_bus);
+  }
+  if (r == 0) printf("\n# %s: %lld wrong elements in all checks\n", total_wrong ? "FAILED" : "ok", total_wrong);
+  bench_release(b, in);
+  bench_release(b, out);
+  free(host);
+  return total_wrong != 0;
+}
+
+// ---- pairwise matrix --------------------------------------------------------------------------
+
+// Times src -> dst alone (every other rank waits): iters one-way sends of bw_bytes, and iters
+// ping-pongs of lat_bytes. Returns the slowest of the two ranks' times in *bw_us and *lat_us.
+static void bench_pair(bench *b, int src, int dst, void *buf, int64_t bw_elem, int64_t lat_elem, double *bw_us,
+                       double *lat_us) {
+  comm *c = b->c;
+  const comm_dtype t = b->o.dtype;
+  double bw = 0, lat = 0;
+  if (c->rank == src || c->rank == dst) {
+    const int peer = c->rank == src ? dst : src;
+    for (int pass = 0; pass < 2; pass++) {  // pass 0 warms up (NCCL connects a pair lazily)
+      const int reps = pass ? b->o.iters : (b->o.warmup > 0 ? b->o.warmup : 1);
+      bench_start(b);
+      for (int it = 0; it < reps; it++) {
+        if (c->rank == src) c->ops->send(c, buf, bw_elem, t, peer);
+        else c->ops->recv(c, buf, bw_elem, t, peer);
+      }
+      bw = bench_stop(b) / reps;
+      bench_start(b);
+      for (int it = 0; it < reps; it++) {
+        if (c->rank == src) {
+          c->ops->send(c, buf, lat_elem, t, peer);
+          c->ops->recv(c, buf, lat_elem, t, peer);
+        } else {
+          c->ops->recv(c, buf, lat_elem, t, peer);
+          c->ops->send(c, buf, lat_elem, t, peer);
+        }
+      }
+      lat = bench_stop(b) / reps / 2;
+    }
+  }
+  double v[2] = {bw, lat};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  *bw_us = v[0];
+  *lat_us = v[1];
+}
+
+static void bench_p2p_matrix(bench *b) {
+  const int n = b->c->size, r = b->c->rank, esz = comm_dtype_bytes(b->o.dtype);
+  const int64_t bw_elem = b->o.max_bytes / esz, lat_elem = b->o.min_bytes / esz > 0 ? b->o.min_bytes / esz : 1;
+  void *buf = bench_alloc(b, (size_t)(bw_elem * esz));
+  bench_zero(b, buf, (size_t)(bw_elem * esz));
+  double *bw = XCALLOC((size_t)n * n, sizeof *bw), *lat = XCALLOC((size_t)n * n, sizeof *lat);
+  for (int s = 0; s < n; s++)
+    for (int d = 0; d < n; d++) {
+      if (s == d) continue;
+      double bus, lus;
+      bench_pair(b, s, d, buf, bw_elem, lat_elem, &bus, &lus);
+      bw[s * n + d] = (double)(bw_elem * esz) / (bus * 1e-6) / 1e9;
+      lat[s * n + d] = lus;
+    }
+  if (r == 0) {
+    const char *titles[2] = {"one-way bandwidth (GB/s)", "latency (us, half a ping-pong)"};
+    for (int m = 0; m < 2; m++) {
+      printf("\n# p2p %s, %s backend, %lld-byte messages; row = sender, column = receiver\n", titles[m],
+             b->o.nccl ? "nccl" : "mpi", (long long)((m ? lat_elem : bw_elem) * esz));
+      printf("%6s", "src\\dst");
+      for (int d = 0; d < n; d++) printf(" %9d", d);
+      printf("\n");
+      for (int s = 0; s < n; s++) {
+        printf("%7d", s);
+        for (int d = 0; d < n; d++) {
+          if (s == d) printf(" %9s", "-");
+          else printf(" %9.2f", m ? lat[s * n + d] : bw[s * n + d]);
+        }
+        printf("\n");
+      }
+    }
+  }
+  free(bw);
+  free(lat);
+  bench_release(b, buf);
+}
+
+// ---- options ----------------------------------------------------------------------------------
+
+static void usage_fail(const char *msg, const char *arg) {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (r == 0)
+    fprintf(stderr, "commbench: %s%s\nusage: commbench [--backend nccl|mpi] [--min-bytes N] [--max-bytes N] "
+                    "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--p2p-matrix]\n"
+                    "ops: all_reduce all_gather reduce_scatter broadcast sendrecv all_to_all\n", msg, arg);
+  MPI_Finalize();
+  exit(2);
+}
+
+static int64_t parse_int(const char *s, const char *name, int64_t lo) {
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || v < lo) usage_fail("bad value for ", name);
+  return v;
+}
+
+static bench_opts parse_opts(int argc, char **argv) {
+  bench_opts o = {.nccl = 1, .min_bytes = 8, .max_bytes = (int64_t)1 << 30, .factor = 2, .iters = 20, .warmup = 5,
+                  .dtype = COMM_F32};
+  int any_op = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--p2p-matrix")) { o.p2p_matrix = 1; continue; }
+    if (strncmp(a, "--", 2) != 0) usage_fail("unexpected argument ", a);
+    if (i + 1 >= argc) usage_fail("missing value after ", a);
+    const char *v = argv[++i];
+    if (!strcmp(a, "--backend")) {
+      if (!strcmp(v, "nccl")) o.nccl = 1;
+      else if (!strcmp(v, "mpi")) o.nccl = 0;
+      else usage_fail("--backend takes nccl or mpi, not ", v);
+    } else if (!strcmp(a, "--min-bytes")) o.min_bytes = parse_int(v, a, 1);
+    else if (!strcmp(a, "--max-bytes")) o.max_bytes = parse_int(v, a, 1);
+    else if (!strcmp(a, "--factor")) o.factor = (int)parse_int(v, a, 2);
+    else if (!strcmp(a, "--iters")) o.iters = (int)parse_int(v, a, 1);
+    else if (!strcmp(a, "--warmup")) o.warmup = (int)parse_int(v, a, 0);
+    else if (!strcmp(a, "--dtype")) {
+      if (!strcmp(v, "f32")) o.dtype = COMM_F32;
+      else if (!strcmp(v, "bf16")) o.dtype = COMM_BF16;
+      else usage_fail("--dtype takes f32 or bf16, not ", v);
+    } else if (!strcmp(a, "--ops")) {
+      char list[256];
+      snprintf(list, sizeof list, "%s", v);
+      for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int found = 0;
+        for (int k = 0; k < N_OPS; k++)
+          if (!strcmp(tok, op_names[k])) o.ops[k] = found = any_op = 1;
+        if (!found) usage_fail("unknown op ", tok);
+      }
+    } else {
+      usage_fail("unknown option ", a);
+    }
+  }
+  if (!any_op)
+    for (int k = 0; k < N_OPS; k++) o.ops[k] = 1;
+  if (o.min_bytes > o.max_bytes) usage_fail("--min-bytes is above --max-bytes", "");
+  return o;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.o = parse_opts(argc, argv);
+  if (b.o.nccl) {
+    comm_nccl_set_device();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&b.ev0));
+    CUDA_CHECK(cudaEventCreate(&b.ev1));
+    comm_nccl_set_stream(b.stream);
+    b.c = comm_nccl_create(MPI_COMM_WORLD, "bench");
+  } else {
+    b.c = comm_mpi_create(MPI_COMM_WORLD, "bench");
+  }
+  if (b.c->rank == 0) {
+    printf("# commbench: %d ranks, backend %s", b.c->size, b.o.nccl ? "nccl" : "mpi");
+    if (b.o.nccl) {
+      int v = 0, dev = 0;
+      struct cudaDeviceProp prop;
+      NCCL_CHECK(ncclGetVersion(&v));
+      CUDA_CHECK(cudaGetDevice(&dev));
+      CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+      const char *nvls = getenv("NCCL_NVLS_ENABLE");
+      printf(" (NCCL %d.%d.%d, %s, NCCL_NVLS_ENABLE=%s)", v / 10000, v / 100 % 100, v % 100, prop.name,
+             nvls ? nvls : "(unset)");
+    }
+    printf("\n");
+  }
+  int rc = 0;
+  if (b.o.p2p_matrix)
+    bench_p2p_matrix(&b);
+  else
+    rc = bench_run_ops(&b);
+  comm_free(&b.c);
+  if (b.o.nccl) {
+    CUDA_CHECK(cudaEventDestroy(b.ev0));
+    CUDA_CHECK(cudaEventDestroy(b.ev1));
+    CUDA_CHECK(cudaStreamDestroy(b.stream));
+  }
+  MPI_Finalize();
+  return rc;
+}

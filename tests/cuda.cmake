@@ -1,0 +1,5 @@
+# GPU tests (label gpu, never run by CI, which has no GPU: it runs ctest -LE gpu). They need a
+# CUDA build and a visible GPU; without one they fail rather than pass vacuously.
+if(TRAINER_HAVE_CUDA)
+  trainer_add_test(test_cuda_ops tests/test_cuda_ops.c LABELS gpu)
+endif()

@@ -1,0 +1,622 @@
+// GPU tests of the CUDA backend (label gpu): every op of the table against the CPU reference
+// k_cpu_* on the same random inputs, over odd and even shapes. Each comparison checks the
+// normalised error ||gpu - cpu|| / ||cpu||, a per-element bound and that NaN/Inf sit at the same
+// places (elementwise ops also run with NaN and Inf injected). The backward ops that reduce
+// (attention, RMSNorm, embedding) and sumsq must give bitwise equal results when run twice.
+// Without a visible GPU the test fails: a GPU test that passes vacuously would hide a broken
+// setup. A few timings are printed at the end (numbers only, they decide nothing).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "tests/test_util.h"
+
+static k_backend *G;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+// Uniform in [-1, 1): a fixed xorshift so every run sees the same data.
+static double rng_uniform(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+static float *rand_buf(int64_t n, double amp) {
+  float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * rng_uniform());
+  return x;
+}
+
+static float *copy_buf(const float *x, int64_t n) {
+  float *y = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  memcpy(y, x, sizeof(float) * (size_t)n);
+  return y;
+}
+
+static void *dev_put(const void *h, size_t n_bytes) {
+  void *d = G->alloc(G, n_bytes);
+  G->from_host(G, d, h, n_bytes);
+  return d;
+}
+static float *dev_putf(const float *h, int64_t n) { return dev_put(h, sizeof(float) * (size_t)n); }
+static int32_t *dev_puti(const int32_t *h, int64_t n) { return dev_put(h, sizeof(int32_t) * (size_t)n); }
+
+// A new host copy of n floats of device memory.
+static float *dev_getf(const float *d, int64_t n) {
+  float *h = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  G->to_host(G, h, d, sizeof(float) * (size_t)n);
+  return h;
+}
+
+static void dev_free(void *p) { G->free(G, p); }
+
+// Compares got (GPU) with ref (CPU): NaN and Inf must sit at the same places; over the finite
+// elements, ||got - ref|| / ||ref|| <= tol_norm and |got - ref| <= tol_elem * (|ref| + rms(ref))
+// for each element (the rms term keeps elements that cancel to near zero from failing on noise).
+static void compare(const char *what, const float *got, const float *ref, int64_t n, double tol_norm,
+                    double tol_elem) {
+  double ss_ref = 0.0;
+  int64_t n_fin = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (isfinite(ref[i])) ss_ref += (double)ref[i] * ref[i], n_fin++;
+  const double rms = n_fin ? sqrt(ss_ref / (double)n_fin) : 0.0;
+  double ss_err = 0.0, worst = 0.0;
+  int64_t worst_i = -1, n_special_bad = 0, first_bad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    const float g = got[i], r = ref[i];
+    if (!isfinite(r) || !isfinite(g)) {
+      const int same = (isnan(r) && isnan(g)) || (isinf(r) && isinf(g) && r == g);
+      if (!same && n_special_bad++ == 0) first_bad = i;
+      continue;
+    }
+    const double e = (double)g - r;
+    ss_err += e * e;
+    const double rel = fabs(e) / (fabs((double)r) + rms + 1e-30);
+    if (rel > worst) worst = rel, worst_i = i;
+  }
+  const double norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err) / (sqrt(ss_ref) + 1e-30);
+  EXPECT(n_special_bad == 0, "%s: %lld NaN/Inf mismatches, first at %lld (gpu %g, cpu %g)", what,
+         (long long)n_special_bad, (long long)first_bad, first_bad >= 0 ? got[first_bad] : 0.0,
+         first_bad >= 0 ? ref[first_bad] : 0.0);
+  EXPECT(norm <= tol_norm, "%s: normalised error %.3g > %.3g", what, norm, tol_norm);
+  EXPECT(worst <= tol_elem, "%s: element %lld off by %.3g of (|ref| + rms) > %.3g (gpu %.9g, cpu %.9g)", what,
+         (long long)worst_i, worst, tol_elem, worst_i >= 0 ? got[worst_i] : 0.0, worst_i >= 0 ? ref[worst_i] : 0.0);
+}
+
+// Device buffer vs host reference.
+static void compare_dev(const char *what, const float *dev, const float *ref, int64_t n, double tol_norm,
+                        double tol_elem) {
+  float *h = dev_getf(dev, n);
+  compare(what, h, ref, n, tol_norm, tol_elem);
+  free(h);
+}
+
+static int dev_equal(const float *a, const float *b, int64_t n) {
+  float *ha = dev_getf(a, n), *hb = dev_getf(b, n);
+  const int eq = memcmp(ha, hb, sizeof(float) * (size_t)n) == 0;
+  free(ha);
+  free(hb);
+  return eq;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+static void test_memory(void) {
+  const size_t n_bytes = 1000;
+  unsigned char *d = G->alloc(G, n_bytes), h[1000], h2[1000];
+  memset(h, 0xAB, sizeof h);
+  G->to_host(G, h, d, n_bytes);
+  int zero = 1;
+  for (size_t i = 0; i < n_bytes; i++) zero &= h[i] == 0;
+  EXPECT(zero, "alloc must be zero-filled");
+  for (size_t i = 0; i < n_bytes; i++) h[i] = (unsigned char)(i * 7 + 1);
+  G->from_host(G, d, h, n_bytes);
+  unsigned char *d2 = G->alloc(G, n_bytes);
+  G->copy(G, d2, d, n_bytes);
+  G->to_host(G, h2, d2, n_bytes);
+  EXPECT(memcmp(h, h2, n_bytes) == 0, "from_host / copy / to_host round trip");
+  G->zero(G, d2 + 100, 50);
+  G->sync(G);
+  G->to_host(G, h2, d2, n_bytes);
+  int ok = 1;
+  for (size_t i = 0; i < n_bytes; i++) ok &= h2[i] == (i >= 100 && i < 150 ? 0 : h[i]);
+  EXPECT(ok, "zero clears exactly the range");
+  EXPECT(k_cuda_stream() != NULL, "k_cuda_stream returns the backend's stream");
+  dev_free(d);
+  dev_free(d2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, float beta) {
+  const int pad = 3;  // leading dims wider than the matrix, to catch ld mix-ups
+  const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+  const int64_t na = (int64_t)a_rows * lda, nb = (int64_t)b_rows * ldb, nc = (int64_t)M * ldc;
+  float *A = rand_buf(na, 1.0), *B = rand_buf(nb, 1.0), *C = rand_buf(nc, 1.0);
+  if (beta == 0.0f)  // beta == 0 must overwrite C without reading it: NaNs must not leak in
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) C[(int64_t)i * ldc + j] = NAN;
+  float *C0 = copy_buf(C, nc);
+  float *dA = dev_putf(A, na), *dB = dev_putf(B, nb), *dC = dev_putf(C, nc);
+  k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  G->gemm(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+  float *g = dev_getf(dC, nc);
+  // Per-element bound from |alpha| |op(A)| |op(B)| + |beta C0|, as for any fp32 dot product.
+  for (int64_t i = 0; i < na; i++) A[i] = fabsf(A[i]);
+  for (int64_t i = 0; i < nb; i++) B[i] = fabsf(B[i]);
+  float *bound = calloc((size_t)nc, sizeof(float));
+  k_cpu_gemm(ta, tb, M, N, K, fabsf(alpha), A, lda, B, ldb, 0.0f, bound, ldc);
+  double ss_err = 0.0, ss_ref = 0.0, worst = 0.0;
+  int pad_ok = 1, nan_ok = 1;
+  for (int i = 0; i < M; i++) {
+    for (int j = 0; j < N; j++) {
+      const int64_t ij = (int64_t)i * ldc + j;
+      if (isnan(g[ij]) || isnan(C[ij])) {
+        nan_ok = 0;
+        continue;
+      }
+      const double e = (double)g[ij] - C[ij];
+      ss_err += e * e;
+      ss_ref += (double)C[ij] * C[ij];
+      const double b = bound[ij] + (beta == 0.0f ? 0.0f : fabsf(beta * C0[ij]));
+      const double rel = fabs(e) / (1e-5 * b + 1e-6);
+      if (rel > worst) worst = rel;
+    }
+    for (int j = N; j < ldc; j++) pad_ok &= memcmp(&g[(int64_t)i * ldc + j], &C0[(int64_t)i * ldc + j], 4) == 0;
+  }
+  const double norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err / (ss_ref + 1e-30));
+  EXPECT(nan_ok && pad_ok && norm <= 1e-5 && worst <= 1.0,
+         "gemm ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g: nan_ok %d pad_ok %d norm err %.3g, worst/bound %.3g", ta,
+         tb, M, N, K, alpha, beta, nan_ok, pad_ok, norm, worst);
+  free(A), free(B), free(C), free(C0), free(g), free(bound);
+  dev_free(dA), dev_free(dB), dev_free(dC);
+}
+
+static void test_gemm(void) {
+  static const int sizes[] = {1, 7, 33, 128, 257};
+  static const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.5f, 0.25f}};
+  int c = 0;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int im = 0; im < 5; im++)
+        for (int in = 0; in < 5; in++)
+          for (int ik = 0; ik < 5; ik++, c++)
+            test_gemm_case(ta, tb, sizes[im], sizes[in], sizes[ik], ab[c % 3][0], ab[c % 3][1]);
+  // Degenerate cases: K == 0 and alpha == 0 leave beta * C (zeros for beta == 0).
+  test_gemm_case(0, 0, 5, 6, 0, 1.0f, 0.0f);
+  test_gemm_case(1, 1, 5, 6, 0, 1.0f, 0.5f);
+  test_gemm_case(0, 1, 9, 4, 3, 0.0f, 2.0f);
+  // A product the size of the model's projections.
+  test_gemm_case(0, 1, 512, 768, 1024, 1.0f, 0.0f);
+  test_gemm_case(1, 0, 768, 1024, 512, 1.0f, 1.0f);
+  printf("gemm: %d shapes x 4 transposes + 5 more\n", c / 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+static void test_rmsnorm_case(int64_t rows, int d, int inject) {
+  char what[128];
+  const int64_t n = rows * d;
+  float *x = rand_buf(n, 2.0), *w = rand_buf(d, 1.0), *dy = rand_buf(n, 1.0);
+  float *dx = rand_buf(n, 1.0), *dw = rand_buf(d, 1.0);
+  if (inject && rows >= 3 && d >= 4) {
+    x[2 * d + 3] = NAN;   // poisons row 2 (y, rstd, dx) and every dw
+    dy[0 * d + 1] = INFINITY;
+  }
+  float *y = malloc(sizeof(float) * n), *rstd = malloc(sizeof(float) * rows);
+  float *d_x = dev_putf(x, n), *d_w = dev_putf(w, d), *d_y = G->alloc(G, sizeof(float) * n);
+  float *d_r = G->alloc(G, sizeof(float) * rows), *d_dy = dev_putf(dy, n);
+  float *d_dx = dev_putf(dx, n), *d_dw = dev_putf(dw, d);
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, 1e-5f);
+  G->rmsnorm_fwd(d_x, d_w, d_y, d_r, rows, d, 1e-5f);
+  snprintf(what, sizeof what, "rmsnorm_fwd y rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+  compare_dev(what, d_y, y, n, 1e-5, 1e-5);
+  snprintf(what, sizeof what, "rmsnorm_fwd rstd rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+  compare_dev(what, d_r, rstd, rows, 1e-5, 1e-5);
+  // Backward from the CPU's rstd on both, so only the backward is compared.
+  G->from_host(G, d_r, rstd, sizeof(float) * rows);
+  k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+  G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, d_dx, d_dw, rows, d);
+  snprintf(what, sizeof what, "rmsnorm_bwd dx rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+  compare_dev(what, d_dx, dx, n, 1e-5, 1e-5);
+  snprintf(what, sizeof what, "rmsnorm_bwd dw rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+  compare_dev(what, d_dw, dw, d, 1e-5, 1e-5);
+  if (!inject) {  // determinism: the same accumulation from the same start, twice
+    float *e_dx = G->alloc(G, sizeof(float) * n), *e_dw = G->alloc(G, sizeof(float) * d);
+    float *f_dx = G->alloc(G, sizeof(float) * n), *f_dw = G->alloc(G, sizeof(float) * d);
+    G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, e_dx, e_dw, rows, d);
+    G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, f_dx, f_dw, rows, d);
+    EXPECT(dev_equal(e_dx, f_dx, n) && dev_equal(e_dw, f_dw, d), "rmsnorm_bwd rows=%lld d=%d not bitwise repeatable",
+           (long long)rows, d);
+    dev_free(e_dx), dev_free(e_dw), dev_free(f_dx), dev_free(f_dw);
+  }
+  free(x), free(w), free(dy), free(dx), free(dw), free(y), free(rstd);
+  dev_free(d_x), dev_free(d_w), dev_free(d_y), dev_free(d_r), dev_free(d_dy), dev_free(d_dx), dev_free(d_dw);
+}
+
+static void test_rmsnorm(void) {
+  static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {33, 64}, {130, 257}, {1000, 1024}, {3000, 33}, {64, 4096},
+                                      {40000, 8}};
+  const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int i = 0; i < n_shapes; i++) test_rmsnorm_case(shapes[i][0], (int)shapes[i][1], 0);
+  test_rmsnorm_case(130, 257, 1);
+  printf("rmsnorm: %d shapes\n", n_shapes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding
+
+static void test_rope_case(int B, int T, int H, int hd, int pos0, float theta, int inverse, int inject) {
+  char what[128];
+  const int64_t n = (int64_t)B * T * H * hd;
+  float *x = rand_buf(n, 1.0);
+  if (inject) x[n / 2] = NAN, x[n - 1] = INFINITY;
+  float *d_x = dev_putf(x, n);
+  k_cpu_rope(x, B, T, H, hd, pos0, theta, inverse);
+  G->rope(d_x, B, T, H, hd, pos0, theta, inverse);
+  snprintf(what, sizeof what, "rope B=%d T=%d H=%d hd=%d pos0=%d inv=%d%s", B, T, H, hd, pos0, inverse,
+           inject ? " +nan" : "");
+  compare_dev(what, d_x, x, n, 1e-5, 1e-5);
+  free(x);
+  dev_free(d_x);
+}
+
+static void test_rope(void) {
+  test_rope_case(1, 1, 1, 2, 0, 10000.0f, 0, 0);
+  test_rope_case(2, 3, 4, 16, 0, 10000.0f, 0, 0);
+  test_rope_case(1, 65, 3, 64, 7, 10000.0f, 1, 0);
+  test_rope_case(2, 130, 2, 128, 0, 500000.0f, 0, 0);
+  test_rope_case(1, 33, 5, 128, 4000, 10000.0f, 1, 0);
+  test_rope_case(2, 17, 3, 64, 0, 10000.0f, 0, 1);
+  printf("rope: 6 shapes\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+static void test_attn_case(int B, int T, int nh, int nkv, int hd) {
+  char what[160];
+  const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd, nl = (int64_t)B * nh * T;
+  float *q = rand_buf(nq, 1.0), *k = rand_buf(nk, 1.0), *v = rand_buf(nk, 1.0), *dout = rand_buf(nq, 1.0);
+  float *o = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
+  float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
+  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  float *d_q = dev_putf(q, nq), *d_k = dev_putf(k, nk), *d_v = dev_putf(v, nk), *d_do = dev_putf(dout, nq);
+  float *d_o = G->alloc(G, sizeof(float) * nq), *d_l = G->alloc(G, sizeof(float) * nl);
+  G->attn_fwd(d_q, d_k, d_v, d_o, d_l, B, T, nh, nkv, hd);
+  snprintf(what, sizeof what, "attn_fwd o B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  compare_dev(what, d_o, o, nq, 1e-4, 1e-3);
+  snprintf(what, sizeof what, "attn_fwd lse B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  compare_dev(what, d_l, lse, nl, 1e-5, 1e-5);
+  // Backward from the CPU's o and lse, so only the backward is compared.
+  G->from_host(G, d_o, o, sizeof(float) * nq);
+  G->from_host(G, d_l, lse, sizeof(float) * nl);
+  float *g[2][3];
+  for (int r = 0; r < 2; r++) {
+    g[r][0] = G->alloc(G, sizeof(float) * nq);
+    g[r][1] = G->alloc(G, sizeof(float) * nk);
+    g[r][2] = G->alloc(G, sizeof(float) * nk);
+    G->attn_bwd(d_do, d_q, d_k, d_v, d_o, d_l, g[r][0], g[r][1], g[r][2], B, T, nh, nkv, hd);
+  }
+  snprintf(what, sizeof what, "attn_bwd dq B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  compare_dev(what, g[0][0], dq, nq, 1e-4, 1e-3);
+  snprintf(what, sizeof what, "attn_bwd dk B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  compare_dev(what, g[0][1], dk, nk, 1e-4, 1e-3);
+  snprintf(what, sizeof what, "attn_bwd dv B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  compare_dev(what, g[0][2], dv, nk, 1e-4, 1e-3);
+  EXPECT(dev_equal(g[0][0], g[1][0], nq) && dev_equal(g[0][1], g[1][1], nk) && dev_equal(g[0][2], g[1][2], nk),
+         "attn_bwd B=%d T=%d nh=%d nkv=%d hd=%d not bitwise repeatable", B, T, nh, nkv, hd);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 3; i++) dev_free(g[r][i]);
+  free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
+  dev_free(d_q), dev_free(d_k), dev_free(d_v), dev_free(d_do), dev_free(d_o), dev_free(d_l);
+}
+
+static void test_attn(void) {
+  static const int shapes[][5] = {  // B, T, nh, nkv, hd
+      {1, 1, 2, 2, 16},  {2, 3, 4, 1, 64},   {1, 65, 6, 2, 128}, {2, 130, 4, 4, 64}, {1, 130, 8, 2, 16},
+      {1, 33, 2, 1, 128}, {1, 200, 2, 1, 256}, {1, 70, 3, 3, 96},  {1, 40, 2, 1, 20},  {2, 65, 4, 2, 64}};
+  const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int i = 0; i < n_shapes; i++)
+    test_attn_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+  printf("attention: %d shapes\n", n_shapes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+static void test_swiglu_case(int64_t n, int inject) {
+  char what[96];
+  float *gate = rand_buf(n, 4.0), *up = rand_buf(n, 1.0), *dout = rand_buf(n, 1.0);
+  if (inject && n >= 8) gate[1] = NAN, up[3] = NAN, gate[5] = INFINITY, gate[6] = -INFINITY, dout[7] = NAN;
+  float *out = malloc(sizeof(float) * n), *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
+  float *d_g = dev_putf(gate, n), *d_u = dev_putf(up, n), *d_d = dev_putf(dout, n);
+  float *d_out = G->alloc(G, sizeof(float) * n), *d_dg = G->alloc(G, sizeof(float) * n);
+  float *d_du = G->alloc(G, sizeof(float) * n);
+  k_cpu_swiglu_fwd(gate, up, out, n);
+  k_cpu_swiglu_bwd(dout, gate, up, dg, du, n);
+  G->swiglu_fwd(d_g, d_u, d_out, n);
+  G->swiglu_bwd(d_d, d_g, d_u, d_dg, d_du, n);
+  snprintf(what, sizeof what, "swiglu_fwd n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_out, out, n, 1e-5, 1e-5);
+  snprintf(what, sizeof what, "swiglu_bwd dgate n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_dg, dg, n, 1e-5, 1e-5);
+  snprintf(what, sizeof what, "swiglu_bwd dup n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_du, du, n, 1e-5, 1e-5);
+  free(gate), free(up), free(dout), free(out), free(dg), free(du);
+  dev_free(d_g), dev_free(d_u), dev_free(d_d), dev_free(d_out), dev_free(d_dg), dev_free(d_du);
+}
+
+static void test_swiglu(void) {
+  test_swiglu_case(1, 0);
+  test_swiglu_case(1000, 0);
+  test_swiglu_case(1000003, 0);
+  test_swiglu_case(1000, 1);
+  printf("swiglu: 4 cases\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+static void test_embed_case(int64_t n, int d, int v0, int nvl) {
+  char what[96];
+  // Tokens around the local slice: some below v0, some past it, many repeated.
+  int32_t *tok = malloc(sizeof(int32_t) * n);
+  const int lo = v0 > 20 ? v0 - 20 : 0, span = v0 + nvl + 20 - lo;
+  for (int64_t i = 0; i < n; i++) tok[i] = lo + (int32_t)((rng_uniform() * 0.5 + 0.5) * span) % span;
+  const int64_t nt = (int64_t)nvl * d, no = n * d;
+  float *table = rand_buf(nt, 1.0), *dout = rand_buf(no, 1.0), *dtab = rand_buf(nt, 1.0);
+  if (nvl > 2 && d > 1) table[2 * d + 1] = NAN;  // every token of row 2 carries it to out
+  float *out = malloc(sizeof(float) * no);
+  int32_t *d_tok = dev_puti(tok, n);
+  float *d_table = dev_putf(table, nt), *d_out = G->alloc(G, sizeof(float) * no), *d_dout = dev_putf(dout, no);
+  float *d_dtab = dev_putf(dtab, nt), *d_dtab2 = dev_putf(dtab, nt);
+  k_cpu_embed_fwd(tok, table, out, n, d, v0, nvl);
+  G->embed_fwd(d_tok, d_table, d_out, n, d, v0, nvl);
+  snprintf(what, sizeof what, "embed_fwd n=%lld d=%d v0=%d nvl=%d", (long long)n, d, v0, nvl);
+  compare_dev(what, d_out, out, no, 0.0, 0.0);
+  k_cpu_embed_bwd(tok, dout, dtab, n, d, v0, nvl);
+  G->embed_bwd(d_tok, d_dout, d_dtab, n, d, v0, nvl);
+  G->embed_bwd(d_tok, d_dout, d_dtab2, n, d, v0, nvl);
+  snprintf(what, sizeof what, "embed_bwd n=%lld d=%d v0=%d nvl=%d", (long long)n, d, v0, nvl);
+  compare_dev(what, d_dtab, dtab, nt, 1e-6, 1e-6);
+  // Sums in token order like the reference: the same bits, and the same again on a second run.
+  float *h = dev_getf(d_dtab, nt);
+  EXPECT(memcmp(h, dtab, sizeof(float) * nt) == 0, "%s: not bitwise equal to the CPU reference", what);
+  EXPECT(dev_equal(d_dtab, d_dtab2, nt), "%s: not bitwise repeatable", what);
+  free(h), free(tok), free(table), free(dout), free(dtab), free(out);
+  dev_free(d_tok), dev_free(d_table), dev_free(d_out), dev_free(d_dout), dev_free(d_dtab), dev_free(d_dtab2);
+}
+
+static void test_embed(void) {
+  test_embed_case(1, 7, 0, 5);
+  test_embed_case(1000, 64, 10, 50);
+  test_embed_case(5000, 33, 0, 3);
+  test_embed_case(16384, 257, 100, 1000);
+  test_embed_case(4096, 1024, 50000, 64);
+  printf("embed: 5 cases\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+
+static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
+  char what[96];
+  const int64_t n = rows * nvl;
+  float *logits = rand_buf(n, 5.0);
+  if (inject && n > 3) logits[3] = NAN;
+  int32_t *tgt = malloc(sizeof(int32_t) * rows);
+  const int lo = v0 > 10 ? v0 - 10 : 0, span = v0 + nvl + 10 - lo;
+  for (int64_t r = 0; r < rows; r++) tgt[r] = lo + (int32_t)((rng_uniform() * 0.5 + 0.5) * span) % span;
+  float *mx = malloc(sizeof(float) * rows), *se = malloc(sizeof(float) * rows), *tl = malloc(sizeof(float) * rows);
+  float *d_lg = dev_putf(logits, n), *d_mx = G->alloc(G, sizeof(float) * rows);
+  float *d_se = G->alloc(G, sizeof(float) * rows), *d_tl = G->alloc(G, sizeof(float) * rows);
+  int32_t *d_tgt = dev_puti(tgt, rows);
+  k_cpu_ce_local_stats(logits, tgt, rows, nvl, v0, mx, se, tl);
+  G->ce_local_stats(d_lg, d_tgt, rows, nvl, v0, d_mx, d_se, d_tl);
+  snprintf(what, sizeof what, "ce_local_stats max rows=%lld nvl=%d%s", (long long)rows, nvl, inject ? " +nan" : "");
+  compare_dev(what, d_mx, mx, rows, 0.0, 0.0);
+  snprintf(what, sizeof what, "ce_local_stats sumexp rows=%lld nvl=%d%s", (long long)rows, nvl,
+           inject ? " +nan" : "");
+  compare_dev(what, d_se, se, rows, 1e-6, 1e-6);
+  snprintf(what, sizeof what, "ce_local_stats target rows=%lld nvl=%d%s", (long long)rows, nvl,
+           inject ? " +nan" : "");
+  compare_dev(what, d_tl, tl, rows, 0.0, 0.0);
+  float *lse = malloc(sizeof(float) * rows);
+  for (int64_t r = 0; r < rows; r++) lse[r] = mx[r] + logf(se[r]);
+  float *d_lse = dev_putf(lse, rows);
+  k_cpu_ce_bwd(logits, tgt, lse, rows, nvl, v0, 0.125f);
+  G->ce_bwd(d_lg, d_tgt, d_lse, rows, nvl, v0, 0.125f);
+  snprintf(what, sizeof what, "ce_bwd rows=%lld nvl=%d%s", (long long)rows, nvl, inject ? " +nan" : "");
+  compare_dev(what, d_lg, logits, n, 1e-5, 1e-5);
+  free(logits), free(tgt), free(mx), free(se), free(tl), free(lse);
+  dev_free(d_lg), dev_free(d_mx), dev_free(d_se), dev_free(d_tl), dev_free(d_tgt), dev_free(d_lse);
+}
+
+static void test_ce(void) {
+  test_ce_case(1, 1, 0, 0);
+  test_ce_case(7, 33, 5, 0);
+  test_ce_case(65, 1000, 0, 0);
+  test_ce_case(16, 50257, 1000, 0);
+  test_ce_case(7, 33, 0, 1);
+  printf("cross-entropy: 5 cases\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW, sumsq, scale, add, transpose
+
+static void test_adamw_case(int64_t n, int inject) {
+  char what[96];
+  float *p = rand_buf(n, 1.0), *g = rand_buf(n, 1.0), *m = rand_buf(n, 0.1), *v = rand_buf(n, 0.01);
+  for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+  if (inject && n > 8) g[5] = NAN, p[7] = INFINITY;
+  float *d_p = dev_putf(p, n), *d_g = dev_putf(g, n), *d_m = dev_putf(m, n), *d_v = dev_putf(v, n);
+  const float b1 = 0.9f, b2 = 0.95f, bc1 = 1.0f - powf(b1, 3), bc2 = 1.0f - powf(b2, 3);
+  k_cpu_adamw(p, g, m, v, n, 1e-3f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+  G->adamw(d_p, d_g, d_m, d_v, n, 1e-3f, b1, b2, 1e-8f, 0.1f, bc1, bc2);
+  snprintf(what, sizeof what, "adamw p n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_p, p, n, 1e-6, 1e-6);
+  snprintf(what, sizeof what, "adamw m n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_m, m, n, 1e-6, 1e-6);
+  snprintf(what, sizeof what, "adamw v n=%lld%s", (long long)n, inject ? " +nan" : "");
+  compare_dev(what, d_v, v, n, 1e-6, 1e-6);
+  free(p), free(g), free(m), free(v);
+  dev_free(d_p), dev_free(d_g), dev_free(d_m), dev_free(d_v);
+}
+
+static void test_vector_ops(void) {
+  test_adamw_case(1, 0);
+  test_adamw_case(1000003, 0);
+  test_adamw_case(1000, 1);
+  static const int64_t ns[] = {1, 1000, 1000003, 5000000};
+  for (int i = 0; i < 4; i++) {
+    const int64_t n = ns[i];
+    float *x = rand_buf(n, 3.0), *y = rand_buf(n, 1.0);
+    float *d_x = dev_putf(x, n), *d_y = dev_putf(y, n);
+    const double c = k_cpu_sumsq(x, n), g1 = G->sumsq(d_x, n), g2 = G->sumsq(d_x, n);
+    EXPECT(fabs(g1 - c) <= 1e-12 * c, "sumsq n=%lld: gpu %.17g cpu %.17g", (long long)n, g1, c);
+    EXPECT(memcmp(&g1, &g2, sizeof g1) == 0, "sumsq n=%lld not bitwise repeatable", (long long)n);
+    if (n >= 10) x[n / 3] = NAN, y[n / 2] = INFINITY;
+    G->from_host(G, d_x, x, sizeof(float) * n);
+    G->from_host(G, d_y, y, sizeof(float) * n);
+    k_cpu_add(y, x, n);
+    G->add(d_y, d_x, n);
+    compare_dev("add", d_y, y, n, 0.0, 0.0);
+    k_cpu_scale(x, n, -0.37f);
+    G->scale(d_x, n, -0.37f);
+    compare_dev("scale", d_x, x, n, 0.0, 0.0);
+    free(x), free(y);
+    dev_free(d_x), dev_free(d_y);
+  }
+  static const int tb[][3] = {{1, 1, 1}, {3, 5, 7}, {65, 2, 96}, {130, 3, 129}};
+  for (int i = 0; i < 4; i++) {
+    const int T = tb[i][0], B = tb[i][1], inner = tb[i][2];
+    const int64_t n = (int64_t)T * B * inner;
+    float *src = rand_buf(n, 1.0), *dst = malloc(sizeof(float) * n);
+    float *d_src = dev_putf(src, n), *d_dst = G->alloc(G, sizeof(float) * n);
+    for (int t = 0; t < T; t++)  // the CPU backend's transpose_tb, written out
+      for (int b = 0; b < B; b++)
+        memcpy(dst + ((int64_t)b * T + t) * inner, src + ((int64_t)t * B + b) * inner, sizeof(float) * inner);
+    G->transpose_tb(d_dst, d_src, T, B, inner);
+    compare_dev("transpose_tb", d_dst, dst, n, 0.0, 0.0);
+    free(src), free(dst);
+    dev_free(d_src), dev_free(d_dst);
+  }
+  printf("adamw, sumsq, add, scale, transpose_tb: done\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timings (printed, never asserted)
+
+static void bench(void) {
+  const int B = 4, T = 1024, nh = 16, nkv = 4, hd = 64, d = 1024, reps = 5;
+  const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd;
+  float *q = G->alloc(G, 4 * nq), *k = G->alloc(G, 4 * nk), *v = G->alloc(G, 4 * nk), *o = G->alloc(G, 4 * nq);
+  float *lse = G->alloc(G, 4 * (int64_t)B * nh * T), *dq = G->alloc(G, 4 * nq), *dk = G->alloc(G, 4 * nk);
+  float *dv = G->alloc(G, 4 * nk);
+  float *hq = rand_buf(nq, 1.0);
+  G->from_host(G, q, hq, 4 * nq);
+  G->from_host(G, o, hq, 4 * nq);
+  free(hq);
+  G->attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  G->sync(G);
+  double t0 = now_s();
+  for (int r = 0; r < reps; r++) G->attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  G->sync(G);
+  const double t_fwd = (now_s() - t0) / reps;
+  G->attn_bwd(o, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  G->sync(G);
+  t0 = now_s();
+  for (int r = 0; r < reps; r++) G->attn_bwd(o, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  G->sync(G);
+  const double t_bwd = (now_s() - t0) / reps;
+  const double fl = 2.0 * B * nh * (double)T * T * hd;  // causal: half of the 4 B nh T^2 hd of QK^T and PV
+  printf("bench attention B=%d T=%d nh=%d nkv=%d hd=%d: fwd %.3f ms (%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s)\n", B,
+         T, nh, nkv, hd, 1e3 * t_fwd, fl / t_fwd * 1e-12, 1e3 * t_bwd, 2.5 * fl / t_bwd * 1e-12);
+  dev_free(q), dev_free(k), dev_free(v), dev_free(o), dev_free(lse), dev_free(dq), dev_free(dk), dev_free(dv);
+
+  const int M = 4096;
+  float *A = G->alloc(G, 4 * (int64_t)M * d), *W = G->alloc(G, 4 * (int64_t)d * d);
+  float *C = G->alloc(G, 4 * (int64_t)M * d);
+  G->gemm(0, 1, M, d, d, 1, A, d, W, d, 0, C, d);
+  G->sync(G);
+  t0 = now_s();
+  for (int r = 0; r < reps; r++) G->gemm(0, 1, M, d, d, 1, A, d, W, d, 0, C, d);
+  G->sync(G);
+  const double t_g = (now_s() - t0) / reps;
+  printf("bench gemm %dx%dx%d fp32: %.3f ms (%.1f TFLOP/s)\n", M, d, d, 1e3 * t_g, 2.0 * M * d * d / t_g * 1e-12);
+  float *w = G->alloc(G, 4 * d), *rs = G->alloc(G, 4 * M), *dw = G->alloc(G, 4 * d);
+  float *dx = G->alloc(G, 4 * (int64_t)M * d);
+  t0 = now_s();
+  for (int r = 0; r < reps; r++) G->rmsnorm_bwd(A, C, w, rs, dx, dw, M, d);
+  G->sync(G);
+  printf("bench rmsnorm_bwd rows=%d d=%d: %.3f ms\n", M, d, 1e3 * (now_s() - t0) / reps);
+  const int n_tok = 16384, vocab = 32768;
+  int32_t *htok = malloc(sizeof(int32_t) * n_tok);
+  for (int i = 0; i < n_tok; i++) htok[i] = (int32_t)((rng_uniform() * 0.5 + 0.5) * vocab) % vocab;
+  int32_t *tok = dev_puti(htok, n_tok);
+  float *dout = G->alloc(G, 4 * (int64_t)n_tok * d), *dtab = G->alloc(G, 4 * (int64_t)vocab * d);
+  G->embed_bwd(tok, dout, dtab, n_tok, d, 0, vocab);
+  G->sync(G);
+  t0 = now_s();
+  for (int r = 0; r < reps; r++) G->embed_bwd(tok, dout, dtab, n_tok, d, 0, vocab);
+  G->sync(G);
+  printf("bench embed_bwd n=%d d=%d vocab=%d: %.3f ms\n", n_tok, d, vocab, 1e3 * (now_s() - t0) / reps);
+  free(htok);
+  dev_free(A), dev_free(W), dev_free(C), dev_free(dx), dev_free(w), dev_free(rs), dev_free(dw);
+  dev_free(tok), dev_free(dout), dev_free(dtab);
+}
+
+// Arguments, if any, name the sections to run (memory gemm rmsnorm rope attn swiglu embed ce
+// vector bench), e.g. to run a few under compute-sanitizer; none runs them all.
+static int want(int argc, char **argv, const char *section) {
+  if (argc < 2) return 1;
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], section) == 0) return 1;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const int n_dev = k_cuda_device_count();
+  if (n_dev == 0) {
+    fprintf(stderr, "test_cuda_ops: no CUDA device visible; this gpu-labelled test needs a GPU\n");
+    return 1;
+  }
+  G = k_backend_cuda_create(0);
+  printf("CUDA devices: %d, testing device 0\n", n_dev);
+  if (want(argc, argv, "memory")) test_memory();
+  if (want(argc, argv, "gemm")) test_gemm();
+  if (want(argc, argv, "rmsnorm")) test_rmsnorm();
+  if (want(argc, argv, "rope")) test_rope();
+  if (want(argc, argv, "attn")) test_attn();
+  if (want(argc, argv, "swiglu")) test_swiglu();
+  if (want(argc, argv, "embed")) test_embed();
+  if (want(argc, argv, "ce")) test_ce();
+  if (want(argc, argv, "vector")) test_vector_ops();
+  if (want(argc, argv, "bench")) bench();
+  G->sync(G);
+  k_backend_free(&G);
+  return test_summary();
+}
