@@ -8,6 +8,10 @@
 #include "kernels/backend.h"
 #include "parallel/grid.h"
 #include "parallel/pp_schedule.h"
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#include "parallel/nccl/comm_nccl.h"
+#endif
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,8 +64,20 @@ int main(int argc, char **argv) {
     if (rank == 0) rc = run_plan(&c, ranks);
     goto out;
   }
-  if (strcmp(c.train.device, "cuda") == 0) {
-    if (rank == 0) fprintf(stderr, "error: train.device=cuda: this build has no CUDA backend yet; use train.device=cpu\n");
+  int n_gpus = 0;
+#ifdef TRAINER_HAVE_CUDA
+  n_gpus = k_cuda_device_count();
+#endif
+  int use_cuda = strcmp(c.train.device, "cuda") == 0 || (strcmp(c.train.device, "auto") == 0 && n_gpus > 0);
+  if (use_cuda && n_gpus == 0) {
+    if (rank == 0)
+      fprintf(stderr, "error: train.device=cuda but %s; use train.device=cpu (or auto)\n",
+#ifdef TRAINER_HAVE_CUDA
+              "no GPU is visible"
+#else
+              "this build has no CUDA backend (no CUDA toolkit at configure time)"
+#endif
+      );
     rc = 2;
     goto out;
   }
@@ -78,8 +94,19 @@ int main(int argc, char **argv) {
     free(yaml);
   }
   grid g;
-  grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
-  k_backend *be = k_backend_cpu_create();
+  k_backend *be = NULL;
+#ifdef TRAINER_HAVE_CUDA
+  if (use_cuda) {
+    // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes.
+    be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
+    comm_nccl_set_stream(k_cuda_stream());
+    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_nccl_create);
+  }
+#endif
+  if (!be) {
+    be = k_backend_cpu_create();
+    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
+  }
   rc = run_train(&c, &g, be);
   k_backend_free(&be);
   grid_free(&g);

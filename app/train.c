@@ -159,6 +159,10 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
            g->world_size > 1 ? "s" : "");
 
   double tokens_per_step = (double)hp->global_batch * T;
+  // Model flops per token (the MFU convention of docs/benchmarks.md): 6 N + 12 L d T, N the
+  // parameters without the embedding table.
+  double flops_per_token = 6.0 * n_params_no_embed + 12.0 * c->model.n_layers * c->model.dim * T;
+  double mem_peak = 0;
   double loss_scale = 1.0 / tokens_per_step;
   double t_start = MPI_Wtime(), last_loss = NAN, last_val = NAN, t_steps = 0;
   int64_t first_step = step, tokens_seen = 0;
@@ -177,6 +181,8 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     tokens_seen += (int64_t)tokens_per_step;
     double dt = MPI_Wtime() - t0;
     t_steps += dt;
+    double mem = (double)be->mem_used(be);
+    if (mem > mem_peak) mem_peak = mem;
     last_loss = loss;
     if (!isfinite(loss)) RUN_FAIL("loss is %g at step %lld: lower train.lr or check the data", loss, (long long)step);
 
@@ -188,15 +194,19 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
       double tps = tokens_per_step / dt, eta = (double)(last_step - step) * (t_steps / (step - first_step));
       char eta_s[32];
       format_duration(eta, eta_s, sizeof eta_s);
-      printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step | %3.0f%% | ETA %s",
-             (long long)step, hp->steps, loss, lr, gnorm, tps, dt * 1e3, 100.0 * step / hp->steps, eta_s);
+      double tflops = tps * flops_per_token / 1e12 / g->world_size;  // per rank
+      printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step", (long long)step,
+             hp->steps, loss, lr, gnorm, tps, dt * 1e3);
+      if (be->peak_tflops > 0) printf(" | MFU %.1f%%", 100 * tflops / be->peak_tflops);
+      printf(" | mem %.2f GiB | %3.0f%% | ETA %s", mem / 1073741824.0, 100.0 * step / hp->steps, eta_s);
       if (do_eval) printf(" | val_loss %.4f", val_loss);
       printf("\n");
       fflush(stdout);
       if (metrics) {
         fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
-                         "\"ms_per_step\": %.3f",
-                (long long)step, loss, lr, gnorm, tps, dt * 1e3);
+                         "\"ms_per_step\": %.3f, \"tflops_per_rank\": %.3f, \"mem_gib\": %.3f",
+                (long long)step, loss, lr, gnorm, tps, dt * 1e3, tflops, mem / 1073741824.0);
+        if (be->peak_tflops > 0) fprintf(metrics, ", \"mfu\": %.4f", tflops / be->peak_tflops);
         if (do_eval) fprintf(metrics, ", \"val_loss\": %.9g", val_loss);
         fprintf(metrics, "}\n");
         fflush(metrics);
@@ -208,20 +218,28 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
       if (r0) printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)step, c->checkpoint.dir, MPI_Wtime() - tc);
     }
   }
+  g->world->ops->all_reduce(g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
   if (r0) {
     double wall = MPI_Wtime() - t_start;
+    double mean_tps = t_steps > 0 ? tokens_seen / t_steps : 0.0;
+    double mean_tflops = mean_tps * flops_per_token / 1e12 / g->world_size;
     char wall_s[32];
     format_duration(wall, wall_s, sizeof wall_s);
     char val_s[32] = "null";  // JSON has no NaN: no evaluation ran
     if (!isnan(last_val)) snprintf(val_s, sizeof val_s, "%.9g", last_val);
-    printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s, "
-           "final train loss %.4f, final val loss %.4f\n",
-           (long long)step, (long long)(step - first_step), (long long)tokens_seen, wall_s,
-           t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss, last_val);
+    printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s "
+           "(%.0f per rank), %.2f model TFLOP/s per rank",
+           (long long)step, (long long)(step - first_step), (long long)tokens_seen, wall_s, mean_tps,
+           mean_tps / g->world_size, mean_tflops);
+    if (be->peak_tflops > 0) printf(", MFU %.1f%% of %.1f (%s)", 100 * mean_tflops / be->peak_tflops, be->peak_tflops,
+                                    be->device_name);
+    printf(", peak memory %.2f GiB per rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
+           last_loss, last_val);
     if (metrics)
       fprintf(metrics, "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"tokens_per_s\": %.1f, "
-                       "\"final_loss\": %.9g, \"final_val_loss\": %s}\n",
-              (long long)step, (long long)tokens_seen, wall, t_steps > 0 ? tokens_seen / t_steps : 0.0, last_loss, val_s);
+                       "\"tflops_per_rank\": %.3f, \"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s}\n",
+              (long long)step, (long long)tokens_seen, wall, mean_tps, mean_tflops, mem_peak / 1073741824.0, last_loss,
+              val_s);
   }
 
 done:

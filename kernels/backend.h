@@ -10,6 +10,8 @@
 
 typedef struct k_backend {
   const char *name;  // "cpu", "cuda"
+  char device_name[128];  // e.g. "NVIDIA H200", or the CPU model
+  double peak_tflops;     // dense peak for MFU (TRAINER_PEAK_TFLOPS overrides); 0 = unknown
   void *ctx;
   // Memory.
   void *(*alloc)(struct k_backend *b, size_t n_bytes);  // zero-filled
@@ -19,6 +21,8 @@ typedef struct k_backend {
   void (*copy)(struct k_backend *b, void *dst, const void *src, size_t n_bytes);
   void (*zero)(struct k_backend *b, void *p, size_t n_bytes);
   void (*sync)(struct k_backend *b);
+  // Bytes of memory in use now: device memory in use (whole device) on GPUs, resident set on CPU.
+  int64_t (*mem_used)(struct k_backend *b);
   // Ops.
   void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                int ldb, float beta, float *C, int ldc);
@@ -49,8 +53,18 @@ typedef struct k_backend {
   void (*transpose_tb)(float *dst, const float *src, int T, int B, int64_t inner);
 } k_backend;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+// Fills device_name's peak: TRAINER_PEAK_TFLOPS if set, else 989.4 for H100/H200 (BF16 dense),
+// else 0 (MFU is not reported).
+void k_backend_set_peak(k_backend *b);
+
 // The CPU reference backend (OpenMP threads of this rank).
 k_backend *k_backend_cpu_create(void);
 void k_backend_free(k_backend **b);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

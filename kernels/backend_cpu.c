@@ -3,6 +3,7 @@
 #include "kernels/check.h"
 #include "kernels/cpu/ops_cpu.h"
 #include <string.h>
+#include <unistd.h>
 
 static void *cpu_alloc(k_backend *b, size_t n_bytes) { (void)b; return XCALLOC(n_bytes, 1); }
 static void cpu_free(k_backend *b, void *p) { (void)b; free(p); }
@@ -12,6 +13,23 @@ static void cpu_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
 }
 static void cpu_zero(k_backend *b, void *p, size_t n_bytes) { (void)b; if (n_bytes) memset(p, 0, n_bytes); }
 static void cpu_sync(k_backend *b) { (void)b; }
+
+static int64_t cpu_mem_used(k_backend *b) {
+  (void)b;
+  long pages_total = 0, pages_resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  if (fscanf(f, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+  fclose(f);
+  return (int64_t)pages_resident * sysconf(_SC_PAGESIZE);
+}
+
+void k_backend_set_peak(k_backend *b) {
+  const char *env = getenv("TRAINER_PEAK_TFLOPS");
+  if (env) b->peak_tflops = atof(env);
+  else if (strstr(b->device_name, "H100") || strstr(b->device_name, "H200")) b->peak_tflops = 989.4;
+  else b->peak_tflops = 0;
+}
 
 // Rows of `inner` floats: src row (t, b) goes to dst row (b, t).
 static void cpu_transpose_tb(float *dst, const float *src, int T, int B, int64_t inner) {
@@ -31,6 +49,9 @@ k_backend *k_backend_cpu_create(void) {
   b->copy = cpu_copy;
   b->zero = cpu_zero;
   b->sync = cpu_sync;
+  b->mem_used = cpu_mem_used;
+  snprintf(b->device_name, sizeof b->device_name, "cpu");
+  k_backend_set_peak(b);
   b->gemm = k_cpu_gemm;
   b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;

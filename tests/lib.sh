@@ -4,8 +4,10 @@ set -eu
 SRC=${TRAINER_SOURCE_DIR:?set by ctest}
 BUILD=${TRAINER_BUILD_DIR:?set by ctest}
 TRAINER=$BUILD/trainer
-MPIRUN="mpirun --oversubscribe"
+MPIRUN="mpirun --oversubscribe ${TRAINER_MPIRUN_ARGS:-}"
 [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+# Extra overrides for every run (the GPU tests pass train.device=cuda and more steps).
+EXTRA_ARGS=${TRAINER_TEST_ARGS:-}
 export OMP_NUM_THREADS=1
 WORK=$(mktemp -d /tmp/trainer-test.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -29,7 +31,7 @@ run() {
   mkdir -p "$WORK/$run_name"
   $MPIRUN -np "$run_np" "$TRAINER" "$SRC/configs/tiny.yaml" "data.train=$WORK/data/train_*.bin" \
     "data.val=$WORK/data/val_*.bin" "log.metrics=$WORK/$run_name/metrics.jsonl" \
-    "checkpoint.dir=$WORK/$run_name/ckpt" "$@" > "$WORK/$run_name/log" 2>&1
+    "checkpoint.dir=$WORK/$run_name/ckpt" $EXTRA_ARGS "$@" > "$WORK/$run_name/log" 2>&1
 }
 
 # losses NAME: "step loss" lines from a run's metrics file.

@@ -122,6 +122,13 @@ extern "C" int k_cuda_device_count(void) {
   return n;
 }
 
+static int64_t cuda_mem_used(k_backend *b) {
+  (void)b;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return (int64_t)(total_bytes - free_bytes);
+}
+
 extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
 
 extern "C" k_backend *k_backend_cuda_create(int device) {
@@ -153,6 +160,11 @@ extern "C" k_backend *k_backend_cuda_create(int device) {
   b->copy = cuda_copy;
   b->zero = cuda_zero;
   b->sync = cuda_sync;
+  b->mem_used = cuda_mem_used;
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
+  k_backend_set_peak(b);
   b->gemm = k_cuda_gemm;
   b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;

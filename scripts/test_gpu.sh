@@ -1,0 +1,32 @@
+#!/bin/bash
+# GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
+# build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
+# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, and the default config on 1 GPU.
+#   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}
+mkdir -p "$logs"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
+mpi="mpirun --allow-run-as-root -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
+n_fail=0; n_pass=0
+step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
+nvidia-smi -L
+step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
+step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
+export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
+export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4"
+while read -r name args; do
+  step "parity $name on 2 GPUs vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
+done <<'LAYOUTS'
+tp2 parallel.tp=2
+pp2_1f1b parallel.pp=2
+pp2_vpp2 parallel.pp=2 parallel.vpp=2
+dp2 parallel.dp=2
+dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
+tp2_sp parallel.tp=2 parallel.sequence_parallel=true
+LAYOUTS
+unset TRAINER_TEST_ARGS
+step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
+echo "$n_pass passed, $n_fail failed"
+[ "$n_fail" = 0 ]
