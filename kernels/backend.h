@@ -2,16 +2,24 @@
 // way): the model calls every op through it, so the same model code runs on CPU ranks or on
 // GPUs. Pointers are in the backend's memory. Op semantics are those of kernels/cpu/ops_cpu.h,
 // the reference every other backend is tested against.
+// Dtypes: the residual stream, norms, statistics, gradients, optimizer state and everything a
+// collective carries are fp32 (float *). Tensors typed `void *` below are in the backend's
+// activation dtype `act`: the GEMM operands, the compute copy of the weight matrices, q/k/v,
+// attention output, SwiGLU tensors and logits (fp32 on CPU, bf16 on GPUs by default).
 #ifndef TRAINER_BACKEND_H
 #define TRAINER_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
+static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
+
 typedef struct k_backend {
   const char *name;  // "cpu", "cuda"
   char device_name[128];  // e.g. "NVIDIA H200", or the CPU model
   double peak_tflops;     // dense peak for MFU (TRAINER_PEAK_TFLOPS overrides); 0 = unknown
+  k_dtype act;            // activation dtype (see above)
   void *ctx;
   // Memory.
   void *(*alloc)(struct k_backend *b, size_t n_bytes);  // zero-filled
@@ -24,33 +32,36 @@ typedef struct k_backend {
   // Bytes of memory in use now: device memory in use (whole device) on GPUs, resident set on CPU.
   int64_t (*mem_used)(struct k_backend *b);
   // Ops.
-  void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-               int ldb, float beta, float *C, int ldc);
+  // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
+  void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
+               int ldb, float beta, void *C, int ldc, k_dtype c_type);
+  // dst[i] = src[i] converted (a copy when the dtypes agree).
+  void (*cast)(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
   void (*rmsnorm_fwd)(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
   void (*rmsnorm_bwd)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                       int64_t rows, int d);
-  void (*rope)(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse);
-  void (*attn_fwd)(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T, int nh,
-                   int nkv, int hd);
-  void (*attn_bwd)(const float *dout, const float *q, const float *k, const float *v, const float *o,
-                   const float *lse, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd);
-  void (*swiglu_fwd)(const float *gate, const float *up, float *out, int64_t n);
-  void (*swiglu_bwd)(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n);
+  void (*rope)(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse);
+  void (*attn_fwd)(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
+                   int hd);
+  void (*attn_bwd)(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
+                   void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
+  void (*swiglu_fwd)(const void *gate, const void *up, void *out, int64_t n);
+  void (*swiglu_bwd)(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n);
   void (*embed_fwd)(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
                     int n_vocab_local);
   void (*embed_bwd)(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                     int n_vocab_local);
-  void (*ce_local_stats)(const float *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+  void (*ce_local_stats)(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                          float *row_max, float *row_sumexp, float *target_logit);
-  void (*ce_bwd)(float *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+  void (*ce_bwd)(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
                  float scale);
   void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                 float eps, float weight_decay, float bc1, float bc2);
   double (*sumsq)(const float *x, int64_t n);
   void (*scale)(float *x, int64_t n, float s);
   void (*add)(float *y, const float *x, int64_t n);
-  // (T, B, H, hd) <-> (B, T, H, hd) layout change; dst and src do not overlap.
-  void (*transpose_tb)(float *dst, const float *src, int T, int B, int64_t inner);
+  // (T, B, inner) <-> (B, T, inner) layout change of act-dtype rows; dst and src do not overlap.
+  void (*transpose_tb)(void *dst, const void *src, int T, int B, int64_t inner);
 } k_backend;
 
 #ifdef __cplusplus

@@ -31,8 +31,46 @@ void k_backend_set_peak(k_backend *b) {
   else b->peak_tflops = 0;
 }
 
+// The CPU backend computes in fp32 only (act = K_F32): the act-typed pointers of the table are
+// float arrays, and these wrappers only change the pointer types.
+static void cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
+                     float beta, void *C, int ldc, k_dtype c_type) {
+  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
+  k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
+  CHECK(dst_type == K_F32 && src_type == K_F32, "the CPU backend holds fp32 only (cast %d -> %d)", (int)src_type,
+        (int)dst_type);
+  if (n && dst != src) memmove(dst, src, (size_t)n * sizeof(float));
+}
+static void cpu_rope(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
+  k_cpu_rope(x, B, T, H, hd, pos0, theta, inverse);
+}
+static void cpu_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh,
+                         int nkv, int hd) {
+  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+}
+static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
+                         const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
+  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+}
+static void cpu_swiglu_fwd(const void *gate, const void *up, void *out, int64_t n) { k_cpu_swiglu_fwd(gate, up, out, n); }
+static void cpu_swiglu_bwd(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n) {
+  k_cpu_swiglu_bwd(dout, gate, up, dgate, dup, n);
+}
+static void cpu_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+                               float *row_max, float *row_sumexp, float *target_logit) {
+  k_cpu_ce_local_stats(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit);
+}
+static void cpu_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+                       float scale) {
+  k_cpu_ce_bwd(logits, targets, lse, rows, n_vocab_local, v0, scale);
+}
+
 // Rows of `inner` floats: src row (t, b) goes to dst row (b, t).
-static void cpu_transpose_tb(float *dst, const float *src, int T, int B, int64_t inner) {
+static void cpu_transpose_tb(void *dst_v, const void *src_v, int T, int B, int64_t inner) {
+  float *dst = dst_v;
+  const float *src = src_v;
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; t++)
     for (int b = 0; b < B; b++)
@@ -52,18 +90,20 @@ k_backend *k_backend_cpu_create(void) {
   b->mem_used = cpu_mem_used;
   snprintf(b->device_name, sizeof b->device_name, "cpu");
   k_backend_set_peak(b);
-  b->gemm = k_cpu_gemm;
+  b->act = K_F32;
+  b->gemm = cpu_gemm;
+  b->cast = cpu_cast;
   b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
-  b->rope = k_cpu_rope;
-  b->attn_fwd = k_cpu_attn_fwd;
-  b->attn_bwd = k_cpu_attn_bwd;
-  b->swiglu_fwd = k_cpu_swiglu_fwd;
-  b->swiglu_bwd = k_cpu_swiglu_bwd;
+  b->rope = cpu_rope;
+  b->attn_fwd = cpu_attn_fwd;
+  b->attn_bwd = cpu_attn_bwd;
+  b->swiglu_fwd = cpu_swiglu_fwd;
+  b->swiglu_bwd = cpu_swiglu_bwd;
   b->embed_fwd = k_cpu_embed_fwd;
   b->embed_bwd = k_cpu_embed_bwd;
-  b->ce_local_stats = k_cpu_ce_local_stats;
-  b->ce_bwd = k_cpu_ce_bwd;
+  b->ce_local_stats = cpu_ce_local_stats;
+  b->ce_bwd = cpu_ce_bwd;
   b->adamw = k_cpu_adamw;
   b->sumsq = k_cpu_sumsq;
   b->scale = k_cpu_scale;

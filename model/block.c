@@ -10,61 +10,71 @@
 #include <math.h>
 #include <string.h>
 
+// fp32 buffers are float *; act-dtype buffers (the backend's activation dtype) are void *.
 struct model_work {
   tp_region region;
   void *block;                 // the single allocation the buffers below live in
-  float *s1, *s2;              // (rs, d)
-  float *f1, *f2;              // (rows, d)
-  float *q1, *q2, *q3;         // (rows, qd)
-  float *k1, *k2, *k3, *k4;    // (rows, kvd)
-  float *ff1, *ff2, *ff3;      // (rows, ffn)
+  float *s1, *s2;              // (rs, d) fp32
+  float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
+  void *fa;                    // (rows, d) act: f1 cast for a GEMM
+  void *q1, *q2, *q3;          // (rows, qd) act
+  void *k1, *k2, *k3, *k4;     // (rows, kvd) act
+  void *ff1, *ff2, *ff3;       // (rows, ffn) act
   float *ce_max, *ce_sum, *ce_tgt, *ce_gmax;  // (rows) backend memory
   float *h_max, *h_sum, *h_tgt, *h_gmax;      // (rows) host
 };
 
 struct model_acts {
   int chunk, nl;
-  float *x;                    // (nl + 1, rs, d): input of each layer, then the chunk output
-  float *rstd1, *rstd2;        // (nl, rs)
-  float *hf, *h2f;             // (nl, rows, d) normed inputs inside the tp region
-  float *q, *att;              // (nl, B, T, nh, hd) roped queries, attention output
-  float *k, *v;                // (nl, B, T, nkv, hd) roped keys, values
-  float *lse;                  // (nl, B, nh, T)
-  float *x2;                   // (nl, rs, d) residual after attention
-  float *gate, *up, *act;      // (nl, rows, ffn)
-  float *rstd_f;               // (rs) last stage
-  float *hfin;                 // (rows, d) last stage
-  float *logits;               // (rows, V) last stage; gradient after backward
-  float *lse_ce;               // (rows) last stage
-  float *dx_in, *dx_out;       // (rs, d)
+  float *x;                    // (nl + 1, rs, d) fp32: input of each layer, then the chunk output
+  float *rstd1, *rstd2;        // (nl, rs) fp32
+  void *hf, *h2f;              // (nl, rows, d) act: normed inputs inside the tp region
+  void *q, *att;               // (nl, B, T, nh, hd) act: roped queries, attention output
+  void *k, *v;                 // (nl, B, T, nkv, hd) act: roped keys, values
+  float *lse;                  // (nl, B, nh, T) fp32
+  float *x2;                   // (nl, rs, d) fp32: residual after attention
+  void *gate, *up, *act;       // (nl, rows, ffn) act
+  float *rstd_f;               // (rs) fp32, last stage
+  void *hfin;                  // (rows, d) act, last stage
+  void *logits;                // (rows, V) act, last stage; gradient after backward
+  float *lse_ce;               // (rows) fp32, last stage
+  float *dx_in, *dx_out;       // (rs, d) fp32
   void *block;                 // the single allocation all of the above live in
 };
 
 typedef struct carve {
   char *base;
   size_t off;
+  size_t act_bytes;  // element size of the activation dtype
 } carve;
 
-static float *take(carve *c, int64_t n_elem) {
-  float *p = (float *)(c->base ? c->base + c->off : NULL);
-  c->off += ((size_t)n_elem * sizeof(float) + 255) & ~(size_t)255;
+static void *take_bytes(carve *c, int64_t n_bytes) {
+  void *p = c->base ? c->base + c->off : NULL;
+  c->off += ((size_t)n_bytes + 255) & ~(size_t)255;
   return p;
 }
+static float *take(carve *c, int64_t n_elem) { return take_bytes(c, n_elem * (int64_t)sizeof(float)); }
+static void *take_act(carve *c, int64_t n_elem) { return take_bytes(c, n_elem * (int64_t)c->act_bytes); }
+
+// Element i of an act-dtype array.
+static inline void *at(const model *m, void *p, int64_t i) { return (char *)p + i * (int64_t)m->act_bytes; }
 
 static void carve_work(const model *m, struct model_work *w, carve *c) {
   const model_dims *dm = &m->dims;
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
   w->s1 = take(c, rs * d); w->s2 = take(c, rs * d);
   w->f1 = take(c, rows * d); w->f2 = take(c, rows * d);
-  w->q1 = take(c, rows * qd); w->q2 = take(c, rows * qd); w->q3 = take(c, rows * qd);
-  w->k1 = take(c, rows * kvd); w->k2 = take(c, rows * kvd); w->k3 = take(c, rows * kvd); w->k4 = take(c, rows * kvd);
-  w->ff1 = take(c, rows * dm->ffn); w->ff2 = take(c, rows * dm->ffn); w->ff3 = take(c, rows * dm->ffn);
+  w->fa = take_act(c, rows * d);
+  w->q1 = take_act(c, rows * qd); w->q2 = take_act(c, rows * qd); w->q3 = take_act(c, rows * qd);
+  w->k1 = take_act(c, rows * kvd); w->k2 = take_act(c, rows * kvd);
+  w->k3 = take_act(c, rows * kvd); w->k4 = take_act(c, rows * kvd);
+  w->ff1 = take_act(c, rows * dm->ffn); w->ff2 = take_act(c, rows * dm->ffn); w->ff3 = take_act(c, rows * dm->ffn);
   w->ce_max = take(c, rows); w->ce_sum = take(c, rows); w->ce_tgt = take(c, rows); w->ce_gmax = take(c, rows);
 }
 
 void model_work_init(model *m) {
   struct model_work *w = XCALLOC(1, sizeof *w);
-  carve c = {0};
+  carve c = {.act_bytes = m->act_bytes};
   carve_work(m, w, &c);
   c.base = w->block = m->be->alloc(m->be, c.off);
   c.off = 0;
@@ -91,25 +101,26 @@ static void carve_acts(const model_dims *dm, int has_head, model_acts *a, carve 
   int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
   a->x = take(c, (nl + 1) * rs * d);
   a->rstd1 = take(c, nl * rs); a->rstd2 = take(c, nl * rs);
-  a->hf = take(c, nl * rows * d); a->h2f = take(c, nl * rows * d);
-  a->q = take(c, nl * rows * qd); a->att = take(c, nl * rows * qd);
-  a->k = take(c, nl * rows * kvd); a->v = take(c, nl * rows * kvd);
+  a->hf = take_act(c, nl * rows * d); a->h2f = take_act(c, nl * rows * d);
+  a->q = take_act(c, nl * rows * qd); a->att = take_act(c, nl * rows * qd);
+  a->k = take_act(c, nl * rows * kvd); a->v = take_act(c, nl * rows * kvd);
   a->lse = take(c, nl * dm->B * dm->nh * dm->T);
   a->x2 = take(c, nl * rs * d);
-  a->gate = take(c, nl * rows * dm->ffn); a->up = take(c, nl * rows * dm->ffn); a->act = take(c, nl * rows * dm->ffn);
+  a->gate = take_act(c, nl * rows * dm->ffn); a->up = take_act(c, nl * rows * dm->ffn);
+  a->act = take_act(c, nl * rows * dm->ffn);
   if (has_head) {
     a->rstd_f = take(c, rs);
-    a->hfin = take(c, rows * d);
-    a->logits = take(c, rows * dm->vocab);
+    a->hfin = take_act(c, rows * d);
+    a->logits = take_act(c, rows * dm->vocab);
     a->lse_ce = take(c, rows);
   }
   a->dx_in = take(c, rs * d);
   a->dx_out = take(c, rs * d);
 }
 
-int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head) {
+int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes) {
   model_acts a = {.nl = n_layers};
-  carve c = {0};
+  carve c = {.act_bytes = (size_t)act_bytes};
   carve_acts(dm, has_head, &a, &c);
   return (int64_t)c.off;
 }
@@ -119,7 +130,7 @@ model_acts *model_acts_create(model *m, int chunk) {
   a->chunk = chunk;
   a->nl = m->chunks[chunk].n_layers;
   int has_head = m->chunks[chunk].lm_head != NULL;
-  carve c = {0};
+  carve c = {.act_bytes = m->act_bytes};
   carve_acts(&m->dims, has_head, a, &c);
   a->block = m->be->alloc(m->be, c.off);
   c.base = a->block;
@@ -146,20 +157,23 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   struct model_work *w = m->work;
   const tp_region *R = &w->region;
   const model_dims *dm = &m->dims;
+  const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
   int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
   float eps = m->cfg.norm_eps, theta = m->cfg.rope_theta;
-  float *xin = a->x + i * rs * d, *xout = xin + rs * d;
-  float *hf = a->hf + i * rows * d, *h2f = a->h2f + i * rows * d, *x2 = a->x2 + i * rs * d;
-  float *q = a->q + i * rows * qd, *att = a->att + i * rows * qd, *k = a->k + i * rows * kvd, *v = a->v + i * rows * kvd;
+  float *xin = a->x + i * rs * d, *xout = xin + rs * d, *x2 = a->x2 + i * rs * d;
+  void *hf = at(m, a->hf, i * rows * d), *h2f = at(m, a->h2f, i * rows * d);
+  void *q = at(m, a->q, i * rows * qd), *att = at(m, a->att, i * rows * qd);
+  void *k = at(m, a->k, i * rows * kvd), *v = at(m, a->v, i * rows * kvd);
   float *lse = a->lse + (int64_t)i * B * nh * T;
-  float *gate = a->gate + i * rows * ffn, *up = a->up + i * rows * ffn, *act = a->act + i * rows * ffn;
+  void *gate = at(m, a->gate, i * rows * ffn), *up = at(m, a->up, i * rows * ffn), *act = at(m, a->act, i * rows * ffn);
 
   be->rmsnorm_fwd(xin, ly->attn_norm->p, w->s1, a->rstd1 + i * rs, rs, d, eps);
-  tp_enter_fwd(R, w->s1, hf, d);
-  be->gemm(0, 1, rows, qd, d, 1, hf, d, ly->wq->p, d, 0, w->q1, qd);
-  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wk->p, d, 0, w->k1, kvd);
-  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wv->p, d, 0, w->k2, kvd);
+  tp_enter_fwd(R, w->s1, w->f1, d);
+  be->cast(hf, A, w->f1, K_F32, rows * d);
+  be->gemm(0, 1, rows, qd, d, 1, hf, d, ly->wq->pc, d, 0, w->q1, qd, A);
+  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wk->pc, d, 0, w->k1, kvd, A);
+  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wv->pc, d, 0, w->k2, kvd, A);
   be->transpose_tb(q, w->q1, T, B, qd);
   be->transpose_tb(k, w->k1, T, B, kvd);
   be->transpose_tb(v, w->k2, T, B, kvd);
@@ -167,17 +181,18 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   be->rope(k, B, T, nkv, hd, 0, theta, 0);
   be->attn_fwd(q, k, v, att, lse, B, T, nh, nkv, hd);
   be->transpose_tb(w->q1, att, B, T, qd);
-  be->gemm(0, 1, rows, d, qd, 1, w->q1, qd, ly->wo->p, qd, 0, w->f1, d);
+  be->gemm(0, 1, rows, d, qd, 1, w->q1, qd, ly->wo->pc, qd, 0, w->f1, d, K_F32);
   tp_exit_fwd(R, w->f1, w->s2, d);
   be->copy(be, x2, xin, (size_t)(rs * d) * sizeof(float));
   be->add(x2, w->s2, rs * d);
 
   be->rmsnorm_fwd(x2, ly->mlp_norm->p, w->s1, a->rstd2 + i * rs, rs, d, eps);
-  tp_enter_fwd(R, w->s1, h2f, d);
-  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_gate->p, d, 0, gate, ffn);
-  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_up->p, d, 0, up, ffn);
+  tp_enter_fwd(R, w->s1, w->f1, d);
+  be->cast(h2f, A, w->f1, K_F32, rows * d);
+  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_gate->pc, d, 0, gate, ffn, A);
+  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_up->pc, d, 0, up, ffn, A);
   be->swiglu_fwd(gate, up, act, rows * ffn);
-  be->gemm(0, 1, rows, d, ffn, 1, act, ffn, ly->w_down->p, ffn, 0, w->f1, d);
+  be->gemm(0, 1, rows, d, ffn, 1, act, ffn, ly->w_down->pc, ffn, 0, w->f1, d, K_F32);
   tp_exit_fwd(R, w->f1, w->s2, d);
   be->copy(be, xout, x2, (size_t)(rs * d) * sizeof(float));
   be->add(xout, w->s2, rs * d);
@@ -189,32 +204,36 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   struct model_work *w = m->work;
   const tp_region *R = &w->region;
   const model_dims *dm = &m->dims;
+  const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
   int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
   float theta = m->cfg.rope_theta;
-  float *xin = a->x + i * rs * d;
-  float *hf = a->hf + i * rows * d, *h2f = a->h2f + i * rows * d, *x2 = a->x2 + i * rs * d;
-  float *q = a->q + i * rows * qd, *att = a->att + i * rows * qd, *k = a->k + i * rows * kvd, *v = a->v + i * rows * kvd;
+  float *xin = a->x + i * rs * d, *x2 = a->x2 + i * rs * d;
+  void *hf = at(m, a->hf, i * rows * d), *h2f = at(m, a->h2f, i * rows * d);
+  void *q = at(m, a->q, i * rows * qd), *att = at(m, a->att, i * rows * qd);
+  void *k = at(m, a->k, i * rows * kvd), *v = at(m, a->v, i * rows * kvd);
   float *lse = a->lse + (int64_t)i * B * nh * T;
-  float *gate = a->gate + i * rows * ffn, *up = a->up + i * rows * ffn, *act = a->act + i * rows * ffn;
+  void *gate = at(m, a->gate, i * rows * ffn), *up = at(m, a->up, i * rows * ffn), *act = at(m, a->act, i * rows * ffn);
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   tp_exit_bwd(R, g, w->f1, d);
-  be->gemm(0, 0, rows, ffn, d, 1, w->f1, d, ly->w_down->p, ffn, 0, w->ff1, ffn);
-  be->gemm(1, 0, d, ffn, rows, 1, w->f1, d, act, ffn, 1, ly->w_down->g, ffn);
+  be->cast(w->fa, A, w->f1, K_F32, rows * d);
+  be->gemm(0, 0, rows, ffn, d, 1, w->fa, d, ly->w_down->pc, ffn, 0, w->ff1, ffn, A);
+  be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, act, ffn, 1, ly->w_down->g, ffn, K_F32);
   be->swiglu_bwd(w->ff1, gate, up, w->ff2, w->ff3, rows * ffn);
-  be->gemm(0, 0, rows, d, ffn, 1, w->ff2, ffn, ly->w_gate->p, d, 0, w->f2, d);
-  be->gemm(0, 0, rows, d, ffn, 1, w->ff3, ffn, ly->w_up->p, d, 1, w->f2, d);
-  be->gemm(1, 0, ffn, d, rows, 1, w->ff2, ffn, h2f, d, 1, ly->w_gate->g, d);
-  be->gemm(1, 0, ffn, d, rows, 1, w->ff3, ffn, h2f, d, 1, ly->w_up->g, d);
+  be->gemm(0, 0, rows, d, ffn, 1, w->ff2, ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
+  be->gemm(0, 0, rows, d, ffn, 1, w->ff3, ffn, ly->w_up->pc, d, 1, w->f2, d, K_F32);
+  be->gemm(1, 0, ffn, d, rows, 1, w->ff2, ffn, h2f, d, 1, ly->w_gate->g, d, K_F32);
+  be->gemm(1, 0, ffn, d, rows, 1, w->ff3, ffn, h2f, d, 1, ly->w_up->g, d, K_F32);
   tp_enter_bwd(R, w->f2, w->s1, d);
   be->rmsnorm_bwd(w->s1, x2, ly->mlp_norm->p, a->rstd2 + i * rs, g, ly->mlp_norm->g, rs, d);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   tp_exit_bwd(R, g, w->f1, d);
-  be->gemm(0, 0, rows, qd, d, 1, w->f1, d, ly->wo->p, qd, 0, w->q1, qd);
+  be->cast(w->fa, A, w->f1, K_F32, rows * d);
+  be->gemm(0, 0, rows, qd, d, 1, w->fa, d, ly->wo->pc, qd, 0, w->q1, qd, A);
   be->transpose_tb(w->q2, att, B, T, qd);
-  be->gemm(1, 0, d, qd, rows, 1, w->f1, d, w->q2, qd, 1, ly->wo->g, qd);
+  be->gemm(1, 0, d, qd, rows, 1, w->fa, d, w->q2, qd, 1, ly->wo->g, qd, K_F32);
   be->transpose_tb(w->q3, w->q1, T, B, qd);
   be->attn_bwd(w->q3, q, k, v, att, lse, w->q1, w->k1, w->k2, B, T, nh, nkv, hd);
   be->rope(w->q1, B, T, nh, hd, 0, theta, 1);
@@ -222,12 +241,12 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   be->transpose_tb(w->q2, w->q1, B, T, qd);
   be->transpose_tb(w->k3, w->k1, B, T, kvd);
   be->transpose_tb(w->k4, w->k2, B, T, kvd);
-  be->gemm(0, 0, rows, d, qd, 1, w->q2, qd, ly->wq->p, d, 0, w->f2, d);
-  be->gemm(0, 0, rows, d, kvd, 1, w->k3, kvd, ly->wk->p, d, 1, w->f2, d);
-  be->gemm(0, 0, rows, d, kvd, 1, w->k4, kvd, ly->wv->p, d, 1, w->f2, d);
-  be->gemm(1, 0, qd, d, rows, 1, w->q2, qd, hf, d, 1, ly->wq->g, d);
-  be->gemm(1, 0, kvd, d, rows, 1, w->k3, kvd, hf, d, 1, ly->wk->g, d);
-  be->gemm(1, 0, kvd, d, rows, 1, w->k4, kvd, hf, d, 1, ly->wv->g, d);
+  be->gemm(0, 0, rows, d, qd, 1, w->q2, qd, ly->wq->pc, d, 0, w->f2, d, K_F32);
+  be->gemm(0, 0, rows, d, kvd, 1, w->k3, kvd, ly->wk->pc, d, 1, w->f2, d, K_F32);
+  be->gemm(0, 0, rows, d, kvd, 1, w->k4, kvd, ly->wv->pc, d, 1, w->f2, d, K_F32);
+  be->gemm(1, 0, qd, d, rows, 1, w->q2, qd, hf, d, 1, ly->wq->g, d, K_F32);
+  be->gemm(1, 0, kvd, d, rows, 1, w->k3, kvd, hf, d, 1, ly->wk->g, d, K_F32);
+  be->gemm(1, 0, kvd, d, rows, 1, w->k4, kvd, hf, d, 1, ly->wv->g, d, K_F32);
   tp_enter_bwd(R, w->f2, w->s1, d);
   be->rmsnorm_bwd(w->s1, xin, ly->attn_norm->p, a->rstd1 + i * rs, g, ly->attn_norm->g, rs, d);
 }
@@ -277,8 +296,9 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   for (int i = 0; i < ch->n_layers; i++) layer_fwd(m, &ch->layers[i], a, i);
   if (!ch->lm_head) return 0;
   be->rmsnorm_fwd(acts_output(m, a), ch->final_norm->p, w->s1, a->rstd_f, dm->rows_s, d, m->cfg.norm_eps);
-  tp_enter_fwd(&w->region, w->s1, a->hfin, d);
-  be->gemm(0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->p, d, 0, a->logits, dm->vocab);
+  tp_enter_fwd(&w->region, w->s1, w->f1, d);
+  be->cast(a->hfin, be->act, w->f1, K_F32, dm->rows * d);
+  be->gemm(0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
   return ce_fwd(m, a, targets);
 }
 
@@ -293,8 +313,8 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   float *g = a->dx_in;
   if (ch->lm_head) {
     be->ce_bwd(a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
-    be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->p, d, 0, w->f1, d);
-    be->gemm(1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d);
+    be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
+    be->gemm(1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
     tp_enter_bwd(&w->region, w->f1, w->s1, d);
     be->zero(be, g, n_bytes);
     be->rmsnorm_bwd(w->s1, acts_output(m, a), ch->final_norm->p, a->rstd_f, g, ch->final_norm->g, dm->rows_s, d);

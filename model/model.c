@@ -149,9 +149,12 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   m->n_params = (off + dp - 1) / dp * dp;
   m->params = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->act_bytes = k_dtype_bytes(be->act);
+  m->params_c = be->act == K_F32 ? (void *)m->params : be->alloc(be, (size_t)m->n_params * m->act_bytes);
   for (int i = 0; i < n; i++) {
     m->tensors[i].p = m->params + m->tensors[i].offset;
     m->tensors[i].g = m->grads + m->tensors[i].offset;
+    m->tensors[i].pc = (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes;
   }
   model_work_init(m);
 }
@@ -159,6 +162,7 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
 void model_free(model *m) {
   if (!m->tensors) return;
   model_work_free(m);
+  if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
   m->be->free(m->be, m->params);
   m->be->free(m->be, m->grads);
   for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
@@ -187,6 +191,10 @@ static float normal_at(uint64_t key, uint64_t i) {
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+void model_sync_compute_weights(model *m) {
+  if (m->params_c != (void *)m->params) m->be->cast(m->params_c, m->be->act, m->params, K_F32, m->n_params);
+}
+
 void model_init_weights(model *m, uint64_t seed) {
   for (int i = 0; i < m->n_tensors; i++) {
     model_tensor *t = &m->tensors[i];
@@ -202,4 +210,5 @@ void model_init_weights(model *m, uint64_t seed) {
     m->be->from_host(m->be, t->p, host, (size_t)t->n_elem * sizeof(float));
     free(host);
   }
+  model_sync_compute_weights(m);
 }

@@ -50,7 +50,8 @@ typedef struct model_tensor {
   int64_t n_elem;         // count product
   int64_t offset;         // in the flat parameter / gradient buffers
   int tp_replicated;      // same values on every tp rank (norms): counted once in norms
-  float *p, *g;
+  float *p, *g;           // fp32 master weights and gradients
+  void *pc;               // compute copy in the backend's activation dtype (= p when that is fp32)
 } model_tensor;
 
 typedef struct model_layer {
@@ -84,6 +85,8 @@ typedef struct model {
   int n_tensors;
   model_chunk *chunks;    // (vpp)
   float *params, *grads;  // (n_params) flat, in backend memory
+  void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32
+  size_t act_bytes;       // element size of the backend's activation dtype
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
   int64_t n_params_used;  // local elements before padding
   struct model_work *work;  // scratch shared by every forward/backward (block.c)
@@ -110,7 +113,9 @@ float *model_acts_input_grad(model_acts *a);
 float *model_acts_output(const model *m, model_acts *a);
 float *model_acts_output_grad(model_acts *a);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
-int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head);
+int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes);
+// Refreshes the compute copy of the weights from the fp32 masters (after init, load, update).
+void model_sync_compute_weights(model *m);
 // Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.
 void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int sp);
 

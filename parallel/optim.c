@@ -118,6 +118,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     be->zero(be, o->grad_shard, (size_t)o->shard_n * sizeof(float));
   }
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
+  model_sync_compute_weights(m);
   return norm;
 }
 

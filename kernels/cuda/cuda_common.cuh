@@ -1,15 +1,21 @@
-// What the CUDA translation units share: the backend context (stream, cuBLAS handle, scratch),
-// launch sizing and the block reductions. The reductions combine in a fixed tree that depends
-// only on blockDim, which is what keeps every reduction in these kernels deterministic.
+// What the CUDA translation units share: the backend context (stream, cuBLAS handle, scratch,
+// activation dtype), element-type conversions, launch sizing and the block reductions. The
+// reductions combine in a fixed tree that depends only on blockDim, which is what keeps every
+// reduction in these kernels deterministic.
 #ifndef TRAINER_CUDA_COMMON_CUH
 #define TRAINER_CUDA_COMMON_CUH
 
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_check.h"
 
+#include <cuda_bf16.h>
 #include <stdint.h>
+
+typedef __nv_bfloat16 k_bf16;
 
 struct k_cuda_ctx {
   int device;
+  k_dtype act;          // the activation dtype: the element type of every act-typed op argument
   cudaStream_t stream;  // every op and copy of this backend runs here, in order
   cublasHandle_t cublas;
   cublasComputeType_t gemm_compute;  // CUBLAS_COMPUTE_32F, or _FAST_TF32 with TRAINER_CUDA_TF32=1
@@ -24,6 +30,20 @@ k_cuda_ctx *k_cuda_cur(void);
 // At least n_bytes of device scratch, valid until the next call. Ops on the one stream run in
 // order, so an op may use it for its own kernels without further synchronisation.
 void *k_cuda_scratch(size_t n_bytes);
+
+// The activation dtype of the current backend: the act-typed ops dispatch on it.
+static inline k_dtype k_cuda_act(void) { return k_cuda_cur()->act; }
+
+// Element types of act tensors: loads widen to fp32, where all math is done; stores round to
+// nearest even (NaN stays NaN, overflow goes to Inf).
+__device__ __forceinline__ float k_ld(float x) { return x; }
+__device__ __forceinline__ float k_ld(k_bf16 x) { return __bfloat162float(x); }
+template <typename E>
+__device__ __forceinline__ E k_st(float x);
+template <>
+__device__ __forceinline__ float k_st<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ k_bf16 k_st<k_bf16>(float x) { return __float2bfloat16_rn(x); }
 
 enum { K_CUDA_THREADS = 256 };
 
