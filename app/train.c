@@ -123,10 +123,15 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     RUN_FAIL("the data holds token id %d but model.vocab_size is %d: set model.vocab_size to at least %d", max_tok,
              c->model.vocab_size, max_tok + 1);
 
+  step_timing tm = {0}, tm_total = {0};  // this step; sum over the timed steps
+  int64_t n_timed = 0;
   model_init(&m, c, g, be);
   model_init_weights(&m, hp->seed);
+  model_set_timing(&m, &tm);
   opt_init(&o, &m, c);
+  o.timing = &tm;
   if (pp_exec_init(&e, &m, n_micro, err, sizeof err) != 0) RUN_FAIL("%s", err);
+  e.timing = &tm;
 
   int64_t step = 0, samples_seen = 0;
   char path[CFG_STR + 64];
@@ -168,10 +173,12 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   int64_t first_step = step, tokens_seen = 0;
   int64_t last_step = hp->stop_at > 0 && hp->stop_at < hp->steps ? hp->stop_at : hp->steps;
   while (step < last_step) {
-    double t0 = MPI_Wtime();
+    memset(&tm, 0, sizeof tm);
+    double t0 = timing_now(be);
     float lr = opt_lr_at(hp, step);
     int64_t first = samples_seen + (int64_t)g->dp_rank * (hp->global_batch / g->dp);
     fill_batch(&rb, &train, first, n_micro, B, T, be);
+    tm.data = timing_now(be) - t0;
     double local = pp_exec_train_step(&e, rb.tokens, rb.targets, (float)loss_scale);
     double loss = world_loss_sum(g, local) / tokens_per_step;
     double gnorm = opt_step(&o, lr, step + 1);
@@ -183,6 +190,15 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     t_steps += dt;
     double mem = (double)be->mem_used(be);
     if (mem > mem_peak) mem_peak = mem;
+    if (step > first_step + 1) {  // the first step of a process warms up allocators and caches
+      tm_total.data += tm.data;
+      tm_total.compute += tm.compute;
+      tm_total.tp_comm += tm.tp_comm;
+      tm_total.pp_comm += tm.pp_comm;
+      tm_total.dp_comm += tm.dp_comm;
+      tm_total.optimizer += tm.optimizer;
+      n_timed++;
+    }
     last_loss = loss;
     if (!isfinite(loss)) RUN_FAIL("loss is %g at step %lld: lower train.lr or check the data", loss, (long long)step);
 
@@ -207,6 +223,10 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
                          "\"ms_per_step\": %.3f, \"tflops_per_rank\": %.3f, \"mem_gib\": %.3f",
                 (long long)step, loss, lr, gnorm, tps, dt * 1e3, tflops, mem / 1073741824.0);
         if (be->peak_tflops > 0) fprintf(metrics, ", \"mfu\": %.4f", tflops / be->peak_tflops);
+        fprintf(metrics, ", \"ms_compute\": %.3f, \"ms_tp_comm\": %.3f, \"ms_pp_comm\": %.3f, \"ms_dp_comm\": %.3f, "
+                         "\"ms_optimizer\": %.3f, \"ms_data\": %.3f",
+                tm.compute * 1e3, tm.tp_comm * 1e3, tm.pp_comm * 1e3, tm.dp_comm * 1e3, tm.optimizer * 1e3,
+                tm.data * 1e3);
         if (do_eval) fprintf(metrics, ", \"val_loss\": %.9g", val_loss);
         fprintf(metrics, "}\n");
         fflush(metrics);
@@ -233,8 +253,21 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
            mean_tps / g->world_size, mean_tflops);
     if (be->peak_tflops > 0) printf(", MFU %.1f%% of %.1f (%s)", 100 * mean_tflops / be->peak_tflops, be->peak_tflops,
                                     be->device_name);
-    printf(", peak memory %.2f GiB per rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
+    printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
            last_loss, last_val);
+    if (n_timed > 0) {
+      double k = 1e3 / n_timed, pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
+      double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
+      double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;
+      printf("step time on rank 0 (ms, mean of %lld steps): compute %.2f | tp comm %.2f | pipeline comm and bubble %.2f "
+             "| dp comm %.2f | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
+             (long long)n_timed, tm_total.compute * k, tm_total.tp_comm * k, tm_total.pp_comm * k, tm_total.dp_comm * k,
+             tm_total.optimizer * k, tm_total.data * k, all > 0 ? 100 * comm / all : 0.0);
+      if (g->pp > 1)
+        printf("; pipeline bubble %.1f%% measured, %.1f%% in theory ((p-1)/(v*m+p-1))", 100 * tm_total.pp_comm / pipe,
+               100 * pp_bubble_theory(g->pp, c->parallel.vpp, n_micro));
+      printf("\n");
+    }
     if (metrics)
       fprintf(metrics, "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"tokens_per_s\": %.1f, "
                        "\"tflops_per_rank\": %.3f, \"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s}\n",

@@ -84,9 +84,11 @@ void model_work_init(model *m) {
   w->h_sum = w->h_max + rows;
   w->h_tgt = w->h_sum + rows;
   w->h_gmax = w->h_tgt + rows;
-  w->region = (tp_region){m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s};
+  w->region = (tp_region){m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL};
   m->work = w;
 }
+
+void model_set_timing(model *m, step_timing *t) { m->work->region.timing = t; }
 
 void model_work_free(model *m) {
   if (!m->work) return;

@@ -10,6 +10,7 @@
 #include "app/config.h"
 #include "kernels/backend.h"
 #include "parallel/grid.h"
+#include "parallel/timing.h"
 
 typedef enum model_kind {
   MODEL_EMBED,        // (V, d), vocab split over tp
@@ -114,6 +115,8 @@ float *model_acts_output(const model *m, model_acts *a);
 float *model_acts_output_grad(model_acts *a);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
 int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes);
+// Tensor-parallel collective time is added to t (NULL: not timed).
+void model_set_timing(model *m, step_timing *t);
 // Refreshes the compute copy of the weights from the fp32 masters (after init, load, update).
 void model_sync_compute_weights(model *m);
 // Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.

@@ -88,8 +88,10 @@ static void reduce_dp_grads(opt_state *o) {
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
+  double t0 = o->timing ? timing_now(be) : 0;
   reduce_sp_norm_grads(o);
   reduce_dp_grads(o);
+  double t1 = o->timing ? timing_now(be) : 0;
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by flat offset - shard_lo
   double sumsq = 0;
   for (int i = 0; i < o->n_ranges; i++) {
@@ -119,6 +121,10 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   }
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
   model_sync_compute_weights(m);
+  if (o->timing) {
+    o->timing->dp_comm += t1 - t0;
+    o->timing->optimizer += timing_now(be) - t1;
+  }
   return norm;
 }
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include "app/config.h"
 #include "model/model.h"
+#include "parallel/timing.h"
 
 typedef struct opt_range {
   int64_t offset, n_elem;  // a tensor's span in the flat buffer
@@ -27,6 +28,7 @@ typedef struct opt_state {
   float *grad_shard;        // (shard_n) ZeRO only
   opt_range *ranges;
   int n_ranges;
+  step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);

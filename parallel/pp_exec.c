@@ -57,6 +57,8 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
   double loss = 0;
   const pp_step *st = e->sched.steps;
   for (int i = 0; i < e->sched.n_steps;) {
+    step_timing *tm = e->timing;
+    double t0 = tm ? timing_now(m->be) : 0, tp0 = tm ? tm->tp_comm : 0;
     if (!is_comm(st[i].op)) {
       const pp_step *s = &st[i++];
       model_acts *a = acts_get(e, s->micro, s->chunk);
@@ -67,6 +69,7 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
         model_chunk_bwd(m, s->chunk, a, tok, tgt, loss_scale);
         if (m->chunks[s->chunk].vstage == 0) acts_put(e, s->micro, s->chunk);
       }
+      if (tm) tm->compute += timing_now(m->be) - t0 - (tm->tp_comm - tp0);
       continue;
     }
     int j = i;
@@ -83,6 +86,7 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
       }
     }
     pc->ops->group_end(pc);
+    if (tm) tm->pp_comm += timing_now(m->be) - t0;
     for (; i < j; i++)
       if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
   }

@@ -1,14 +1,23 @@
 // Tensor/sequence-parallel region pairs (see tp.h). With one tp rank every call is a copy.
 #include "parallel/tp.h"
 
+// Collective time is measured only when there is a collective, so tp 1 adds no syncs.
+static double start(const tp_region *r) { return r->timing && r->c->size > 1 ? timing_now(r->be) : 0; }
+static void stop(const tp_region *r, double t0) {
+  if (r->timing && r->c->size > 1) r->timing->tp_comm += timing_now(r->be) - t0;
+}
+
 static void gather_or_copy(const tp_region *r, const float *src_s, float *dst, int d) {
+  double t0 = start(r);
   if (r->sp && r->c->size > 1)
     r->c->ops->all_gather(r->c, src_s, dst, r->rows_s * d, COMM_F32);
   else
     r->be->copy(r->be, dst, src_s, (size_t)(r->rows * d) * sizeof(float));
+  stop(r, t0);
 }
 
 static void reduce_to_shard(const tp_region *r, float *src, float *dst_s, int d) {
+  double t0 = start(r);
   if (r->c->size == 1) {
     r->be->copy(r->be, dst_s, src, (size_t)(r->rows_s * d) * sizeof(float));
   } else if (r->sp) {
@@ -17,6 +26,7 @@ static void reduce_to_shard(const tp_region *r, float *src, float *dst_s, int d)
     r->c->ops->all_reduce(r->c, src, r->rows * d, COMM_F32, COMM_SUM);
     r->be->copy(r->be, dst_s, src, (size_t)(r->rows * d) * sizeof(float));
   }
+  stop(r, t0);
 }
 
 void tp_enter_fwd(const tp_region *r, const float *x_s, float *x, int d) { gather_or_copy(r, x_s, x, d); }

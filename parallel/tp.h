@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "kernels/backend.h"
 #include "parallel/comm.h"
+#include "parallel/timing.h"
 
 typedef struct tp_region {
   comm *c;         // the tp group
@@ -15,6 +16,7 @@ typedef struct tp_region {
   int sp;          // sequence parallel
   int64_t rows;    // rows inside the region (T * B)
   int64_t rows_s;  // rows outside it on this rank (rows / tp with sp, else rows)
+  step_timing *timing;  // where collective time is added; NULL = not timed
 } tp_region;
 
 // Forward into the region: x_s (rows_s, d) -> x (rows, d). SP: all-gather; else copy.

@@ -13,3 +13,8 @@ if(TRAINER_HAVE_CUDA)
   trainer_add_gpu_parity(dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
   trainer_add_gpu_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 endif()
+
+# The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.
+if(TRAINER_HAVE_CUDA)
+  trainer_add_test(test_model_gpu tests/test_model_gpu.c LABELS gpu)
+endif()

@@ -1,8 +1,12 @@
-// The CUDA backend: its context (one non-blocking stream, a cuBLAS handle, scratch), device
-// memory, the table of ops (kernels/cuda/ops_cuda.h) and the GEMM on cuBLAS. Storage is fp32.
+// The CUDA backend: its context (one non-blocking stream, a cuBLAS handle, scratch, the
+// activation dtype), device memory, the table of ops (kernels/cuda/ops_cuda.h) and the GEMM on
+// cuBLAS. Activations (the table's void * tensors) are bf16 by default, fp32 with
+// TRAINER_CUDA_ACT=f32 or k_backend_cuda_create_dtype; everything else is fp32.
 // The table's op signatures carry no context (they are the CPU reference's), so the ops read a
-// file-static current context: the backend created last. A process drives one GPU, so there is
-// one backend per process and the static is never ambiguous.
+// file-static current context: the backend created last, whose stream, scratch and activation
+// dtype every op uses. A process drives one GPU, so there is one backend per process and the
+// static is never ambiguous; a test that makes an fp32 and then a bf16 backend runs the ops of
+// each while it is the latest. Memory calls (alloc, copy, ...) use their own backend's stream.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -80,34 +84,48 @@ static void cuda_sync(k_backend *b) { CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)
 
 // C = beta * C for K == 0 or alpha == 0, as the CPU reference (and BLAS) define them; beta == 0
 // writes zeros without reading C, so NaNs in C do not survive.
-__global__ void k_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
+template <typename E>
+__global__ void k_gemm_scale_c(int M, int N, float beta, E *C, int ldc) {
   const int64_t n = (int64_t)M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float *c = C + (i / N) * ldc + i % N;
-    *c = beta == 0.0f ? 0.0f : beta * *c;
+    E *c = C + (i / N) * ldc + i % N;
+    *c = k_st<E>(beta == 0.0f ? 0.0f : beta * k_ld(*c));
   }
 }
+
+static cudaDataType k_cuda_data_type(k_dtype t) { return t == K_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // Row-major C (M,N) is column-major C^T (N,M) with the same leading dimension, so
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLAS's first
 // operand is B (its op is trans_b, ld ldb), its second A (op trans_a, ld lda), m = N, n = M.
-extern "C" void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                            const float *B, int ldb, float beta, float *C, int ldc) {
+// A and B are in the act dtype, C in c_type (act, or fp32 for bf16 x bf16 -> fp32); the
+// accumulation is fp32 (CUBLAS_COMPUTE_32F: bf16 inputs run on the tensor cores at full rate).
+// Any leading dimension works, but bf16 operands reach the fast kernels only when every ld is a
+// multiple of 8 elements and the pointers are 16-byte aligned.
+extern "C" void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                            const void *B, int ldb, float beta, void *C, int ldc, k_dtype c_type) {
   CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape M=%d N=%d K=%d must be non-negative", M, N, K);
+  k_cuda_ctx *c = k_cuda_cur();
+  CHECK(c_type == c->act || c_type == K_F32, "gemm: C dtype %d must be the act dtype (%d) or K_F32", (int)c_type,
+        (int)c->act);
   if (M == 0 || N == 0) return;
   CHECK(ldc >= N, "gemm ldc=%d < N=%d", ldc, N);
   CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N), "gemm lda=%d or ldb=%d too small for M=%d N=%d K=%d",
         lda, ldb, M, N, K);
-  k_cuda_ctx *c = k_cuda_cur();
   if (K == 0 || alpha == 0.0f) {
-    k_gemm_scale_c<<<k_cuda_blocks((int64_t)M * N, K_CUDA_THREADS), K_CUDA_THREADS, 0, c->stream>>>(M, N, beta, C,
-                                                                                                      ldc);
+    const unsigned nb = k_cuda_blocks((int64_t)M * N, K_CUDA_THREADS);
+    if (c_type == K_BF16)
+      k_gemm_scale_c<k_bf16><<<nb, K_CUDA_THREADS, 0, c->stream>>>(M, N, beta, (k_bf16 *)C, ldc);
+    else
+      k_gemm_scale_c<float><<<nb, K_CUDA_THREADS, 0, c->stream>>>(M, N, beta, (float *)C, ldc);
     CUDA_LAUNCH_CHECK("k_gemm_scale_c");
     return;
   }
+  const cudaDataType ab = k_cuda_data_type(c->act);
+  const cublasComputeType_t compute = c->act == K_BF16 ? CUBLAS_COMPUTE_32F : c->gemm_compute;
   CUBLAS_CHECK(cublasGemmEx(c->cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N,
-                            M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                            c->gemm_compute, CUBLAS_GEMM_DEFAULT));
+                            M, K, &alpha, B, ab, ldb, A, ab, lda, &beta, C, k_cuda_data_type(c_type), ldc, compute,
+                            CUBLAS_GEMM_DEFAULT));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -131,13 +149,15 @@ static int64_t cuda_mem_used(k_backend *b) {
 
 extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
 
-extern "C" k_backend *k_backend_cuda_create(int device) {
+extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
+  CHECK(act == K_F32 || act == K_BF16, "CUDA backend: unknown activation dtype %d", (int)act);
   const int n_dev = k_cuda_device_count();
   CHECK(device >= 0 && device < n_dev, "CUDA device %d requested but %d visible (check CUDA_VISIBLE_DEVICES)",
         device, n_dev);
   CUDA_CHECK(cudaSetDevice(device));
   k_cuda_ctx *c = (k_cuda_ctx *)XCALLOC(1, sizeof *c);
   c->device = device;
+  c->act = act;
   // Non-blocking: the legacy default stream (used by stray library calls) must not serialise with it.
   CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&c->cublas));
@@ -145,7 +165,8 @@ extern "C" k_backend *k_backend_cuda_create(int device) {
   c->cublas_ws_bytes = k_cublas_ws_bytes;
   CUDA_CHECK(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes));
   CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes));
-  // Full fp32 by default so that GPU runs track the CPU reference; TF32 is an opt-in speed-up.
+  // With fp32 activations, full fp32 GEMMs by default so that GPU runs track the CPU reference;
+  // TF32 is an opt-in speed-up. bf16 activations always accumulate in fp32.
   const char *tf32 = getenv("TRAINER_CUDA_TF32");
   c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   g_ctx = c;
@@ -165,7 +186,9 @@ extern "C" k_backend *k_backend_cuda_create(int device) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
   k_backend_set_peak(b);
+  b->act = act;
   b->gemm = k_cuda_gemm;
+  b->cast = k_cuda_cast;
   b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
   b->rope = k_cuda_rope;
@@ -183,4 +206,30 @@ extern "C" k_backend *k_backend_cuda_create(int device) {
   b->add = k_cuda_add;
   b->transpose_tb = k_cuda_transpose_tb;
   return b;
+}
+
+extern "C" k_backend *k_backend_cuda_create(int device) {
+  const char *env = getenv("TRAINER_CUDA_ACT");
+  k_dtype act = K_BF16;
+  if (env && *env) {
+    if (strcmp(env, "f32") == 0 || strcmp(env, "fp32") == 0) act = K_F32;
+    else CHECK(strcmp(env, "bf16") == 0, "TRAINER_CUDA_ACT=%s: expected f32 or bf16 (unset means bf16)", env);
+  }
+  return k_backend_cuda_create_dtype(device, act);
+}
+
+extern "C" void k_backend_cuda_free(k_backend **b) {
+  if (!b || !*b) return;
+  k_cuda_ctx *c = ctx_of(*b);
+  if (c) {
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUBLAS_CHECK(cublasDestroy(c->cublas));
+    CUDA_CHECK(cudaFree(c->cublas_ws));
+    CUDA_CHECK(cudaFree(c->scratch));
+    CUDA_CHECK(cudaStreamDestroy(c->stream));
+    if (g_ctx == c) g_ctx = NULL;
+    free(c);
+  }
+  (*b)->ctx = NULL;
+  k_backend_free(b);
 }

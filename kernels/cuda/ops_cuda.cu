@@ -1,7 +1,10 @@
-// CUDA ops other than GEMM and attention: RMSNorm, rotary embedding, SwiGLU, vocab-parallel
-// embedding and cross-entropy, AdamW, sum of squares, scale, add and the (T,B) <-> (B,T)
-// transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are written in the CPU
-// reference's order so the two round alike. Memory-bound kernels are kept plain.
+// CUDA ops other than GEMM and attention: dtype cast, RMSNorm, rotary embedding, SwiGLU,
+// vocab-parallel embedding and cross-entropy, AdamW, sum of squares, scale, add and the
+// (T,B) <-> (B,T) transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
+// written in the CPU reference's order so the two round alike. Memory-bound kernels are kept
+// plain. The act-typed ops (rope, SwiGLU, cross-entropy) are templates over the element type
+// (float, bf16): loads widen to fp32, the math is fp32, stores round to nearest even; the
+// extern "C" launcher picks the instance from the current backend's activation dtype.
 //
 // Determinism (no float atomics): a row reduction is one block's fixed tree; the reductions over
 // rows (dw of RMSNorm) go through per-chunk partial sums added in chunk order by a second
@@ -21,6 +24,71 @@
 static int row_threads(int d) {
   const int t = (d + 31) / 32 * 32;
   return t < K_CUDA_THREADS ? t : K_CUDA_THREADS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast. fp32 <-> bf16 moves 4 elements per thread (one 16-byte fp32 access, one 8-byte bf16
+// access) when the pointers allow, the few leftover elements by the scalar kernel.
+
+template <typename D, typename S>
+__global__ void k_cast(D *dst, const S *src, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = k_st<D>(k_ld(src[i]));
+}
+
+__global__ void k_cast_f32_bf16_x4(k_bf16 *dst, const float *src, int64_t n4) {
+  GRID_STRIDE(i, n4) {
+    const float4 x = ((const float4 *)src)[i];
+    uint2 u;
+    u.x = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x.x)) |
+          (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x.y)) << 16;
+    u.y = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x.z)) |
+          (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x.w)) << 16;
+    ((uint2 *)dst)[i] = u;
+  }
+}
+
+// bf16 -> fp32 is exact: the bf16 bits are the high half of the fp32 bits.
+__global__ void k_cast_bf16_f32_x4(float *dst, const k_bf16 *src, int64_t n4) {
+  GRID_STRIDE(i, n4) {
+    const uint2 u = ((const uint2 *)src)[i];
+    ((float4 *)dst)[i] = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+  }
+}
+
+extern "C" void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
+  CHECK((dst_type == K_F32 || dst_type == K_BF16) && (src_type == K_F32 || src_type == K_BF16),
+        "cast: unknown dtype (%d -> %d)", (int)src_type, (int)dst_type);
+  if (n <= 0) return;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (dst_type == src_type) {
+    if (dst != src)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * k_dtype_bytes(dst_type), cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  const float *f = (const float *)(dst_type == K_F32 ? dst : src);
+  const k_bf16 *h = (const k_bf16 *)(dst_type == K_BF16 ? dst : src);
+  const bool vec = (uintptr_t)f % 16 == 0 && (uintptr_t)h % 8 == 0;
+  const int64_t n4 = vec ? n / 4 : 0, tail = n - 4 * n4;
+  if (n4) {
+    if (dst_type == K_BF16)
+      k_cast_f32_bf16_x4<<<k_cuda_blocks(n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((k_bf16 *)dst,
+                                                                                      (const float *)src, n4);
+    else
+      k_cast_bf16_f32_x4<<<k_cuda_blocks(n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((float *)dst,
+                                                                                      (const k_bf16 *)src, n4);
+    CUDA_LAUNCH_CHECK("k_cast_x4");
+  }
+  if (tail) {
+    const int64_t o = 4 * n4;
+    if (dst_type == K_BF16)
+      k_cast<k_bf16, float><<<k_cuda_blocks(tail, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(
+          (k_bf16 *)dst + o, (const float *)src + o, tail);
+    else
+      k_cast<float, k_bf16><<<k_cuda_blocks(tail, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(
+          (float *)dst + o, (const k_bf16 *)src + o, tail);
+    CUDA_LAUNCH_CHECK("k_cast");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,7 +186,8 @@ extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float 
 // computed once per (t, i). Angles in double like the reference: positions reach thousands,
 // where a float angle loses the low bits.
 
-__global__ void k_rope(float *x, int64_t BT, int T, int H, int hd, int pos0, float theta, int inverse) {
+template <typename E>
+__global__ void k_rope(E *x, int64_t BT, int T, int H, int hd, int pos0, float theta, int inverse) {
   const int half = hd / 2;
   GRID_STRIDE(idx, BT * half) {
     const int64_t bt = idx / half;
@@ -129,55 +198,76 @@ __global__ void k_rope(float *x, int64_t BT, int T, int H, int hd, int pos0, flo
     sincos(ang, &sd, &cd);
     const float c = (float)cd, sn = inverse ? (float)-sd : (float)sd;
     for (int h = 0; h < H; h++) {
-      float *xh = x + (bt * H + h) * hd;
-      const float x0 = xh[i], x1 = xh[half + i];
-      xh[i] = x0 * c - x1 * sn;
-      xh[half + i] = x0 * sn + x1 * c;
+      E *xh = x + (bt * H + h) * hd;
+      const float x0 = k_ld(xh[i]), x1 = k_ld(xh[half + i]);
+      xh[i] = k_st<E>(x0 * c - x1 * sn);
+      xh[half + i] = k_st<E>(x0 * sn + x1 * c);
     }
   }
 }
 
-extern "C" void k_cuda_rope(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
+template <typename E>
+static void rope_run(void *x, int64_t BT, int T, int H, int hd, int pos0, float theta, int inverse) {
+  const int64_t n = BT * (hd / 2);
+  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((E *)x, BT, T, H, hd, pos0,
+                                                                                            theta, inverse);
+  CUDA_LAUNCH_CHECK("k_rope");
+}
+
+extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
   CHECK(hd % 2 == 0, "rope needs an even head dim, got hd=%d", hd);
   const int64_t BT = (int64_t)B * T, n = BT * (hd / 2);
   if (n <= 0 || H <= 0) return;
-  k_rope<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(x, BT, T, H, hd, pos0, theta,
-                                                                                         inverse);
-  CUDA_LAUNCH_CHECK("k_rope");
+  if (k_cuda_act() == K_BF16) rope_run<k_bf16>(x, BT, T, H, hd, pos0, theta, inverse);
+  else rope_run<float>(x, BT, T, H, hd, pos0, theta, inverse);
 }
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU
 
-__global__ void k_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n) {
+template <typename E>
+__global__ void k_swiglu_fwd(const E *gate, const E *up, E *out, int64_t n) {
   GRID_STRIDE(i, n) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    const float g = k_ld(gate[i]);
+    out[i] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(up[i]));
   }
 }
 
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
-__global__ void k_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup,
-                             int64_t n) {
+template <typename E>
+__global__ void k_swiglu_bwd(const E *dout, const E *gate, const E *up, E *dgate, E *dup, int64_t n) {
   GRID_STRIDE(i, n) {
-    const float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
-    dgate[i] = dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
-    dup[i] = dout[i] * g * sig;
+    const float g = k_ld(gate[i]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[i]);
+    dgate[i] = k_st<E>(d * k_ld(up[i]) * sig * (1.0f + g * (1.0f - sig)));
+    dup[i] = k_st<E>(d * g * sig);
   }
 }
 
-extern "C" void k_cuda_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n) {
-  if (n <= 0) return;
-  k_swiglu_fwd<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(gate, up, out, n);
+template <typename E>
+static void swiglu_fwd_run(const void *gate, const void *up, void *out, int64_t n) {
+  k_swiglu_fwd<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+      (const E *)gate, (const E *)up, (E *)out, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
-extern "C" void k_cuda_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup,
+template <typename E>
+static void swiglu_bwd_run(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n) {
+  k_swiglu_bwd<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+      (const E *)dout, (const E *)gate, (const E *)up, (E *)dgate, (E *)dup, n);
+  CUDA_LAUNCH_CHECK("k_swiglu_bwd");
+}
+
+extern "C" void k_cuda_swiglu_fwd(const void *gate, const void *up, void *out, int64_t n) {
+  if (n <= 0) return;
+  if (k_cuda_act() == K_BF16) swiglu_fwd_run<k_bf16>(gate, up, out, n);
+  else swiglu_fwd_run<float>(gate, up, out, n);
+}
+
+extern "C" void k_cuda_swiglu_bwd(const void *dout, const void *gate, const void *up, void *dgate, void *dup,
                                   int64_t n) {
   if (n <= 0) return;
-  k_swiglu_bwd<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(dout, gate, up, dgate,
-                                                                                               dup, n);
-  CUDA_LAUNCH_CHECK("k_swiglu_bwd");
+  if (k_cuda_act() == K_BF16) swiglu_bwd_run<k_bf16>(dout, gate, up, dgate, dup, n);
+  else swiglu_bwd_run<float>(dout, gate, up, dgate, dup, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,51 +344,68 @@ extern "C" void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float
 // ---------------------------------------------------------------------------------------------
 // Vocab-parallel cross-entropy: one block per row.
 
-__global__ void k_ce_local_stats(const float *logits, const int32_t *targets, int n_vocab_local, int v0,
+template <typename E>
+__global__ void k_ce_local_stats(const E *logits, const int32_t *targets, int n_vocab_local, int v0,
                                  float *row_max, float *row_sumexp, float *target_logit) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   const int64_t r = blockIdx.x;
-  const float *lr = logits + r * n_vocab_local;
+  const E *lr = logits + r * n_vocab_local;
   float m = -FLT_MAX;
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) m = lr[j] > m ? lr[j] : m;
+  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) {
+    const float x = k_ld(lr[j]);
+    m = x > m ? x : m;
+  }
   m = k_block_max(m, shf);
   double sum = 0.0;  // in double: a vocabulary slice can be tens of thousands of terms
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) sum += (double)expf(lr[j] - m);
+  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) sum += (double)expf(k_ld(lr[j]) - m);
   sum = k_block_sum(sum, shd);
   if (threadIdx.x == 0) {
     const int64_t tl = (int64_t)targets[r] - v0;
     row_max[r] = m;
     row_sumexp[r] = (float)sum;
-    target_logit[r] = tl >= 0 && tl < n_vocab_local ? lr[tl] : 0.0f;
+    target_logit[r] = tl >= 0 && tl < n_vocab_local ? k_ld(lr[tl]) : 0.0f;
   }
 }
 
-__global__ void k_ce_bwd(float *logits, const int32_t *targets, const float *lse, int n_vocab_local, int v0,
+template <typename E>
+__global__ void k_ce_bwd(E *logits, const int32_t *targets, const float *lse, int n_vocab_local, int v0,
                          float scale) {
   const int64_t r = blockIdx.x;
-  float *lr = logits + r * n_vocab_local;
+  E *lr = logits + r * n_vocab_local;
   const float l = lse[r];
   const int64_t tl = (int64_t)targets[r] - v0;  // outside [0, n_vocab_local) when not local
   for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x)
-    lr[j] = scale * (expf(lr[j] - l) - (j == tl ? 1.0f : 0.0f));
+    lr[j] = k_st<E>(scale * (expf(k_ld(lr[j]) - l) - (j == tl ? 1.0f : 0.0f)));
 }
 
-extern "C" void k_cuda_ce_local_stats(const float *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
+extern "C" void k_cuda_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
                                       int v0, float *row_max, float *row_sumexp, float *target_logit) {
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  k_ce_local_stats<<<(unsigned)rows, row_threads(n_vocab_local), 0, k_cuda_cur()->stream>>>(
-      logits, targets, n_vocab_local, v0, row_max, row_sumexp, target_logit);
+  const unsigned nb = (unsigned)rows;
+  const int th = row_threads(n_vocab_local);
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (k_cuda_act() == K_BF16)
+    k_ce_local_stats<k_bf16><<<nb, th, 0, s>>>((const k_bf16 *)logits, targets, n_vocab_local, v0, row_max,
+                                               row_sumexp, target_logit);
+  else
+    k_ce_local_stats<float><<<nb, th, 0, s>>>((const float *)logits, targets, n_vocab_local, v0, row_max,
+                                              row_sumexp, target_logit);
   CUDA_LAUNCH_CHECK("k_ce_local_stats");
 }
 
-extern "C" void k_cuda_ce_bwd(float *logits, const int32_t *targets, const float *lse, int64_t rows,
-                              int n_vocab_local, int v0, float scale) {
+extern "C" void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
+                              int v0, float scale) {
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  k_ce_bwd<<<(unsigned)rows, row_threads(n_vocab_local), 0, k_cuda_cur()->stream>>>(logits, targets, lse,
-                                                                                     n_vocab_local, v0, scale);
+  const unsigned nb = (unsigned)rows;
+  const int th = row_threads(n_vocab_local);
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (k_cuda_act() == K_BF16)
+    k_ce_bwd<k_bf16><<<nb, th, 0, s>>>((k_bf16 *)logits, targets, lse, n_vocab_local, v0, scale);
+  else
+    k_ce_bwd<float><<<nb, th, 0, s>>>((float *)logits, targets, lse, n_vocab_local, v0, scale);
   CUDA_LAUNCH_CHECK("k_ce_bwd");
 }
 
@@ -381,23 +488,35 @@ extern "C" void k_cuda_add(float *y, const float *x, int64_t n) {
   CUDA_LAUNCH_CHECK("k_add");
 }
 
-// Rows of `inner` floats: src row (t, b) goes to dst row (b, t). One block per dst row (grid-
-// strided), so both sides are read and written contiguously.
-__global__ void k_transpose_tb(float *dst, const float *src, int T, int B, int64_t inner) {
+// Rows of `inner` act elements: src row (t, b) goes to dst row (b, t). Only the row's bytes
+// matter, so the rows move as words of W (16, 8, 4 or 2 bytes: the widest that the row length
+// and both pointers allow), one block per dst row (grid-strided): both sides contiguous.
+template <typename W>
+__global__ void k_transpose_tb(W *dst, const W *src, int T, int B, int64_t inner_w) {
   const int64_t rows = (int64_t)T * B;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t b = r / T, t = r % T;
-    const float *s = src + (t * B + b) * inner;
-    float *d = dst + r * inner;
-    for (int64_t c = threadIdx.x; c < inner; c += blockDim.x) d[c] = s[c];
+    const W *s = src + (t * B + b) * inner_w;
+    W *d = dst + r * inner_w;
+    for (int64_t c = threadIdx.x; c < inner_w; c += blockDim.x) d[c] = s[c];
   }
 }
 
-extern "C" void k_cuda_transpose_tb(float *dst, const float *src, int T, int B, int64_t inner) {
+template <typename W>
+static void transpose_run(void *dst, const void *src, int T, int B, int64_t row_bytes) {
+  const int64_t rows = (int64_t)T * B, cap = 1 << 20;
+  k_transpose_tb<W><<<(unsigned)(rows < cap ? rows : cap), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+      (W *)dst, (const W *)src, T, B, row_bytes / (int64_t)sizeof(W));
+  CUDA_LAUNCH_CHECK("k_transpose_tb");
+}
+
+extern "C" void k_cuda_transpose_tb(void *dst, const void *src, int T, int B, int64_t inner) {
   const int64_t rows = (int64_t)T * B;
   if (rows <= 0 || inner <= 0) return;
-  const int64_t cap = 1 << 20;
-  k_transpose_tb<<<(unsigned)(rows < cap ? rows : cap), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(dst, src, T, B,
-                                                                                                   inner);
-  CUDA_LAUNCH_CHECK("k_transpose_tb");
+  const int64_t row_bytes = inner * (int64_t)k_dtype_bytes(k_cuda_act());
+  const uint64_t al = (uint64_t)row_bytes | (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src;
+  if (al % 16 == 0) transpose_run<uint4>(dst, src, T, B, row_bytes);
+  else if (al % 8 == 0) transpose_run<uint2>(dst, src, T, B, row_bytes);
+  else if (al % 4 == 0) transpose_run<uint32_t>(dst, src, T, B, row_bytes);
+  else transpose_run<uint16_t>(dst, src, T, B, row_bytes);
 }
