@@ -2,11 +2,6 @@
 # the commbench tool. They build wherever a CUDA toolkit is found, so CI compiles them; the
 # tests carry the label gpu and need one GPU per rank.
 if(TRAINER_HAVE_CUDA)
-  # comm_nccl.c (in trainer_cuda) calls check_fail and comm_dtype_bytes from trainer_core, which
-  # links trainer_cuda in turn. Declaring the cycle makes CMake repeat both static libraries on
-  # link lines, so no binary fails to link because of the order objects are pulled in.
-  target_link_libraries(trainer_cuda PRIVATE trainer_core)
-
   trainer_add_test(test_comm_nccl tests/test_comm_nccl.c NP 2 LABELS gpu)
   # Rank 0 waits in a barrier rank 1 never joins: the job must end (not hang) with a message
   # naming the group, the operation and the timeout.

@@ -1,5 +1,7 @@
-// Causal grouped-query attention on the GPU, fp32, flash style: scores never go to global
-// memory. Layouts as kernels/cpu/ops_cpu.h: q, o (B,T,nh,hd), k, v (B,T,nkv,hd), lse (B,nh,T);
+// Causal grouped-query attention on the GPU, flash style: scores never go to global memory.
+// Templates over the element type E of q, k, v, o and their gradients (float or bf16, the
+// current backend's activation dtype): tiles are widened to fp32 as they are loaded into shared
+// memory, all math is fp32, outputs are rounded on store; lse and delta are fp32. Layouts as kernels/cpu/ops_cpu.h: q, o (B,T,nh,hd), k, v (B,T,nkv,hd), lse (B,nh,T);
 // head h reads kv head h / (nh/nkv); scale 1/sqrt(hd).
 //
 // Forward: a block takes ATT_QB query rows of one (batch, head), 4 warps of ATT_RPW rows each,
@@ -70,29 +72,30 @@ __device__ __forceinline__ void att_accum(float (&acc)[RPW][NC], const float *w,
 
 // rows [t0, t0 + n_rows) of one head of x (stride ld between positions) into s (n_rows, lds),
 // zeros past T.
-__device__ __forceinline__ void att_load(float *s, int lds, const float *x, int64_t ld, int t0, int n_rows, int T,
+template <typename E>
+__device__ __forceinline__ void att_load(float *s, int lds, const E *x, int64_t ld, int t0, int n_rows, int T,
                                          int hd) {
   for (int idx = threadIdx.x; idx < n_rows * hd; idx += blockDim.x) {
     const int r = idx / hd, d = idx - r * hd, t = t0 + r;
-    s[r * lds + d] = t < T ? x[(int64_t)t * ld + d] : 0.0f;
+    s[r * lds + d] = t < T ? k_ld(x[(int64_t)t * ld + d]) : 0.0f;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-template <int NC>
-__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const float *q, const float *k, const float *v, float *o,
-                                                          float *lse, int T, int nh, int nkv, int hd, float scale) {
+template <typename E, int NC>
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k, const E *v, E *o, float *lse, int T,
+                                                          int nh, int nkv, int hd, float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldk = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_KB * ldk, *Qs = Vs + ATT_KB * ldk, *Ps = Qs + ATT_QB * hd;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int q0 = blockIdx.x * ATT_QB, h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
   const int64_t ldq = (int64_t)nh * hd, ldkv = (int64_t)nkv * hd;
-  const float *qb = q + (int64_t)b * T * ldq + (int64_t)h * hd;
-  const float *kb = k + (int64_t)b * T * ldkv + (int64_t)kh * hd;
-  const float *vb = v + (int64_t)b * T * ldkv + (int64_t)kh * hd;
+  const E *qb = q + (int64_t)b * T * ldq + (int64_t)h * hd;
+  const E *kb = k + (int64_t)b * T * ldkv + (int64_t)kh * hd;
+  const E *vb = v + (int64_t)b * T * ldkv + (int64_t)kh * hd;
   att_load(Qs, hd, qb, ldq, q0, ATT_QB, T, hd);
   float acc[ATT_RPW][NC], m[ATT_RPW], l[ATT_RPW];
 #pragma unroll
@@ -133,10 +136,10 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const float *q, const 
     const int t = q0 + w * ATT_RPW + r;
     if (t >= T) continue;
     const float inv = 1.0f / l[r];
-    float *orow = o + ((int64_t)b * T + t) * ldq + (int64_t)h * hd;
+    E *orow = o + ((int64_t)b * T + t) * ldq + (int64_t)h * hd;
 #pragma unroll
     for (int c = 0; c < NC; c++)
-      if (lane + 32 * c < hd) orow[lane + 32 * c] = acc[r][c] * inv;
+      if (lane + 32 * c < hd) orow[lane + 32 * c] = k_st<E>(acc[r][c] * inv);
     if (lane == 0) lse[((int64_t)b * nh + h) * T + t] = m[r] + logf(l[r]);
   }
 }
@@ -145,24 +148,25 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const float *q, const 
 // Backward
 
 // delta (B,nh,T) = sum_d dO * O: one warp per (b, t, h).
-__global__ void k_attn_delta(const float *dout, const float *o, float *delta, int B, int T, int nh, int hd) {
+template <typename E>
+__global__ void k_attn_delta(const E *dout, const E *o, float *delta, int B, int T, int nh, int hd) {
   const int64_t n_rows = (int64_t)B * T * nh;
   const int lane = threadIdx.x & 31;
   for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n_rows;
        row += (int64_t)gridDim.x * blockDim.x / 32) {
-    const float *a = dout + row * hd, *c = o + row * hd;
+    const E *a = dout + row * hd, *c = o + row * hd;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s = fmaf(a[d], c[d], s);
+    for (int d = lane; d < hd; d += 32) s = fmaf(k_ld(a[d]), k_ld(c[d]), s);
     s = k_warp_sum(s);
     const int64_t bt = row / nh, b = bt / T, t = bt % T, h = row % nh;
     if (lane == 0) delta[(b * nh + h) * T + t] = s;
   }
 }
 
-template <int NC>
+template <typename E, int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_attn_bwd_dq(const float *dout, const float *q, const float *k, const float *v, const float *lse,
-                  const float *delta, float *dq, int T, int nh, int nkv, int hd, float scale) {
+    k_attn_bwd_dq(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta, E *dq,
+                  int T, int nh, int nkv, int hd, float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldk = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_KB * ldk, *Qs = Vs + ATT_KB * ldk, *dOs = Qs + ATT_QB * hd;
@@ -207,19 +211,19 @@ __global__ void __launch_bounds__(ATT_THREADS)
   for (int r = 0; r < ATT_RPW; r++) {
     const int t = q0 + w * ATT_RPW + r;
     if (t >= T) continue;
-    float *row = dq + qoff + (int64_t)t * ldq;
+    E *row = dq + qoff + (int64_t)t * ldq;
 #pragma unroll
     for (int c = 0; c < NC; c++)
-      if (lane + 32 * c < hd) row[lane + 32 * c] = acc[r][c] * scale;
+      if (lane + 32 * c < hd) row[lane + 32 * c] = k_st<E>(acc[r][c] * scale);
   }
 }
 
 // dk, dv of keys [j0, j0 + ATT_QB) of kv head kh: warp w owns keys j0 + w*ATT_RPW + r; in the
 // score loop a lane owns a query row of the current tile of 32.
-template <int NC>
+template <typename E, int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_attn_bwd_dkdv(const float *dout, const float *q, const float *k, const float *v, const float *lse,
-                    const float *delta, float *dk, float *dv, int T, int nh, int nkv, int hd, float scale) {
+    k_attn_bwd_dkdv(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta, E *dk,
+                    E *dv, int T, int nh, int nkv, int hd, float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldq_s = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_QB * hd, *Qs = Vs + ATT_QB * hd, *dOs = Qs + ATT_KB * ldq_s;
@@ -271,13 +275,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
   for (int r = 0; r < ATT_RPW; r++) {
     const int key = j0 + w * ATT_RPW + r;
     if (key >= T) continue;
-    float *rk = dk + kvoff + (int64_t)key * ldkv, *rv = dv + kvoff + (int64_t)key * ldkv;
+    E *rk = dk + kvoff + (int64_t)key * ldkv, *rv = dv + kvoff + (int64_t)key * ldkv;
 #pragma unroll
     for (int c = 0; c < NC; c++) {
       const int d = lane + 32 * c;
       if (d < hd) {
-        rk[d] = gk[r][c] * scale;
-        rv[d] = gv[r][c];
+        rk[d] = k_st<E>(gk[r][c] * scale);
+        rv[d] = k_st<E>(gv[r][c]);
       }
     }
   }
@@ -303,62 +307,80 @@ static void att_smem(F *kernel, size_t n_bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)n_bytes));
 }
 
-template <int NC>
-static void att_fwd_launch(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T,
-                           int nh, int nkv, int hd, cudaStream_t s) {
+template <typename E, int NC>
+static void att_fwd_launch(const E *q, const E *k, const E *v, E *o, float *lse, int B, int T, int nh, int nkv, int hd,
+                           cudaStream_t s) {
   const size_t sh = sizeof(float) * ((size_t)2 * ATT_KB * (hd + 4) + (size_t)ATT_QB * hd + ATT_QB * 32);
-  att_smem(k_attn_fwd<NC>, sh);
+  att_smem(k_attn_fwd<E, NC>, sh);
   const dim3 grid((T + ATT_QB - 1) / ATT_QB, nh, B);
-  k_attn_fwd<NC><<<grid, ATT_THREADS, sh, s>>>(q, k, v, o, lse, T, nh, nkv, hd, 1.0f / sqrtf((float)hd));
+  k_attn_fwd<E, NC><<<grid, ATT_THREADS, sh, s>>>(q, k, v, o, lse, T, nh, nkv, hd, 1.0f / sqrtf((float)hd));
   CUDA_LAUNCH_CHECK("k_attn_fwd");
 }
 
-template <int NC>
-static void att_bwd_launch(const float *dout, const float *q, const float *k, const float *v, const float *lse,
-                           const float *delta, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd,
-                           cudaStream_t s) {
+template <typename E, int NC>
+static void att_bwd_launch(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta,
+                           E *dq, E *dk, E *dv, int B, int T, int nh, int nkv, int hd, cudaStream_t s) {
   const float scale = 1.0f / sqrtf((float)hd);
   const size_t sh_dq =
       sizeof(float) * ((size_t)2 * ATT_KB * (hd + 4) + (size_t)2 * ATT_QB * hd + ATT_QB * 32);
-  att_smem(k_attn_bwd_dq<NC>, sh_dq);
-  k_attn_bwd_dq<NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nh, B), ATT_THREADS, sh_dq, s>>>(dout, q, k, v, lse, delta, dq,
-                                                                                       T, nh, nkv, hd, scale);
+  att_smem(k_attn_bwd_dq<E, NC>, sh_dq);
+  k_attn_bwd_dq<E, NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nh, B), ATT_THREADS, sh_dq, s>>>(dout, q, k, v, lse, delta,
+                                                                                          dq, T, nh, nkv, hd, scale);
   CUDA_LAUNCH_CHECK("k_attn_bwd_dq");
   const size_t sh_kv = sizeof(float) * ((size_t)2 * ATT_QB * hd + (size_t)2 * ATT_KB * (hd + 4) + 2 * ATT_KB +
                                         (size_t)2 * ATT_WARPS * ATT_RPW * 32);
-  att_smem(k_attn_bwd_dkdv<NC>, sh_kv);
-  k_attn_bwd_dkdv<NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nkv, B), ATT_THREADS, sh_kv, s>>>(
+  att_smem(k_attn_bwd_dkdv<E, NC>, sh_kv);
+  k_attn_bwd_dkdv<E, NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nkv, B), ATT_THREADS, sh_kv, s>>>(
       dout, q, k, v, lse, delta, dk, dv, T, nh, nkv, hd, scale);
   CUDA_LAUNCH_CHECK("k_attn_bwd_dkdv");
 }
 
-extern "C" void k_cuda_attn_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T,
-                                int nh, int nkv, int hd) {
-  att_check(B, T, nh, nkv, hd);
-  if (B <= 0 || T <= 0 || nh <= 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
+template <typename E>
+static void att_fwd_run(const void *qv, const void *kv, const void *vv, void *ov, float *lse, int B, int T, int nh,
+                        int nkv, int hd, cudaStream_t s) {
+  const E *q = (const E *)qv, *k = (const E *)kv, *v = (const E *)vv;
+  E *o = (E *)ov;
   switch (att_nc(hd)) {
-    case 1: att_fwd_launch<1>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    case 2: att_fwd_launch<2>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    case 4: att_fwd_launch<4>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    default: att_fwd_launch<8>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
+    case 1: att_fwd_launch<E, 1>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
+    case 2: att_fwd_launch<E, 2>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
+    case 4: att_fwd_launch<E, 4>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
+    default: att_fwd_launch<E, 8>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
   }
 }
 
-extern "C" void k_cuda_attn_bwd(const float *dout, const float *q, const float *k, const float *v, const float *o,
-                                const float *lse, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv,
+template <typename E>
+static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const void *vv, const void *ov,
+                        const float *lse, void *dqv, void *dkv, void *dvv, int B, int T, int nh, int nkv, int hd,
+                        cudaStream_t s) {
+  const E *dout = (const E *)doutv, *q = (const E *)qv, *k = (const E *)kv, *v = (const E *)vv, *o = (const E *)ov;
+  E *dq = (E *)dqv, *dk = (E *)dkv, *dv = (E *)dvv;
+  const int64_t n_rows = (int64_t)B * T * nh;
+  float *delta = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_rows);  // (B, nh, T)
+  k_attn_delta<E><<<k_cuda_blocks(n_rows * 32, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(dout, o, delta, B, T, nh, hd);
+  CUDA_LAUNCH_CHECK("k_attn_delta");
+  switch (att_nc(hd)) {
+    case 1: att_bwd_launch<E, 1>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    case 2: att_bwd_launch<E, 2>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    case 4: att_bwd_launch<E, 4>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    default: att_bwd_launch<E, 8>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+  }
+}
+
+extern "C" void k_cuda_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh,
+                                int nkv, int hd) {
+  att_check(B, T, nh, nkv, hd);
+  if (B <= 0 || T <= 0 || nh <= 0) return;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (k_cuda_act() == K_BF16) att_fwd_run<k_bf16>(q, k, v, o, lse, B, T, nh, nkv, hd, s);
+  else att_fwd_run<float>(q, k, v, o, lse, B, T, nh, nkv, hd, s);
+}
+
+extern "C" void k_cuda_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
+                                const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv,
                                 int hd) {
   att_check(B, T, nh, nkv, hd);
   if (B <= 0 || T <= 0 || nh <= 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
-  const int64_t n_rows = (int64_t)B * T * nh;
-  float *delta = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_rows);  // (B, nh, T)
-  k_attn_delta<<<k_cuda_blocks(n_rows * 32, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(dout, o, delta, B, T, nh, hd);
-  CUDA_LAUNCH_CHECK("k_attn_delta");
-  switch (att_nc(hd)) {
-    case 1: att_bwd_launch<1>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    case 2: att_bwd_launch<2>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    case 4: att_bwd_launch<4>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    default: att_bwd_launch<8>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-  }
+  if (k_cuda_act() == K_BF16) att_bwd_run<k_bf16>(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
+  else att_bwd_run<float>(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
 }

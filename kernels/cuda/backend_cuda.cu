@@ -10,6 +10,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/attn_cudnn.h"
 
 #include <string.h>
 
@@ -99,7 +100,8 @@ static cudaDataType k_cuda_data_type(k_dtype t) { return t == K_BF16 ? CUDA_R_16
 // C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLAS's first
 // operand is B (its op is trans_b, ld ldb), its second A (op trans_a, ld lda), m = N, n = M.
 // A and B are in the act dtype, C in c_type (act, or fp32 for bf16 x bf16 -> fp32); the
-// accumulation is fp32 (CUBLAS_COMPUTE_32F: bf16 inputs run on the tensor cores at full rate).
+// accumulation is fp32 (CUBLAS_COMPUTE_32F: bf16 inputs run on the tensor cores at full rate),
+// split-K reductions included (see the math mode set at creation), so a bf16 C is rounded once.
 // Any leading dimension works, but bf16 operands reach the fast kernels only when every ld is a
 // multiple of 8 elements and the pointers are 16-byte aligned.
 extern "C" void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
@@ -147,6 +149,31 @@ static int64_t cuda_mem_used(k_backend *b) {
   return (int64_t)(total_bytes - free_bytes);
 }
 
+// Attention: cuDNN's fused flash attention for bf16 activations (deterministic backward), the
+// own tiled kernel for fp32 activations, for shapes cuDNN refuses, or with TRAINER_CUDA_ATTN=own.
+static int use_cudnn_attn(void) {
+  static int own = -1;
+  if (own < 0) {
+    const char *env = getenv("TRAINER_CUDA_ATTN");
+    own = env && strcmp(env, "own") == 0;
+  }
+  return !own && k_cuda_act() == K_BF16;
+}
+
+static void attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
+                     int hd) {
+  if (use_cudnn_attn() && k_cudnn_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd, k_cuda_stream()) == 0) return;
+  k_cuda_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+}
+
+static void attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
+                     void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
+  if (use_cudnn_attn() &&
+      k_cudnn_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, k_cuda_stream()) == 0)
+    return;
+  k_cuda_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+}
+
 extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
 
 extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
@@ -165,6 +192,11 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   c->cublas_ws_bytes = k_cublas_ws_bytes;
   CUDA_CHECK(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes));
   CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes));
+  // bf16 outputs: without this flag cuBLAS may pick split-K kernels that add the partial sums
+  // in bf16 (reduced-precision reduction), several roundings of sums larger than the result;
+  // with it every reduction is fp32 and a bf16 C is rounded once, at the end.
+  CUBLAS_CHECK(cublasSetMathMode(
+      c->cublas, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   // With fp32 activations, full fp32 GEMMs by default so that GPU runs track the CPU reference;
   // TF32 is an opt-in speed-up. bf16 activations always accumulate in fp32.
   const char *tf32 = getenv("TRAINER_CUDA_TF32");
@@ -192,8 +224,8 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
   b->rope = k_cuda_rope;
-  b->attn_fwd = k_cuda_attn_fwd;
-  b->attn_bwd = k_cuda_attn_bwd;
+  b->attn_fwd = attn_fwd;
+  b->attn_bwd = attn_bwd;
   b->swiglu_fwd = k_cuda_swiglu_fwd;
   b->swiglu_bwd = k_cuda_swiglu_bwd;
   b->embed_fwd = k_cuda_embed_fwd;

@@ -1,0 +1,731 @@
+// Causal bf16 attention (forward and backward) on cuDNN's fused flash-attention engines,
+// through cuDNN 9's graph API in its C form (backend descriptors): each direction is one
+// operation graph of matmuls, pointwise ops and reductions that cuDNN recognises as its SDPA
+// pattern and runs as a fused kernel. Contract and layouts: kernels/cuda/attn_cudnn.h.
+//
+// Nothing here needs a cuDNN newer than 9.14 (the GPU hosts' runtime): the single-node SDPA
+// descriptors of newer releases (OPERATION_SDPA_FWD/BWD) are not used, since on Hopper with
+// 9.14 only the composite pattern below is served.
+//
+// Forward graph, per (batch, head), scores S (T, T) never leave the chip:
+//   S = Q K^T * scale, causal-masked (row >= col keeps, else -FLT_MAX)
+//   M = rowmax S, Z = rowsum exp(S - M), stats = M + log Z (natural log: our lse exactly)
+//   O = (exp(S - M) / Z) V
+// Backward graph (flash-attention backward, P recomputed from the saved stats):
+//   delta = rowsum(dO * O)  -> fp32 buffer in our workspace (the engine wants it in memory)
+//   P = exp(Q K^T * scale - stats), causal-masked;  dV = P^T dO
+//   dS = P * (dO V^T - delta) * scale;  dK = dS^T Q;  dQ = dS K
+//   with nkv < nh, dK and dV are produced per query head and summed over each group by a
+//   reduction in the graph.
+// dQ either comes from one matmul (deterministic: cuDNN keeps dP in its workspace) or
+// accumulates in an fp32 buffer with atomics, then converts (less memory, not reproducible).
+#include "kernels/cuda/attn_cudnn.h"
+#include "kernels/cuda/cuda_check.h"
+
+#include <cudnn_graph.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Execution-time failures are bugs or broken devices, not unsupported shapes: they end the job
+// like every other check, with cuDNN's status name and its last error message.
+#define CUDNN_CHECK(call)                                                                           \
+  do {                                                                                              \
+    cudnnStatus_t cudnn_rc_ = (call);                                                               \
+    if (cudnn_rc_ != CUDNN_STATUS_SUCCESS) {                                                        \
+      char cudnn_msg_[256] = "";                                                                    \
+      cudnnGetLastErrorString(cudnn_msg_, sizeof cudnn_msg_);                                       \
+      k_cuda_fail(__FILE__, __LINE__, __func__, #call, "cuDNN", cudnnGetErrorString(cudnn_rc_),     \
+                  cudnn_msg_);                                                                      \
+    }                                                                                               \
+  } while (0)
+
+typedef cudnnBackendDescriptor_t desc_t;
+
+// Unique ids of the tensors the caller's pointers (or our workspace, or host scalars) back.
+// Virtual tensors take ids from UID_VIRTUAL up.
+enum {
+  UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV,
+  UID_SCALE, UID_NEG, UID_ONE, UID_DELTA, UID_DQ_ACC, UID_SEQ_Q, UID_SEQ_KV,
+  UID_VIRTUAL = 100
+};
+
+enum { ATTN_CACHE = 32, ATTN_MAX_DEV = 64, ATTN_ALIGN = 256 };
+
+typedef struct {
+  int64_t d[4], s[4];
+} shape4;
+
+// One operation graph under construction. Every descriptor made for it is kept until the plan
+// is freed: the plan was finalised against them and cuDNN documents no ownership transfer.
+// The first failing call is remembered in why, later calls do nothing.
+typedef struct {
+  desc_t *all;
+  int n_all, cap_all;
+  desc_t ops[48];
+  int n_ops;
+  int64_t next_uid;
+  int failed;
+  char why[512];
+} attn_graph;
+
+typedef struct {
+  int used, dir, det_req, device;
+  int B, T, nh, nkv, hd;
+  int status;  // 0 planned, -1 refused by cuDNN (kept so refusals stay cheap)
+  uint64_t last_use;
+  attn_graph g;
+  desc_t plan;
+  int64_t engine;
+  int64_t ws_cudnn;            // cuDNN's own workspace, at offset 0
+  int64_t off_delta, off_dqacc, ws_total;
+  int det_graph, nondet_note, padded;
+  int32_t *seq_len;            // (2, B) device: T for every batch, for the padding-mask workaround
+  float scale, neg, one;       // host values of the by-value scalars
+} attn_plan;
+
+static struct {
+  int version;                          // runtime cuDNN version, 0 until probed, -1 unusable
+  int det;                              // requested backward flavour for new plans
+  int init_det;
+  cudnnHandle_t handle[ATTN_MAX_DEV];
+  int handle_state[ATTN_MAX_DEV];       // 0 untried, 1 ready, -1 cudnnCreate failed
+  attn_plan cache[ATTN_CACHE];
+  uint64_t clock;
+  void *ws;
+  size_t ws_bytes;
+} attn_state;
+
+// ---------------------------------------------------------------------------------------------
+// Graph building: thin checked wrappers over the backend descriptor calls
+
+static void g_fail(attn_graph *g, const char *what, cudnnStatus_t st) {
+  if (g->failed) return;
+  g->failed = 1;
+  char last[384] = "";
+  cudnnGetLastErrorString(last, sizeof last);
+  snprintf(g->why, sizeof g->why, "%s: %s%s%s", what, cudnnGetErrorString(st), last[0] ? " - " : "", last);
+}
+
+static desc_t g_new(attn_graph *g, cudnnBackendDescriptorType_t type) {
+  if (g->failed) return NULL;
+  desc_t d = NULL;
+  const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    g_fail(g, "cudnnBackendCreateDescriptor", st);
+    return NULL;
+  }
+  if (g->n_all == g->cap_all) {
+    g->cap_all = g->cap_all ? 2 * g->cap_all : 128;
+    g->all = (desc_t *)realloc(g->all, sizeof(desc_t) * (size_t)g->cap_all);
+    CHECK(g->all != NULL, "out of host memory for %d cuDNN descriptors", g->cap_all);
+  }
+  g->all[g->n_all++] = d;
+  return d;
+}
+
+static void g_set(attn_graph *g, desc_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                  int64_t n, const void *v) {
+  if (g->failed) return;
+  const cudnnStatus_t st = cudnnBackendSetAttribute(d, name, type, n, v);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    char what[64];
+    snprintf(what, sizeof what, "cudnnBackendSetAttribute(attribute %d)", (int)name);
+    g_fail(g, what, st);
+  }
+}
+
+static void g_finalize(attn_graph *g, desc_t d, const char *what) {
+  if (g->failed) return;
+  const cudnnStatus_t st = cudnnBackendFinalize(d);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    char w[96];
+    snprintf(w, sizeof w, "cudnnBackendFinalize(%s)", what);
+    g_fail(g, w, st);
+  }
+}
+
+static void g_free(attn_graph *g) {
+  for (int i = g->n_all - 1; i >= 0; i--) cudnnBackendDestroyDescriptor(g->all[i]);
+  free(g->all);
+  memset(g, 0, sizeof *g);
+}
+
+static desc_t g_tensor(attn_graph *g, int64_t uid, cudnnDataType_t dt, const shape4 *sh, bool is_virtual,
+                       bool by_value) {
+  desc_t t = g_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t align = 16;  // the header asks callers for 16-byte aligned pointers
+  g_set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+  g_set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, sh->d);
+  g_set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, sh->s);
+  g_set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  g_set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+  g_set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+  if (by_value) g_set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+  g_finalize(g, t, "tensor");
+  return t;
+}
+
+static desc_t g_virt(attn_graph *g, cudnnDataType_t dt, const shape4 *sh) {
+  return g_tensor(g, g->next_uid++, dt, sh, true, false);
+}
+
+static void g_op(attn_graph *g, desc_t op, const char *what) {
+  g_finalize(g, op, what);
+  if (g->failed) return;
+  CHECK(g->n_ops < (int)(sizeof g->ops / sizeof g->ops[0]), "attention graph has more than %d operations",
+        (int)(sizeof g->ops / sizeof g->ops[0]));
+  g->ops[g->n_ops++] = op;
+}
+
+// y = mode(x [, b [, t]]). axis >= 0 only for GEN_INDEX. For BINARY_SELECT, t is the predicate:
+// y = t ? x : b.
+static void g_pw(attn_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, desc_t x, desc_t b, desc_t t,
+                 desc_t y, int64_t axis) {
+  desc_t pw = g_new(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  g_set(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  g_set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  if (axis >= 0) g_set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+  g_finalize(g, pw, "pointwise");
+  desc_t op = g_new(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+  g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+  if (b) g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+  if (t) g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+  g_set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  g_op(g, op, "pointwise operation");
+}
+
+// Fp32 pointwise op into a new virtual fp32 tensor of shape sh.
+static desc_t g_pwf(attn_graph *g, cudnnPointwiseMode_t mode, desc_t x, desc_t b, const shape4 *sh) {
+  desc_t y = g_virt(g, CUDNN_DATA_FLOAT, sh);
+  g_pw(g, mode, CUDNN_DATA_FLOAT, x, b, NULL, y, -1);
+  return y;
+}
+
+// c = a b over the last two dims, batched over the first two (b may have fewer heads: grouped
+// query). The overrides (per-batch row counts, or NULL) go with the padding-mask workaround.
+static void g_matmul(attn_graph *g, desc_t a, desc_t b, desc_t c, desc_t m_ovr, desc_t n_ovr, desc_t k_ovr) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  desc_t mm = g_new(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+  g_set(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+  g_finalize(g, mm, "matmul");
+  desc_t op = g_new(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+  g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+  g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+  g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+  g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+  if (m_ovr) g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m_ovr);
+  if (n_ovr) g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n_ovr);
+  if (k_ovr) g_set(g, op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k_ovr);
+  g_op(g, op, "matmul operation");
+}
+
+// y = reduce(x) over the dims where y is smaller (the last dim, or the heads of a kv group).
+static void g_reduce(attn_graph *g, cudnnReduceTensorOp_t red, desc_t x, desc_t y) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  desc_t r = g_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  g_set(g, r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
+  g_set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+  g_finalize(g, r, "reduction");
+  desc_t op = g_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  g_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+  g_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  g_set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
+  g_op(g, op, "reduction operation");
+}
+
+// A transposed view (same elements, y's dims and strides): how the graph says "use X^T".
+static void g_reshape(attn_graph *g, desc_t x, desc_t y) {
+  desc_t op = g_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+  g_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+  g_set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  g_op(g, op, "reshape operation");
+}
+
+// Causal mask on scores x (b, h, s_q, s_kv): keeps row >= col, writes -FLT_MAX elsewhere (not
+// -inf: exp of it is 0 all the same, and max/sub stay finite).
+static desc_t g_causal(attn_graph *g, desc_t x, const shape4 *sh, desc_t neg) {
+  desc_t row = g_virt(g, CUDNN_DATA_INT32, sh), col = g_virt(g, CUDNN_DATA_INT32, sh);
+  g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, row, 2);
+  g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, col, 3);
+  desc_t keep = g_virt(g, CUDNN_DATA_BOOLEAN, sh);
+  g_pw(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, -1);
+  desc_t y = g_virt(g, CUDNN_DATA_FLOAT, sh);
+  g_pw(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, neg, keep, y, -1);
+  return y;
+}
+
+// Padding mask (row < seq_q[b] and col < seq_kv[b] keep). With seq lengths equal to T it masks
+// nothing; NVIDIA's own frontend adds it to the backward for cuDNN <= 9.15 when T % 128 != 0,
+// as a workaround for the backend's handling of partial tiles, and so do we.
+static desc_t g_padding(attn_graph *g, desc_t x, const shape4 *sh, desc_t seq_q, desc_t seq_kv, desc_t neg) {
+  desc_t row = g_virt(g, CUDNN_DATA_INT32, sh), col = g_virt(g, CUDNN_DATA_INT32, sh);
+  g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, row, 2);
+  g_pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, col, 3);
+  desc_t row_ok = g_virt(g, CUDNN_DATA_BOOLEAN, sh), col_ok = g_virt(g, CUDNN_DATA_BOOLEAN, sh);
+  g_pw(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, seq_q, NULL, row_ok, -1);
+  g_pw(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, seq_kv, NULL, col_ok, -1);
+  desc_t keep = g_virt(g, CUDNN_DATA_BOOLEAN, sh);
+  g_pw(g, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_ok, col_ok, NULL, keep, -1);
+  desc_t y = g_virt(g, CUDNN_DATA_FLOAT, sh);
+  g_pw(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, neg, keep, y, -1);
+  return y;
+}
+
+// The engine behind a finalised plan: its global index and whether cuDNN flags it as
+// nondeterministic.
+static void engine_info(attn_graph *g, desc_t cfg, int64_t *engine, int *nondet) {
+  *engine = -1;
+  *nondet = 0;
+  desc_t eng = g_new(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  if (!eng) return;
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) !=
+      CUDNN_STATUS_SUCCESS)
+    return;
+  cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, engine);
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  n = 0;
+  if (cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS)
+    for (int64_t i = 0; i < n; i++)
+      if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) *nondet = 1;
+}
+
+// Operation graph -> heuristics -> the first engine configuration that finalises into a plan.
+static void g_make_plan(attn_plan *p, cudnnHandle_t h) {
+  attn_graph *g = &p->g;
+  desc_t og = g_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  g_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  g_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->n_ops, g->ops);
+  g_finalize(g, og, "operation graph");
+  const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+  for (int m = 0; m < 2 && !g->failed && !p->plan; m++) {
+    desc_t heur = g_new(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    g_set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
+    g_set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+    g_finalize(g, heur, "engine heuristics");
+    if (g->failed) {
+      // No heuristics for this graph in this mode (fallback may still have some): try the next.
+      if (m == 0) g->failed = 0;
+      continue;
+    }
+    int64_t n = 0;
+    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, NULL) !=
+            CUDNN_STATUS_SUCCESS ||
+        n <= 0)
+      continue;
+    if (n > 16) n = 16;
+    desc_t cfg[16];
+    for (int64_t i = 0; i < n; i++) cfg[i] = g_new(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    if (g->failed) return;
+    int64_t got = 0;
+    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, cfg) !=
+        CUDNN_STATUS_SUCCESS)
+      continue;
+    for (int64_t i = 0; i < got && !p->plan; i++) {
+      desc_t plan = NULL;
+      if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+        continue;
+      cudnnStatus_t st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+      if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                      1, &cfg[i]);
+      if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(plan);
+      int64_t ws = 0, cnt = 0;
+      if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        last = st;
+        cudnnBackendDestroyDescriptor(plan);
+        continue;
+      }
+      p->plan = plan;
+      p->ws_cudnn = ws;
+      engine_info(g, cfg[i], &p->engine, &p->nondet_note);
+    }
+  }
+  if (!p->plan && !g->failed) g_fail(g, "no engine configuration finalised into an execution plan", last);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two graphs. Dims are in cuDNN's order (b, h, s, d); our (B, T, H, hd) rows give strides
+// (T*H*hd, hd, H*hd, 1). K^T and V^T are the same memory with the last two dims swapped.
+
+static shape4 sh_bshd(int64_t B, int64_t H, int64_t T, int64_t D) {
+  shape4 s = {{B, H, T, D}, {T * H * D, D, H * D, 1}};
+  return s;
+}
+static shape4 sh_bshd_t(int64_t B, int64_t H, int64_t T, int64_t D) {
+  shape4 s = {{B, H, D, T}, {T * H * D, D, 1, H * D}};
+  return s;
+}
+static shape4 sh_packed(int64_t B, int64_t H, int64_t R, int64_t C) {
+  shape4 s = {{B, H, R, C}, {H * R * C, R * C, C, 1}};
+  return s;
+}
+static shape4 sh_scalar(void) {
+  shape4 s = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+  return s;
+}
+
+static void build_fwd(attn_plan *p, cudnnHandle_t h) {
+  attn_graph *g = &p->g;
+  const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
+  const shape4 q_sh = sh_bshd(B, H, T, D), kt_sh = sh_bshd_t(B, Hk, T, D), kv_sh = sh_bshd(B, Hk, T, D);
+  const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
+  desc_t q = g_tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t kt = g_tensor(g, UID_K, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
+  desc_t v = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
+  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
+  desc_t scale = g_tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, &one_sh, false, true);
+  desc_t neg = g_tensor(g, UID_NEG, CUDNN_DATA_FLOAT, &one_sh, false, true);
+
+  desc_t s = g_virt(g, CUDNN_DATA_FLOAT, &s_sh);
+  g_matmul(g, q, kt, s, NULL, NULL, NULL);
+  desc_t ss = g_pwf(g, CUDNN_POINTWISE_MUL, s, scale, &s_sh);
+  desc_t sm = g_causal(g, ss, &s_sh, neg);
+  desc_t mx = g_virt(g, CUDNN_DATA_FLOAT, &r_sh);
+  g_reduce(g, CUDNN_REDUCE_TENSOR_MAX, sm, mx);
+  desc_t e = g_pwf(g, CUDNN_POINTWISE_EXP, g_pwf(g, CUDNN_POINTWISE_SUB, sm, mx, &s_sh), NULL, &s_sh);
+  desc_t z = g_virt(g, CUDNN_DATA_FLOAT, &r_sh);
+  g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, z);
+  desc_t logz = g_pwf(g, CUDNN_POINTWISE_LOG, z, NULL, &r_sh);
+  g_pw(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, mx, logz, NULL, stats, -1);
+  desc_t prob = g_virt(g, CUDNN_DATA_BFLOAT16, &s_sh);  // the second matmul takes P in the io type
+  g_pw(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, z, NULL, prob, -1);
+  g_matmul(g, prob, v, o, NULL, NULL, NULL);
+  if (!g->failed) g_make_plan(p, h);
+}
+
+// det: dQ from one matmul straight into dq; else through an fp32 accumulator (UID_DQ_ACC).
+static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
+  attn_graph *g = &p->g;
+  const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
+  const shape4 q_sh = sh_bshd(B, H, T, D), kt_sh = sh_bshd_t(B, Hk, T, D), kv_sh = sh_bshd(B, Hk, T, D);
+  const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
+  const shape4 full_sh = sh_packed(B, H, T, D);
+  const shape4 st_sh = {{B, H, T, T}, {H * T * T, T * T, 1, T}};  // (b, h, s_kv, s_q) view of (.., s_q, s_kv)
+  const shape4 seq_sh = {{B, 1, 1, 1}, {1, 1, 1, 1}};
+  desc_t q = g_tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t kt = g_tensor(g, UID_K, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
+  desc_t vt = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
+  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t d_o = g_tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
+  desc_t dq = g_tensor(g, UID_DQ, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t dk = g_tensor(g, UID_DK, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
+  desc_t dv = g_tensor(g, UID_DV, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
+  desc_t scale = g_tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, &one_sh, false, true);
+  desc_t neg = g_tensor(g, UID_NEG, CUDNN_DATA_FLOAT, &one_sh, false, true);
+  desc_t one = g_tensor(g, UID_ONE, CUDNN_DATA_FLOAT, &one_sh, false, true);
+  desc_t delta = g_tensor(g, UID_DELTA, CUDNN_DATA_FLOAT, &r_sh, false, false);
+  desc_t seq_q = NULL, seq_kv = NULL;
+  if (p->padded) {
+    seq_q = g_tensor(g, UID_SEQ_Q, CUDNN_DATA_INT32, &seq_sh, false, false);
+    seq_kv = g_tensor(g, UID_SEQ_KV, CUDNN_DATA_INT32, &seq_sh, false, false);
+  }
+
+  // delta = rowsum(dO * O); the multiply by one is where a dropout scale would go, and the
+  // engine's pattern expects it.
+  desc_t doo = g_pwf(g, CUDNN_POINTWISE_MUL, d_o, o, &q_sh);
+  desc_t dsum = g_virt(g, CUDNN_DATA_FLOAT, &r_sh);
+  g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
+  g_pw(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dsum, one, NULL, delta, -1);
+
+  // P = exp(S * scale - stats), masked.
+  desc_t s = g_virt(g, CUDNN_DATA_FLOAT, &s_sh);
+  g_matmul(g, q, kt, s, seq_q, seq_kv, NULL);
+  desc_t ss = g_pwf(g, CUDNN_POINTWISE_MUL, s, scale, &s_sh);
+  desc_t sl = g_pwf(g, CUDNN_POINTWISE_SUB, ss, stats, &s_sh);
+  if (p->padded) sl = g_padding(g, sl, &s_sh, seq_q, seq_kv, neg);
+  desc_t sm = g_causal(g, sl, &s_sh, neg);
+  desc_t prob = g_pwf(g, CUDNN_POINTWISE_EXP, sm, NULL, &s_sh);
+
+  // dV = P^T dO, summed over the query heads of each kv head.
+  desc_t prob_t = g_virt(g, CUDNN_DATA_BFLOAT16, &st_sh);
+  g_reshape(g, prob, prob_t);
+  if (H == Hk) {
+    g_matmul(g, prob_t, d_o, dv, seq_kv, NULL, seq_q);
+  } else {
+    desc_t dv_full = g_virt(g, CUDNN_DATA_BFLOAT16, &full_sh);
+    g_matmul(g, prob_t, d_o, dv_full, seq_kv, NULL, seq_q);
+    g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
+  }
+
+  // dS = P * (dO V^T - delta) * scale.
+  desc_t dp = g_virt(g, CUDNN_DATA_FLOAT, &s_sh);
+  g_matmul(g, d_o, vt, dp, seq_q, seq_kv, NULL);
+  desc_t ds0 = g_pwf(g, CUDNN_POINTWISE_SUB, dp, delta, &s_sh);
+  desc_t ds1 = g_pwf(g, CUDNN_POINTWISE_MUL, ds0, prob, &s_sh);
+  desc_t ds = g_pwf(g, CUDNN_POINTWISE_MUL, ds1, scale, &s_sh);
+
+  // dK = dS^T Q, summed over each group like dV.
+  desc_t ds_t = g_virt(g, CUDNN_DATA_BFLOAT16, &st_sh);
+  g_reshape(g, ds, ds_t);
+  if (H == Hk) {
+    g_matmul(g, ds_t, q, dk, seq_kv, NULL, seq_q);
+  } else {
+    desc_t dk_full = g_virt(g, CUDNN_DATA_BFLOAT16, &full_sh);
+    g_matmul(g, ds_t, q, dk_full, seq_kv, NULL, seq_q);
+    g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
+  }
+
+  // dQ = dS K, K being K^T viewed back.
+  desc_t k = g_virt(g, CUDNN_DATA_BFLOAT16, &kv_sh);
+  g_reshape(g, kt, k);
+  if (det) {
+    g_matmul(g, ds, k, dq, seq_q, NULL, seq_kv);
+  } else {
+    desc_t acc = g_tensor(g, UID_DQ_ACC, CUDNN_DATA_FLOAT, &full_sh, false, false);
+    g_matmul(g, ds, k, acc, seq_q, NULL, seq_kv);
+    g_pw(g, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, acc, NULL, NULL, dq, -1);
+  }
+  if (!g->failed) g_make_plan(p, h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handles, workspace, plan cache
+
+int k_cudnn_attn_version(void) {
+  if (attn_state.version == 0) {
+    const size_t v = cudnnGetVersion();
+    attn_state.version = v >= 90000 ? (int)v : -1;  // the graph pattern below is cuDNN 9's
+    if (attn_state.version < 0) fprintf(stderr, "attn_cudnn: cuDNN %zu found, 9.x needed; using the fallback kernels\n", v);
+  }
+  return attn_state.version > 0 ? attn_state.version : 0;
+}
+
+static cudnnHandle_t get_handle(int dev) {
+  if (dev < 0 || dev >= ATTN_MAX_DEV) return NULL;
+  if (attn_state.handle_state[dev] == 0) {
+    const cudnnStatus_t st = cudnnCreate(&attn_state.handle[dev]);
+    attn_state.handle_state[dev] = st == CUDNN_STATUS_SUCCESS ? 1 : -1;
+    if (st != CUDNN_STATUS_SUCCESS) {
+      char msg[256] = "";
+      cudnnGetLastErrorString(msg, sizeof msg);
+      fprintf(stderr, "attn_cudnn: cudnnCreate failed on device %d: %s %s; using the fallback kernels\n", dev,
+              cudnnGetErrorString(st), msg);
+    }
+  }
+  return attn_state.handle_state[dev] == 1 ? attn_state.handle[dev] : NULL;
+}
+
+static void plan_free(attn_plan *p) {
+  if (!p->used) return;
+  if (p->plan) cudnnBackendDestroyDescriptor(p->plan);
+  g_free(&p->g);
+  if (p->seq_len) CUDA_CHECK(cudaFree(p->seq_len));
+  memset(p, 0, sizeof *p);
+}
+
+void k_cudnn_attn_free(void) {
+  for (int i = 0; i < ATTN_CACHE; i++) plan_free(&attn_state.cache[i]);
+  if (attn_state.ws) CUDA_CHECK(cudaFree(attn_state.ws));
+  attn_state.ws = NULL;
+  attn_state.ws_bytes = 0;
+  for (int d = 0; d < ATTN_MAX_DEV; d++) {
+    if (attn_state.handle_state[d] == 1) cudnnDestroy(attn_state.handle[d]);
+    attn_state.handle_state[d] = 0;
+  }
+}
+
+void k_cudnn_attn_set_deterministic(int on) {
+  attn_state.det = on ? 1 : 0;
+  attn_state.init_det = 1;
+}
+
+static int want_det(void) {
+  if (!attn_state.init_det) k_cudnn_attn_set_deterministic(1);
+  return attn_state.det;
+}
+
+static attn_plan *cache_find(int dir, int det, int dev, int B, int T, int nh, int nkv, int hd) {
+  for (int i = 0; i < ATTN_CACHE; i++) {
+    attn_plan *p = &attn_state.cache[i];
+    if (p->used && p->dir == dir && p->det_req == det && p->device == dev && p->B == B && p->T == T &&
+        p->nh == nh && p->nkv == nkv && p->hd == hd)
+      return p;
+  }
+  return NULL;
+}
+
+static size_t align_up(size_t n) { return (n + ATTN_ALIGN - 1) / ATTN_ALIGN * ATTN_ALIGN; }
+
+// Builds the plan of a shape (the deterministic backward first when det, the atomic one if that
+// cannot be planned). Refusals are cached too, with one line on stderr saying why.
+static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd) {
+  const int det = dir == 1 ? want_det() : 0;
+  attn_plan *p = cache_find(dir, det, dev, B, T, nh, nkv, hd);
+  if (!p) {
+    attn_plan *slot = NULL;
+    for (int i = 0; i < ATTN_CACHE && !slot; i++)
+      if (!attn_state.cache[i].used) slot = &attn_state.cache[i];
+    if (!slot) {  // evict the least recently used plan
+      slot = &attn_state.cache[0];
+      for (int i = 1; i < ATTN_CACHE; i++)
+        if (attn_state.cache[i].last_use < slot->last_use) slot = &attn_state.cache[i];
+      plan_free(slot);
+    }
+    p = slot;
+    p->used = 1, p->dir = dir, p->det_req = det, p->device = dev;
+    p->B = B, p->T = T, p->nh = nh, p->nkv = nkv, p->hd = hd;
+    p->scale = 1.0f / sqrtf((float)hd), p->neg = -FLT_MAX, p->one = 1.0f;
+    // cuDNN up to 9.15 needs the padding-mask workaround in backward when T % 128 != 0.
+    p->padded = dir == 1 && T % 128 != 0 && k_cudnn_attn_version() < 91600;
+    char why_det[512] = "";
+    for (int attempt = det ? 0 : 1; attempt < 2; attempt++) {
+      g_free(&p->g);
+      p->g.next_uid = UID_VIRTUAL;
+      if (dir == 0) {
+        build_fwd(p, h);
+        attempt = 2;
+      } else {
+        p->det_graph = attempt == 0;
+        build_bwd(p, h, p->det_graph);
+      }
+      if (p->plan) break;
+      if (attempt == 0) snprintf(why_det, sizeof why_det, "%s", p->g.why);
+    }
+    if (!p->plan) {
+      p->status = -1;
+      fprintf(stderr, "attn_cudnn: cuDNN cannot plan causal attention %s B=%d T=%d nh=%d nkv=%d hd=%d (%s); using "
+              "the fallback kernel\n", dir ? "backward" : "forward", B, T, nh, nkv, hd, p->g.why);
+      g_free(&p->g);  // nothing to keep for a refused shape
+    } else {
+      if (dir == 1 && det && !p->det_graph)
+        fprintf(stderr, "attn_cudnn: no deterministic cuDNN backward for B=%d T=%d nh=%d nkv=%d hd=%d (%s); using "
+                "the atomic one\n", B, T, nh, nkv, hd, why_det);
+      size_t off = align_up((size_t)p->ws_cudnn);
+      if (dir == 1) {
+        p->off_delta = (int64_t)off;
+        off = align_up(off + sizeof(float) * (size_t)B * nh * T);
+        if (!p->det_graph) {
+          p->off_dqacc = (int64_t)off;
+          off = align_up(off + sizeof(float) * (size_t)B * nh * T * hd);
+        }
+      }
+      p->ws_total = (int64_t)off;
+      if (p->padded) {
+        int32_t *lens = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)B);
+        CHECK(lens != NULL, "out of host memory");
+        for (int i = 0; i < 2 * B; i++) lens[i] = T;
+        CUDA_CHECK(cudaMalloc((void **)&p->seq_len, sizeof(int32_t) * 2 * (size_t)B));
+        CUDA_CHECK(cudaMemcpy(p->seq_len, lens, sizeof(int32_t) * 2 * (size_t)B, cudaMemcpyHostToDevice));
+        free(lens);
+      }
+    }
+  }
+  p->last_use = ++attn_state.clock;
+  return p->status == 0 ? p : NULL;
+}
+
+// Grows the shared workspace; cudaFree waits for the device, so work in flight on the old one
+// finishes first.
+static void *workspace(size_t n_bytes) {
+  if (n_bytes > attn_state.ws_bytes) {
+    if (attn_state.ws) CUDA_CHECK(cudaFree(attn_state.ws));
+    attn_state.ws = NULL;
+    const size_t want = n_bytes + n_bytes / 8;  // some headroom so a slightly larger shape does not realloc
+    CUDA_CHECK(cudaMalloc(&attn_state.ws, want));
+    attn_state.ws_bytes = want;
+  }
+  return attn_state.ws;
+}
+
+static void execute(attn_plan *p, cudnnHandle_t h, int n, const int64_t *uids, void **ptrs, void *ws) {
+  desc_t vp = NULL;
+  CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+  CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
+  CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs));
+  CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws));
+  CUDNN_CHECK(cudnnBackendFinalize(vp));
+  CUDNN_CHECK(cudnnBackendExecute(h, p->plan, vp));
+  CUDNN_CHECK(cudnnBackendDestroyDescriptor(vp));
+}
+
+// Shapes and pointers cuDNN's fused engines cannot take at all, refused before any planning.
+static int shape_ok(int B, int T, int nh, int nkv, int hd, const void *const *ptrs, int n_ptrs) {
+  if (B <= 0 || T <= 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0) return 0;
+  if (hd % 8 != 0 || hd > 256) return 0;  // 16-byte rows; the engines stop at head dim 256
+  for (int i = 0; i < n_ptrs; i++)
+    if (!ptrs[i] || (uintptr_t)ptrs[i] % 16 != 0) return 0;
+  return 1;
+}
+
+// The handle of the current device bound to the stream, or NULL if cuDNN is unusable here.
+static cudnnHandle_t handle_for(void *cuda_stream, int *dev) {
+  if (!k_cudnn_attn_version()) return NULL;
+  CUDA_CHECK(cudaGetDevice(dev));
+  cudnnHandle_t h = get_handle(*dev);
+  if (h) CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)cuda_stream));
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+extern "C" int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T,
+                                int nh, int nkv, int hd, void *cuda_stream) {
+  const void *ptrs[5] = {q, k, v, o, lse};
+  if (!shape_ok(B, T, nh, nkv, hd, ptrs, 5)) return -1;
+  int dev = 0;
+  cudnnHandle_t h = handle_for(cuda_stream, &dev);
+  if (!h) return -1;
+  attn_plan *p = plan_get(0, dev, h, B, T, nh, nkv, hd);
+  if (!p) return -1;
+  void *ws = workspace((size_t)p->ws_total);
+  int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG};
+  void *vals[7] = {(void *)q, (void *)k, (void *)v, o, lse, &p->scale, &p->neg};
+  execute(p, h, 7, uids, vals, ws);
+  return 0;
+}
+
+extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
+                                const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd,
+                                void *cuda_stream) {
+  const void *ptrs[9] = {dout, q, k, v, o, lse, dq, dk, dv};
+  if (!shape_ok(B, T, nh, nkv, hd, ptrs, 9)) return -1;
+  int dev = 0;
+  cudnnHandle_t h = handle_for(cuda_stream, &dev);
+  if (!h) return -1;
+  attn_plan *p = plan_get(1, dev, h, B, T, nh, nkv, hd);
+  if (!p) return -1;
+  char *ws = (char *)workspace((size_t)p->ws_total);
+  int64_t uids[17] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV,
+                      UID_SCALE, UID_NEG, UID_ONE, UID_DELTA};
+  void *vals[17] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)lse, dq, dk, dv,
+                    &p->scale, &p->neg, &p->one, ws + p->off_delta};
+  int n = 13;
+  if (!p->det_graph) {
+    // NVIDIA's frontend stops clearing the accumulator from cuDNN 9.6 on (the engine does it);
+    // we clear it anyway: a stale one would silently corrupt dq, and the memset costs microseconds.
+    const size_t acc_bytes = sizeof(float) * (size_t)B * nh * T * hd;
+    CUDA_CHECK(cudaMemsetAsync(ws + p->off_dqacc, 0, acc_bytes, (cudaStream_t)cuda_stream));
+    uids[n] = UID_DQ_ACC, vals[n++] = ws + p->off_dqacc;
+  }
+  if (p->padded) {
+    uids[n] = UID_SEQ_Q, vals[n++] = p->seq_len;
+    uids[n] = UID_SEQ_KV, vals[n++] = p->seq_len + B;
+  }
+  execute(p, h, n, uids, vals, ws);
+  return 0;
+}
+
+extern "C" int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, k_cudnn_attn_info *info) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  attn_plan *p = cache_find(dir, dir == 1 ? want_det() : 0, dev, B, T, nh, nkv, hd);
+  if (!p || p->status != 0) return -1;
+  info->engine = p->engine;
+  info->workspace = p->ws_total;
+  info->deterministic = dir == 1 && p->det_graph && !p->nondet_note;
+  info->padded = p->padded;
+  return 0;
+}

@@ -1,0 +1,60 @@
+// Causal bf16 attention through cuDNN's fused flash-attention engines (cuDNN 9 graph API, C
+// backend descriptors), as an optional fast path beside the trainer's own kernels in
+// kernels/cuda/attention.cu: each entry point returns 0 when cuDNN ran it and -1, without
+// aborting, when cuDNN cannot do the shape, so the caller falls back to its own kernel.
+//
+// Semantics are those of k_cpu_attn_fwd / k_cpu_attn_bwd (kernels/cpu/ops_cpu.h): q, o, dout, dq
+// (B,T,nh,hd); k, v, dk, dv (B,T,nkv,hd), all bf16 (__nv_bfloat16, passed as void *), row-major,
+// device memory, 16-byte aligned; lse (B,nh,T) fp32, the natural-log log-sum-exp of the scaled
+// causal scores (cuDNN's softmax "stats" are exactly that, so it goes straight in and out).
+// Scale 1/sqrt(hd); head h reads kv head h / (nh/nkv). dq, dk, dv are overwritten.
+//
+// Streams: work is enqueued on cuda_stream (a cudaStream_t; NULL is the legacy default stream).
+// One workspace is shared by all calls of a process, so every call must be ordered on one
+// stream, or the caller must synchronise between calls made on different streams.
+// Plans: the first call of a shape builds an execution plan (milliseconds to seconds: cuDNN may
+// compile kernels at run time) and caches it, keyed by (device, direction, B, T, nh, nkv, hd,
+// determinism); a shape cuDNN refuses is cached as refused and costs nothing on later calls.
+// Not thread-safe: call from one host thread.
+#ifndef TRAINER_ATTN_CUDNN_H
+#define TRAINER_ATTN_CUDNN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
+                     int hd, void *cuda_stream);
+int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
+                     void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd, void *cuda_stream);
+
+// Backward flavour for plans built from now on. 1 (the default): the deterministic graph, where
+// dq is one matmul written once (cuDNN keeps dP in a workspace of about 2*B*nh*T*T bytes); if
+// cuDNN cannot plan that for a shape, the atomic graph below is used instead and
+// k_cudnn_attn_info reports it. 0: dq accumulates in an fp32 buffer with atomics (less
+// workspace, not bitwise reproducible).
+void k_cudnn_attn_set_deterministic(int on);
+
+// What the plan of a shape is, for logs and tests. dir: 0 forward, 1 backward. Returns 0 and
+// fills info if a plan for that shape exists (was built by an earlier call), else -1.
+typedef struct {
+  int64_t engine;         // cuDNN's global engine index
+  int64_t workspace;      // bytes this plan uses in the shared workspace (cuDNN's plus ours)
+  int deterministic;      // backward: the deterministic graph was planned and cuDNN flags no nondeterminism
+  int padded;             // backward: the T % 128 workaround (a padding mask) is in the graph
+} k_cudnn_attn_info;
+int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, k_cudnn_attn_info *info);
+
+// The cuDNN version loaded at run time (e.g. 91400), 0 if the library cannot be used.
+int k_cudnn_attn_version(void);
+
+// Frees every cached plan, the workspace and the cuDNN handles. Safe to call twice.
+void k_cudnn_attn_free(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
