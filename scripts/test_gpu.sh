@@ -13,6 +13,8 @@ n_fail=0; n_pass=0
 step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
 nvidia-smi -L
 step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
+step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"
+step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
 step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
 export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4"
