@@ -171,6 +171,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   double loss_scale = 1.0 / tokens_per_step;
   double t_start = MPI_Wtime(), last_loss = NAN, last_val = NAN, t_steps = 0;
   int64_t first_step = step, tokens_seen = 0;
+  double t_steady = 0;  // time of the steps after the first (warm-up) step of this process
   int64_t last_step = hp->stop_at > 0 && hp->stop_at < hp->steps ? hp->stop_at : hp->steps;
   while (step < last_step) {
     memset(&tm, 0, sizeof tm);
@@ -197,6 +198,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
       tm_total.pp_comm += tm.pp_comm;
       tm_total.dp_comm += tm.dp_comm;
       tm_total.optimizer += tm.optimizer;
+      t_steady += dt;
       n_timed++;
     }
     last_loss = loss;
@@ -241,14 +243,15 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   g->world->ops->all_reduce(g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
   if (r0) {
     double wall = MPI_Wtime() - t_start;
-    double mean_tps = t_steps > 0 ? tokens_seen / t_steps : 0.0;
+    // Steady state: without the first step, which builds plans, caches and allocations.
+    double mean_tps = n_timed > 0 ? n_timed * tokens_per_step / t_steady : (t_steps > 0 ? tokens_seen / t_steps : 0.0);
     double mean_tflops = mean_tps * flops_per_token / 1e12 / g->world_size;
     char wall_s[32];
     format_duration(wall, wall_s, sizeof wall_s);
     char val_s[32] = "null";  // JSON has no NaN: no evaluation ran
     if (!isnan(last_val)) snprintf(val_s, sizeof val_s, "%.9g", last_val);
     printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s "
-           "(%.0f per rank), %.2f model TFLOP/s per rank",
+           "(%.0f per rank; steps after the first), %.2f model TFLOP/s per rank",
            (long long)step, (long long)(step - first_step), (long long)tokens_seen, wall_s, mean_tps,
            mean_tps / g->world_size, mean_tflops);
     if (be->peak_tflops > 0) printf(", MFU %.1f%% of %.1f (%s)", 100 * mean_tflops / be->peak_tflops, be->peak_tflops,
