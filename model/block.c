@@ -154,6 +154,24 @@ float *model_acts_output_grad(model_acts *a) { return a->dx_out; }
 static float *acts_output(const model *m, model_acts *a) { return a->x + (int64_t)a->nl * m->dims.rows_s * m->dims.d; }
 float *model_acts_output(const model *m, model_acts *a) { return acts_output(m, a); }
 
+// Layer i's slice of a micro-batch's saved activations (shapes as in model_acts).
+typedef struct layer_acts {
+  float *x, *x2, *lse;
+  void *hf, *h2f, *q, *att, *k, *v, *gate, *up, *act;
+} layer_acts;
+
+static layer_acts layer_view(const model *m, model_acts *a, int i) {
+  const model_dims *dm = &m->dims;
+  int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, ffn = dm->ffn;
+  int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
+  return (layer_acts){
+      .x = a->x + i * rs * d, .x2 = a->x2 + i * rs * d, .lse = a->lse + (int64_t)i * dm->B * dm->nh * dm->T,
+      .hf = at(m, a->hf, i * rows * d), .h2f = at(m, a->h2f, i * rows * d),
+      .q = at(m, a->q, i * rows * qd), .att = at(m, a->att, i * rows * qd),
+      .k = at(m, a->k, i * rows * kvd), .v = at(m, a->v, i * rows * kvd),
+      .gate = at(m, a->gate, i * rows * ffn), .up = at(m, a->up, i * rows * ffn), .act = at(m, a->act, i * rows * ffn)};
+}
+
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
@@ -163,12 +181,9 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
   int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
   float eps = m->cfg.norm_eps, theta = m->cfg.rope_theta;
-  float *xin = a->x + i * rs * d, *xout = xin + rs * d, *x2 = a->x2 + i * rs * d;
-  void *hf = at(m, a->hf, i * rows * d), *h2f = at(m, a->h2f, i * rows * d);
-  void *q = at(m, a->q, i * rows * qd), *att = at(m, a->att, i * rows * qd);
-  void *k = at(m, a->k, i * rows * kvd), *v = at(m, a->v, i * rows * kvd);
-  float *lse = a->lse + (int64_t)i * B * nh * T;
-  void *gate = at(m, a->gate, i * rows * ffn), *up = at(m, a->up, i * rows * ffn), *act = at(m, a->act, i * rows * ffn);
+  layer_acts L = layer_view(m, a, i);
+  float *xin = L.x, *xout = xin + rs * d, *x2 = L.x2, *lse = L.lse;
+  void *hf = L.hf, *h2f = L.h2f, *q = L.q, *att = L.att, *k = L.k, *v = L.v, *gate = L.gate, *up = L.up, *act = L.act;
 
   be->rmsnorm_fwd(xin, ly->attn_norm->p, w->s1, a->rstd1 + i * rs, rs, d, eps);
   tp_enter_fwd(R, w->s1, w->f1, d);
@@ -210,12 +225,9 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
   int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
   float theta = m->cfg.rope_theta;
-  float *xin = a->x + i * rs * d, *x2 = a->x2 + i * rs * d;
-  void *hf = at(m, a->hf, i * rows * d), *h2f = at(m, a->h2f, i * rows * d);
-  void *q = at(m, a->q, i * rows * qd), *att = at(m, a->att, i * rows * qd);
-  void *k = at(m, a->k, i * rows * kvd), *v = at(m, a->v, i * rows * kvd);
-  float *lse = a->lse + (int64_t)i * B * nh * T;
-  void *gate = at(m, a->gate, i * rows * ffn), *up = at(m, a->up, i * rows * ffn), *act = at(m, a->act, i * rows * ffn);
+  layer_acts L = layer_view(m, a, i);
+  float *xin = L.x, *x2 = L.x2, *lse = L.lse;
+  void *hf = L.hf, *h2f = L.h2f, *q = L.q, *att = L.att, *k = L.k, *v = L.v, *gate = L.gate, *up = L.up, *act = L.act;
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   tp_exit_bwd(R, g, w->f1, d);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "parallel/comm.h"
+#include "parallel/comm_payload.h"
 #include "parallel/grid.h"
 #include "tests/test_util.h"
 
@@ -13,56 +14,17 @@
 // path would lose; all exact in every dtype, so sums compare with ==.
 static const double BIG = 1099511627776.0;  // 2^40
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return (uint16_t)(u >> 16);  // exact for the small integers used here
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static void set(void *buf, int64_t i, comm_dtype t, double v) {
-  switch (t) {
-    case COMM_F32: ((float *)buf)[i] = (float)v; break;
-    case COMM_BF16: ((uint16_t *)buf)[i] = to_bf16((float)v); break;
-    case COMM_F64: ((double *)buf)[i] = v; break;
-    case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case COMM_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  }
-}
-
-static double get(const void *buf, int64_t i, comm_dtype t) {
-  switch (t) {
-    case COMM_F32: return ((const float *)buf)[i];
-    case COMM_BF16: return from_bf16(((const uint16_t *)buf)[i]);
-    case COMM_F64: return ((const double *)buf)[i];
-    case COMM_I32: return ((const int32_t *)buf)[i];
-    case COMM_I64: return (double)((const int64_t *)buf)[i];
-  }
-  return 0;
-}
-
-static const char *dtype_name(comm_dtype t) {
-  static const char *names[] = {"f32", "bf16", "f64", "i32", "i64"};
-  return names[t];
-}
-
 // Counts the elements of buf[0..n) that differ from want(i); reports the first.
 #define CHECK_ALL(what, buf, n, t, want_expr)                                                          \
   do {                                                                                                 \
     int bad_ = 0;                                                                                      \
     for (int64_t i = 0; i < (n); i++) {                                                                \
-      double want_ = (want_expr), got_ = get((buf), i, (t));                                           \
+      double want_ = (want_expr), got_ = comm_payload_get((buf), i, (t));                                           \
       if (got_ != want_ && bad_++ == 0)                                                                \
         fprintf(stderr, "rank %d %s %s chunk %s: [%lld] = %.17g, want %.17g\n", c->rank, what,         \
-                dtype_name(t), chunked ? "2" : "off", (long long)i, got_, want_);                       \
+                comm_dtype_name(t), chunked ? "2" : "off", (long long)i, got_, want_);                       \
     }                                                                                                  \
-    EXPECT(bad_ == 0, "%s %s: %d wrong elements", what, dtype_name(t), bad_);                          \
+    EXPECT(bad_ == 0, "%s %s: %d wrong elements", what, comm_dtype_name(t), bad_);                          \
   } while (0)
 
 static void test_dtype(comm *c, comm_dtype t, int chunked) {
@@ -73,47 +35,47 @@ static void test_dtype(comm *c, comm_dtype t, int chunked) {
   char *a = calloc((size_t)(n * N), esz), *b = calloc((size_t)(n * N), esz);
 
   // all_reduce sum of rank + i: n(n-1)/2 + n*i; max: n - 1 + i.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + r + i);
   c->ops->all_reduce(c, a, N, t, COMM_SUM);
   CHECK_ALL("all_reduce sum", a, N, t, n * off + n * (n - 1) / 2 + n * i);
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + r + i);
   c->ops->all_reduce(c, a, N, t, COMM_MAX);
   CHECK_ALL("all_reduce max", a, N, t, off + n - 1 + i);
   // Negative values: max picks the least negative, sum stays exact.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, -(double)(r + 1) * (i + 1));
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, -(double)(r + 1) * (i + 1));
   c->ops->all_reduce(c, a, N, t, COMM_MAX);
   CHECK_ALL("all_reduce max of negatives", a, N, t, -(double)(i + 1));
 
   // all_gather: rank q's block holds 10q + i.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i);
   c->ops->all_gather(c, a, b, N, t);
   CHECK_ALL("all_gather", b, n * N, t, off + 10 * (i / N) + i % N);
 
   // reduce_scatter: rank r sends 10q + r + i in block q; block q reduced lands on rank q:
   // sum = n(10q + i) + n(n-1)/2, max = 10q + i + n - 1.
   for (int q = 0; q < n; q++)
-    for (int64_t i = 0; i < N; i++) set(a, q * N + i, t, off + 10 * q + r + i);
+    for (int64_t i = 0; i < N; i++) comm_payload_set(a, q * N + i, t, off + 10 * q + r + i);
   c->ops->reduce_scatter(c, a, b, N, t, COMM_SUM);
   CHECK_ALL("reduce_scatter sum", b, N, t, n * off + n * (10.0 * r + i) + n * (n - 1) / 2);
   c->ops->reduce_scatter(c, a, b, N, t, COMM_MAX);
   CHECK_ALL("reduce_scatter max", b, N, t, off + 10.0 * r + i + n - 1);
 
   // broadcast from root 2: everyone ends with 100 + i.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, r == 2 ? off + 100 + i : -1);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, r == 2 ? off + 100 + i : -1);
   c->ops->broadcast(c, a, N, t, 2);
   CHECK_ALL("broadcast root 2", a, N, t, off + 100 + i);
 
   // all_to_all: rank r's block q (for rank q) holds 16r + 4q + i, so rank r finds 16s + 4r + i
   // in block s (values stay below 256: bf16-exact).
   for (int q = 0; q < n; q++)
-    for (int64_t i = 0; i < N; i++) set(a, q * N + i, t, off + 16 * r + 4 * q + i);
+    for (int64_t i = 0; i < N; i++) comm_payload_set(a, q * N + i, t, off + 16 * r + 4 * q + i);
   c->ops->all_to_all(c, a, b, N, t);
   CHECK_ALL("all_to_all", b, n * N, t, off + 16.0 * (i / N) + 4 * r + i % N);
 
   // Ring inside one group: everyone sends right and receives from the left, which would
   // deadlock as blocking calls once messages are large (rendezvous).
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   c->ops->group_start(c);
   c->ops->send(c, a, N, t, right);
   c->ops->recv(c, b, N, t, left);
@@ -123,7 +85,7 @@ static void test_dtype(comm *c, comm_dtype t, int chunked) {
   // Crossed pairs (0,1), (2,3): both send first, then receive, two messages each way, with
   // the receive posted before the send on odd ranks: matching is per pair in posting order.
   const int mate = r ^ 1;
-  for (int64_t i = 0; i < 2 * N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < 2 * N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   c->ops->group_start(c);
   if (r % 2) c->ops->recv(c, b, N, t, mate);
   c->ops->send(c, a, N, t, mate);
@@ -134,7 +96,7 @@ static void test_dtype(comm *c, comm_dtype t, int chunked) {
   CHECK_ALL("crossed pairs in a group", b, 2 * N, t, off + 10 * mate + i);
 
   // Outside a group calls block: even ranks send then receive, odd ranks the reverse.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   if (r % 2 == 0) {
     c->ops->send(c, a, N, t, mate);
     c->ops->recv(c, b, N, t, mate);
@@ -152,11 +114,11 @@ static void test_dtype(comm *c, comm_dtype t, int chunked) {
 // the bf16 neighbours 258 and 260 and must become 260 (truncation would give 258), whatever
 // order the reduction tree adds the zeros in.
 static void test_bf16_rounding(comm *c) {
-  uint16_t v[2] = {to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
-                   to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
+  uint16_t v[2] = {comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
+                   comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
   c->ops->all_reduce(c, v, 2, COMM_BF16, COMM_SUM);
-  EXPECT(from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", from_bf16(v[0]));
-  EXPECT(from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", from_bf16(v[1]));
+  EXPECT(comm_payload_from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", comm_payload_from_bf16(v[0]));
+  EXPECT(comm_payload_from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", comm_payload_from_bf16(v[1]));
 }
 
 static void test_comm_all(comm *c, int chunked) {

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "parallel/comm.h"
+#include "parallel/comm_payload.h"
 #include "parallel/grid.h"
 #include "parallel/nccl/comm_nccl.h"
 #include "parallel/nccl/nccl_check.h"
@@ -22,45 +23,6 @@ static cudaStream_t S;
 // Values are small integers (|x| <= 256) plus, for 64-bit types, a 2^40 offset that a 32-bit
 // path would lose; all exact in every dtype, so sums compare with ==.
 static const double BIG = 1099511627776.0;  // 2^40
-
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return (uint16_t)(u >> 16);  // exact for the small integers used here
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static void set(void *buf, int64_t i, comm_dtype t, double v) {
-  switch (t) {
-    case COMM_F32: ((float *)buf)[i] = (float)v; break;
-    case COMM_BF16: ((uint16_t *)buf)[i] = to_bf16((float)v); break;
-    case COMM_F64: ((double *)buf)[i] = v; break;
-    case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case COMM_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  }
-}
-
-static double get(const void *buf, int64_t i, comm_dtype t) {
-  switch (t) {
-    case COMM_F32: return ((const float *)buf)[i];
-    case COMM_BF16: return from_bf16(((const uint16_t *)buf)[i]);
-    case COMM_F64: return ((const double *)buf)[i];
-    case COMM_I32: return ((const int32_t *)buf)[i];
-    case COMM_I64: return (double)((const int64_t *)buf)[i];
-  }
-  return 0;
-}
-
-static const char *dtype_name(comm_dtype t) {
-  static const char *names[] = {"f32", "bf16", "f64", "i32", "i64"};
-  return names[t];
-}
 
 // Host to device, finished before returning (the host buffer is reused right after).
 static void up(void *dev, const void *host, size_t n_bytes) {
@@ -86,12 +48,12 @@ static void *dev_alloc(size_t n_bytes) {
   do {                                                                                                 \
     int bad_ = 0;                                                                                      \
     for (int64_t i = 0; i < (n); i++) {                                                                \
-      double want_ = (want_expr), got_ = get((buf), i, (t));                                           \
+      double want_ = (want_expr), got_ = comm_payload_get((buf), i, (t));                                           \
       if (got_ != want_ && bad_++ == 0)                                                                \
-        fprintf(stderr, "rank %d %s %s: [%lld] = %.17g, want %.17g\n", c->rank, what, dtype_name(t),   \
+        fprintf(stderr, "rank %d %s %s: [%lld] = %.17g, want %.17g\n", c->rank, what, comm_dtype_name(t),   \
                 (long long)i, got_, want_);                                                            \
     }                                                                                                  \
-    EXPECT(bad_ == 0, "%s %s: %d wrong elements", what, dtype_name(t), bad_);                          \
+    EXPECT(bad_ == 0, "%s %s: %d wrong elements", what, comm_dtype_name(t), bad_);                          \
   } while (0)
 
 static void test_dtype(comm *c, comm_dtype t) {
@@ -104,25 +66,25 @@ static void test_dtype(comm *c, comm_dtype t) {
   char *da = dev_alloc(bytes), *db = dev_alloc(bytes);
 
   // all_reduce sum of rank + i: n(n-1)/2 + n*i; max: n - 1 + i.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + r + i);
   up(da, a, bytes);
   c->ops->all_reduce(c, da, N, t, COMM_SUM);
   down(c, a, da, bytes);
   CHECK_ALL("all_reduce sum", a, N, t, n * off + n * (n - 1) / 2 + n * i);
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + r + i);
   up(da, a, bytes);
   c->ops->all_reduce(c, da, N, t, COMM_MAX);
   down(c, a, da, bytes);
   CHECK_ALL("all_reduce max", a, N, t, off + n - 1 + i);
   // Negative values: max picks the least negative.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, -(double)(r + 1) * (i + 1));
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, -(double)(r + 1) * (i + 1));
   up(da, a, bytes);
   c->ops->all_reduce(c, da, N, t, COMM_MAX);
   down(c, a, da, bytes);
   CHECK_ALL("all_reduce max of negatives", a, N, t, -(double)(i + 1));
 
   // all_gather: rank q's block holds 10q + i.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i);
   up(da, a, bytes);
   c->ops->all_gather(c, da, db, N, t);
   down(c, b, db, bytes);
@@ -130,7 +92,7 @@ static void test_dtype(comm *c, comm_dtype t) {
 
   // reduce_scatter: rank r sends 10q + r + i in block q; block q reduced lands on rank q.
   for (int q = 0; q < n; q++)
-    for (int64_t i = 0; i < N; i++) set(a, q * N + i, t, off + 10 * q + r + i);
+    for (int64_t i = 0; i < N; i++) comm_payload_set(a, q * N + i, t, off + 10 * q + r + i);
   up(da, a, bytes);
   c->ops->reduce_scatter(c, da, db, N, t, COMM_SUM);
   down(c, b, db, bytes);
@@ -141,7 +103,7 @@ static void test_dtype(comm *c, comm_dtype t) {
 
   // broadcast from every root: everyone ends with 100 + 10 root + i.
   for (int root = 0; root < n; root++) {
-    for (int64_t i = 0; i < N; i++) set(a, i, t, r == root ? off + 100 + 10 * root + i : -1);
+    for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, r == root ? off + 100 + 10 * root + i : -1);
     up(da, a, bytes);
     c->ops->broadcast(c, da, N, t, root);
     down(c, a, da, bytes);
@@ -150,7 +112,7 @@ static void test_dtype(comm *c, comm_dtype t) {
 
   // all_to_all: rank r's block q holds 16r + 4q + i, so rank r finds 16s + 4r + i in block s.
   for (int q = 0; q < n; q++)
-    for (int64_t i = 0; i < N; i++) set(a, q * N + i, t, off + 16 * r + 4 * q + i);
+    for (int64_t i = 0; i < N; i++) comm_payload_set(a, q * N + i, t, off + 16 * r + 4 * q + i);
   up(da, a, bytes);
   c->ops->all_to_all(c, da, db, N, t);
   down(c, b, db, bytes);
@@ -158,7 +120,7 @@ static void test_dtype(comm *c, comm_dtype t) {
 
   // Ring in one group: send right, receive from the left.
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   up(da, a, bytes);
   up(db, b, bytes);
   c->ops->group_start(c);
@@ -171,7 +133,7 @@ static void test_dtype(comm *c, comm_dtype t) {
   // Crossed pairs: both send first, two messages each way, the receive posted before the send
   // on odd ranks: matching is per pair in posting order.
   const int mate = r ^ 1;
-  for (int64_t i = 0; i < 2 * N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < 2 * N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   up(da, a, bytes);
   up(db, b, bytes);
   c->ops->group_start(c);
@@ -185,7 +147,7 @@ static void test_dtype(comm *c, comm_dtype t) {
   CHECK_ALL("crossed pairs in a group", b, 2 * N, t, off + 10 * mate + i);
 
   // Outside a group: even ranks send then receive, odd ranks the reverse.
-  for (int64_t i = 0; i < N; i++) set(a, i, t, off + 10 * r + i), set(b, i, t, -1);
+  for (int64_t i = 0; i < N; i++) comm_payload_set(a, i, t, off + 10 * r + i), comm_payload_set(b, i, t, -1);
   up(da, a, bytes);
   up(db, b, bytes);
   if (r % 2 == 0) {
@@ -293,14 +255,14 @@ static void test_large(comm *c) {
 // bf16 sums round to nearest even: 256 + 3 = 259 lies halfway between 258 and 260 and must
 // become 260; 256 + 1 ties to 256.
 static void test_bf16_rounding(comm *c) {
-  uint16_t v[2] = {to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
-                   to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
+  uint16_t v[2] = {comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
+                   comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
   uint16_t *d = dev_alloc(sizeof v);
   up(d, v, sizeof v);
   c->ops->all_reduce(c, d, 2, COMM_BF16, COMM_SUM);
   down(c, v, d, sizeof v);
-  EXPECT(from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", from_bf16(v[0]));
-  EXPECT(from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", from_bf16(v[1]));
+  EXPECT(comm_payload_from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", comm_payload_from_bf16(v[0]));
+  EXPECT(comm_payload_from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", comm_payload_from_bf16(v[1]));
   CUDA_CHECK(cudaFree(d));
 }
 

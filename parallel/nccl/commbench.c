@@ -20,6 +20,7 @@
 
 #include "kernels/check.h"
 #include "parallel/comm.h"
+#include "parallel/comm_payload.h"
 #include "parallel/nccl/comm_nccl.h"
 #include "parallel/nccl/nccl_check.h"
 
@@ -112,31 +113,6 @@ static double bench_stop(bench *b) {
 
 // ---- payloads ---------------------------------------------------------------------------------
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; the values here are exact anyway
-  return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static void set(void *buf, int64_t i, comm_dtype t, float v) {
-  if (t == COMM_BF16)
-    ((uint16_t *)buf)[i] = to_bf16(v);
-  else
-    ((float *)buf)[i] = v;
-}
-
-static float get(const void *buf, int64_t i, comm_dtype t) {
-  return t == COMM_BF16 ? from_bf16(((const uint16_t *)buf)[i]) : ((const float *)buf)[i];
-}
-
 // Every payload is a small integer (< 256 for up to 64 ranks), exact in bf16, and every
 // partial sum of a reduction stays below 256 for up to 200 ranks, so results compare with ==
 // whatever order NCCL adds in. Rank 0 is the odd one out of reductions so a dropped or doubled
@@ -227,13 +203,13 @@ static int bench_in_place(bench_op op) { return op == OP_ALL_REDUCE || op == OP_
 static double bench_one(bench *b, bench_op op, const bench_case *k, void *in, void *out, void *host,
                         long long *n_wrong, double *issue_us) {
   const int r = b->c->rank, n = b->c->size, esz = comm_dtype_bytes(b->o.dtype);
-  for (int64_t i = 0; i < k->in_elem; i++) set(host, i, b->o.dtype, payload_in(op, r, n, i, k->per_rank));
+  for (int64_t i = 0; i < k->in_elem; i++) comm_payload_set(host, i, b->o.dtype, payload_in(op, r, n, i, k->per_rank));
   bench_put(b, in, host, (size_t)(k->in_elem * esz));
   bench_call(b, op, k, in, out);
   bench_get(b, host, bench_in_place(op) ? in : out, (size_t)(k->out_elem * esz));
   long long bad = 0;
   for (int64_t i = 0; i < k->out_elem; i++) {
-    float want = payload_out(op, r, n, i, k->per_rank), got = get(host, i, b->o.dtype);
+    float want = payload_out(op, r, n, i, k->per_rank), got = comm_payload_get(host, i, b->o.dtype);
     if (got != want && bad++ == 0)
       fprintf(stderr, "rank %d: %s of %lld bytes: [%lld] = %g, want %g\n", r, op_names[op],
               (long long)k->size_bytes, (long long)i, got, want);

@@ -1,0 +1,50 @@
+// Element access by comm_dtype for collective checks (tests and commbench): payloads are small
+// integers, exact in every dtype, so results compare with == and a wrong byte is caught.
+#ifndef TRAINER_COMM_PAYLOAD_H
+#define TRAINER_COMM_PAYLOAD_H
+
+#include <stdint.h>
+#include <string.h>
+#include "parallel/comm.h"
+
+static inline uint16_t comm_payload_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (uint16_t)(u >> 16);
+}
+
+static inline float comm_payload_from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline void comm_payload_set(void *buf, int64_t i, comm_dtype t, double v) {
+  switch (t) {
+    case COMM_F32: ((float *)buf)[i] = (float)v; break;
+    case COMM_BF16: ((uint16_t *)buf)[i] = comm_payload_to_bf16((float)v); break;
+    case COMM_F64: ((double *)buf)[i] = v; break;
+    case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case COMM_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  }
+}
+
+static inline double comm_payload_get(const void *buf, int64_t i, comm_dtype t) {
+  switch (t) {
+    case COMM_F32: return ((const float *)buf)[i];
+    case COMM_BF16: return comm_payload_from_bf16(((const uint16_t *)buf)[i]);
+    case COMM_F64: return ((const double *)buf)[i];
+    case COMM_I32: return ((const int32_t *)buf)[i];
+    case COMM_I64: return (double)((const int64_t *)buf)[i];
+  }
+  return 0;
+}
+
+static inline const char *comm_dtype_name(comm_dtype t) {
+  static const char *names[] = {"f32", "bf16", "f64", "i32", "i64"};
+  return names[t];
+}
+
+#endif
