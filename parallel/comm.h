@@ -23,7 +23,8 @@ typedef struct comm_ops {
   void (*all_to_all)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // Point-to-point. Between group_start and group_end they are only posted; group_end
   // completes them all, so a group may hold crossed sends and receives without deadlock.
-  // Outside a group each call completes before returning. There are no tags: between two
+  // Outside a group each call completes before returning. "Completes" means done for MPI, and
+  // enqueued in stream order for NCCL (later work on the stream sees the result). There are no tags: between two
   // ranks, sends and receives are matched in the order they are posted. Buffers posted in a
   // group must stay valid until group_end. One group at a time (no nesting in the MPI backend).
   void (*send)(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer);
