@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (strcmp(c.train.recompute, "none") != 0) {
-    if (rank == 0) fprintf(stderr, "error: train.recompute=%s: the CPU backend keeps all activations; use none\n", c.train.recompute);
+    if (rank == 0) fprintf(stderr, "error: train.recompute=%s: activation recomputation is not implemented yet; set train.recompute=none\n", c.train.recompute);
     rc = 2;
     goto out;
   }

@@ -5,6 +5,7 @@
 #include "model/model_internal.h"
 #include "parallel/pp_schedule.h"
 #include <stdio.h>
+#include <string.h>
 
 static double gib(double n_bytes) { return n_bytes / (1024.0 * 1024.0 * 1024.0); }
 
@@ -33,8 +34,11 @@ int run_plan(const cfg *c, int world_size) {
          mc->vocab_size, mc->seq_len);
   printf("batch: global %d sequences = dp %d x %d micro-batches x %d; pipeline bubble (theory) %.1f%%\n",
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
-  printf("memory per rank (fp32 weights, grads and activations as this trainer holds them on CPU ranks; Adam "
-         "moments %s):\n", pc->distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
+  // GPUs hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
+  int gpu = strcmp(c->train.device, "cuda") == 0, act_bytes = gpu ? 2 : 4;
+  printf("memory per rank, as train.device=%s holds it (fp32 master weights%s, fp32 grads, %s activations; Adam "
+         "moments %s):\n", gpu ? "cuda" : c->train.device, gpu ? " + bf16 compute copy" : "", gpu ? "bf16" : "fp32",
+         pc->distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   model_dims dm;
@@ -55,10 +59,10 @@ int run_plan(const cfg *c, int world_size) {
         for (int k = 0; k < MODEL_N_KINDS; k++)
           if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
         if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
-        int64_t a = model_acts_bytes(&dm, per_chunk, last, 4);
+        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes);
         if (a > act) act = a;
       }
-      double w = 4.0 * n, gr = 4.0 * n, adam = 8.0 * n / (pc->distributed_optimizer ? dp : 1);
+      double w = (gpu ? 6.0 : 4.0) * n, gr = 4.0 * n, adam = 8.0 * n / (pc->distributed_optimizer ? dp : 1);
       double acts = (double)act * max_in_flight;
       char heads[32], kv[32], vocab[32];
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
