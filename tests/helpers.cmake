@@ -20,3 +20,13 @@ function(trainer_add_test name source)
     set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
   endif()
 endfunction()
+
+# trainer_add_parity(NAME NP key=value...): tests/test_parity.sh for one layout against the
+# single-rank run. PARITY_PREFIX, PARITY_LABEL and PARITY_ENV (a list of VAR=value) in the
+# caller's scope select the CPU or the GPU variant.
+function(trainer_add_parity name np)
+  set(test_name ${PARITY_PREFIX}parity_${name})
+  add_test(NAME ${test_name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_parity.sh ${name} ${np} ${ARGN})
+  set_tests_properties(${test_name} PROPERTIES LABELS "${PARITY_LABEL}" ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};${PARITY_ENV}")
+endfunction()
