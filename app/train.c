@@ -10,6 +10,7 @@
 #include "parallel/pp_exec.h"
 #include <math.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 typedef struct run_batch {
@@ -90,6 +91,11 @@ static int resume_path(const cfg *c, char *path, size_t n, char *err, size_t n_e
   snprintf(path, n, "%s", r);
   return 1;
 }
+
+// SIGTERM (a scheduler's notice before it kills a job) or SIGINT: finish the step in flight,
+// checkpoint it, and stop, so a preempted run loses nothing.
+static volatile sig_atomic_t run_stop_signal;
+static void run_on_stop_signal(int sig) { run_stop_signal = sig; }
 
 #define RUN_FAIL(...)                                  \
   do {                                                 \
@@ -173,7 +179,11 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   int64_t first_step = step, tokens_seen = 0;
   double t_steady = 0;  // time of the steps after the first (warm-up) step of this process
   int64_t last_step = hp->stop_at > 0 && hp->stop_at < hp->steps ? hp->stop_at : hp->steps;
-  while (step < last_step) {
+  struct sigaction stop_action = {.sa_handler = run_on_stop_signal};
+  sigaction(SIGTERM, &stop_action, NULL);
+  sigaction(SIGINT, &stop_action, NULL);
+  int stop_sig = 0;
+  while (step < last_step && !stop_sig) {
     memset(&tm, 0, sizeof tm);
     double t0 = timing_now(be);
     float lr = opt_lr_at(hp, step);
@@ -234,7 +244,13 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
         fflush(metrics);
       }
     }
-    if (c->checkpoint.dir[0] && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || step == last_step)) {
+    // Every rank learns of a signal any rank got, so all of them stop after the same step.
+    int32_t sig = run_stop_signal;
+    g->world->ops->all_reduce(g->world, &sig, 1, COMM_I32, COMM_MAX);
+    stop_sig = sig;
+    if (stop_sig && r0) printf("signal %d: stopping after step %lld\n", stop_sig, (long long)step);
+    if (c->checkpoint.dir[0] &&
+        ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || step == last_step || stop_sig)) {
       double tc = MPI_Wtime();
       if (run_ckpt_save(c, &m, &o, step, samples_seen, err, sizeof err) != 0) RUN_FAIL("checkpoint: %s", err);
       if (r0) printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)step, c->checkpoint.dir, MPI_Wtime() - tc);
@@ -277,6 +293,8 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
               (long long)step, (long long)tokens_seen, wall, mean_tps, mean_tflops, mem_peak / 1073741824.0, last_loss,
               val_s);
   }
+
+  if (stop_sig) rc = 128 + stop_sig;
 
 done:
   if (metrics) fclose(metrics);

@@ -32,4 +32,29 @@ grep -q "resumed from .*ckpt_00000002.h5 at step 2" "$WORK/crash/log" && pass "r
   || fail "resume=auto did not pick checkpoint 2: $(cat "$WORK/crash/log")"
 same_losses straight crash 0 && pass "losses after the crash and resume equal the uninterrupted run" \
   || fail "losses after crash differ"
+
+# Preemption: SIGTERM mid-run finishes the step in flight, checkpoints it and exits 128+15;
+# resume=auto then continues from that step.
+mkdir -p "$WORK/term"
+"$TRAINER" "$SRC/configs/tiny.yaml" "data.train=$WORK/data/train_*.bin" data.val= train.steps=1000000 \
+  "checkpoint.dir=$WORK/term/ckpt" checkpoint.every=0 log.every=1 log.metrics= > "$WORK/term/log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^step  *3/" "$WORK/term/log" && break; sleep 0.1; done
+kill -TERM $pid
+set +e
+wait $pid
+status=$?
+set -e
+[ "$status" = 143 ] && pass "SIGTERM: exit 143" || fail "SIGTERM: exit $status, expected 143"
+at=$(sed -n 's/^signal 15: stopping after step \([0-9]*\)$/\1/p' "$WORK/term/log")
+if [ -n "$at" ] && [ -f "$WORK/term/ckpt/$(printf 'ckpt_%08d.h5' "$at")" ]; then
+  pass "SIGTERM: checkpoint of step $at written"
+else
+  fail "SIGTERM: no checkpoint of the last step: $(tail -3 "$WORK/term/log")"
+fi
+"$TRAINER" "$SRC/configs/tiny.yaml" "data.train=$WORK/data/train_*.bin" data.val= train.steps=1000000 \
+  "checkpoint.dir=$WORK/term/ckpt" checkpoint.resume=auto "train.stop_at=$((${at:-0} + 2))" log.metrics= \
+  > "$WORK/term/log2" 2>&1 || fail "resume after SIGTERM"
+grep -q "resumed from .* at step ${at:-x}$" "$WORK/term/log2" && pass "resume=auto continued from step $at" \
+  || fail "no resume from step ${at:-?}: $(head -3 "$WORK/term/log2")"
 summary
