@@ -84,12 +84,19 @@ static void test_gpu(void) {
   be->to_host(be, hp, dp, nb), be->to_host(be, hm, dm, nb), be->to_host(be, hv, dv, nb);
   be->to_host(be, hpc, dpc, (size_t)N * 2);
   int64_t bad = 0, bad_pc = 0;
-  double worst = 0;
+  double worst = 0, scale[3] = {0, 0, 0};
   for (int64_t i = 0; i < N; i++) {
-    double e = fabs(hp[i] - p[i]) / (fabs(p[i]) + 1e-3) + fabs(hm[i] - m[i]) / (fabs(m[i]) + 1e-6) +
-               fabs(hv[i] - v[i]) / (fabs(v[i]) + 1e-9);
+    scale[0] = fmax(scale[0], fabs(p[i])), scale[1] = fmax(scale[1], fabs(m[i])), scale[2] = fmax(scale[2], fabs(v[i]));
+  }
+  for (int64_t i = 0; i < N; i++) {
+    // The GPU contracts to FMA where the CPU build does not: a few ulp, so each element is held
+    // to 1e-5 of itself plus 1e-6 of its array's largest (m cancels to near 0 in places).
+    double e = fmax(fmax(fabs(hp[i] - p[i]) / (fabs(p[i]) + 0.1 * scale[0]), fabs(hm[i] - m[i]) / (fabs(m[i]) + 0.1 * scale[1])),
+                    fabs(hv[i] - v[i]) / (fabs(v[i]) + 0.1 * scale[2]));
     if (e > worst) worst = e;
-    bad += !(e <= 1e-5);
+    bad += !(fabs(hp[i] - p[i]) <= 1e-5 * fabs(p[i]) + 1e-6 * scale[0] &&
+             fabs(hm[i] - m[i]) <= 1e-5 * fabs(m[i]) + 1e-6 * scale[1] &&
+             fabs(hv[i] - v[i]) <= 1e-5 * fabs(v[i]) + 1e-6 * scale[2]);
     // The copy is the GPU's own p rounded: compare with rounding the GPU p on the host.
     float one = hp[i];
     k_range r1 = {0, 1, 0};
@@ -100,9 +107,9 @@ static void test_gpu(void) {
     for (int k = 0; k < NR; k++) in |= i >= R[k].offset && i < R[k].offset + R[k].n_elem;
     bad_pc += in ? hpc[i] != want1 : hpc[i] != 0;
   }
-  EXPECT(bad == 0, "GPU adamw_ranges: %lld elements off the CPU reference (worst relative %.3g)", (long long)bad, worst);
+  EXPECT(bad == 0, "GPU adamw_ranges: %lld elements off the CPU reference (worst normalised %.3g)", (long long)bad, worst);
   EXPECT(bad_pc == 0, "GPU bf16 compute copy: %lld elements wrong", (long long)bad_pc);
-  printf("GPU vs CPU: sumsq rel %.3g, adamw worst relative %.3g\n", fabs(got - want) / want, worst);
+  printf("GPU vs CPU: sumsq rel %.3g, adamw worst normalised %.3g\n", fabs(got - want) / want, worst);
   be->free(be, dp), be->free(be, dg), be->free(be, dm), be->free(be, dv), be->free(be, dpc);
   free(p), free(g), free(m), free(v), free(hp), free(hm), free(hv), free(hpc), free(want_pc);
   k_backend_cuda_free(&be);
