@@ -15,6 +15,13 @@
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
 
+// A span of a flat fp32 buffer for the multi-tensor optimizer ops: elements
+// [offset, offset + n_elem); decay says whether weight decay applies to it.
+typedef struct k_range {
+  int64_t offset, n_elem;
+  int decay;
+} k_range;
+
 typedef struct k_backend {
   const char *name;  // "cpu", "cuda"
   char device_name[128];  // e.g. "NVIDIA H200", or the CPU model
@@ -62,6 +69,16 @@ typedef struct k_backend {
   void (*add)(float *y, const float *x, int64_t n);
   // (T, B, inner) <-> (B, T, inner) layout change of act-dtype rows; dst and src do not overlap.
   void (*transpose_tb)(void *dst, const void *src, int T, int B, int64_t inner);
+  // Multi-tensor optimizer ops: one pass over a list of ranges, with no host round trip per
+  // range (kernels/cpu/optim_cpu.c is the reference). Sum of squares of x over the ranges: each
+  // range as sumsq sums it, the range sums added in list order in fp64; one read by the host.
+  double (*sumsq_ranges)(const float *x, const k_range *r, int n_ranges);
+  // AdamW as adamw does it, over the ranges, on g * g_scale (clipping folded in), weight_decay
+  // where the range's decay is set; offsets index p, g, m, v and pc alike. pc (NULL: none) gets
+  // the updated p rounded to pc_type, the compute copy of the weights.
+  void (*adamw_ranges)(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
+                       int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
+                       float bc2, float g_scale);
 } k_backend;
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 // The CPU backend: host memory and the reference kernels of kernels/cpu/.
 #include "kernels/backend.h"
 #include "kernels/check.h"
+#include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include <string.h>
 #include <unistd.h>
@@ -109,6 +110,8 @@ k_backend *k_backend_cpu_create(void) {
   b->scale = k_cpu_scale;
   b->add = k_cpu_add;
   b->transpose_tb = cpu_transpose_tb;
+  b->sumsq_ranges = k_cpu_sumsq_ranges;
+  b->adamw_ranges = k_cpu_adamw_ranges;
   return b;
 }
 

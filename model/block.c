@@ -332,12 +332,17 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
     tp_enter_bwd(&w->region, w->f1, w->s1, d);
     be->zero(be, g, n_bytes);
     be->rmsnorm_bwd(w->s1, acts_output(m, a), ch->final_norm->p, a->rstd_f, g, ch->final_norm->g, dm->rows_s, d);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_HEAD);
   } else {
     be->copy(be, g, a->dx_out, n_bytes);
   }
-  for (int i = ch->n_layers - 1; i >= 0; i--) layer_bwd(m, &ch->layers[i], a, i, g);
+  for (int i = ch->n_layers - 1; i >= 0; i--) {
+    layer_bwd(m, &ch->layers[i], a, i, g);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, i);
+  }
   if (ch->embed) {
     tp_exit_bwd(&w->region, g, w->f1, d);
     be->embed_bwd(tokens, w->f1, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_EMBED);
   }
 }

@@ -91,7 +91,16 @@ typedef struct model {
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
   int64_t n_params_used;  // local elements before padding
   struct model_work *work;  // scratch shared by every forward/backward (block.c)
+  // Called by model_chunk_bwd, once per call, as soon as a group of parameter gradients has
+  // received this micro-batch's contribution (queued on the backend): after the head and final
+  // norm (layer = MODEL_GRADS_HEAD), after each layer (its local index in the chunk), after the
+  // embedding (MODEL_GRADS_EMBED). The optimizer uses it to reduce DP buckets during backward.
+  // NULL: not called.
+  void (*grads_ready)(void *ctx, int chunk, int layer);
+  void *grads_ready_ctx;
 } model;
+
+enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 
 // Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
 // the activation sizes. dp pads the flat buffer to a multiple of dp.

@@ -265,6 +265,10 @@ static void comm_mpi_free(comm *c) {
   free(c);
 }
 
+// Asynchronous forms: host buffers, so run to completion now (results identical to the
+// blocking calls); wait and drain have nothing left to do.
+static void comm_mpi_wait(comm *c) { (void)c; }
+
 static const comm_ops comm_mpi_ops = {
     .all_reduce = comm_mpi_all_reduce,
     .all_gather = comm_mpi_all_gather,
@@ -277,6 +281,11 @@ static const comm_ops comm_mpi_ops = {
     .group_end = comm_mpi_group_end,
     .barrier = comm_mpi_barrier,
     .free = comm_mpi_free,
+    .all_reduce_start = comm_mpi_all_reduce,
+    .reduce_scatter_start = comm_mpi_reduce_scatter,
+    .all_gather_start = comm_mpi_all_gather,
+    .wait = comm_mpi_wait,
+    .drain = comm_mpi_wait,
 };
 
 comm *comm_mpi_create(MPI_Comm mpi, const char *name) {

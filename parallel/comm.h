@@ -33,6 +33,21 @@ typedef struct comm_ops {
   void (*group_end)(comm *c);
   void (*barrier)(comm *c);
   void (*free)(comm *c);
+  // Asynchronous collectives, to overlap communication with compute (DP gradient buckets during
+  // backward). A start takes the data as the work queued before it leaves it (on GPUs: the
+  // communicator's stream, which is the compute stream) and returns at once; its buffers must not
+  // be touched until wait. No groups around them. Every rank starts the same calls in the same
+  // order. MPI (host buffers): each start runs to completion before returning, so CPU results are
+  // those of the blocking calls, bit for bit. NCCL: the collective runs on a side stream.
+  void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
+  void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  void (*all_gather_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
+  // Work queued after wait (compute stream) sees the results of every collective started
+  // before it. Never blocks the host.
+  void (*wait)(comm *c);
+  // Blocks the host until every started collective has completed. NCCL bounds the wait by the
+  // communicator timeout and ends the job with a message naming the group and the operation.
+  void (*drain)(comm *c);
 } comm_ops;
 
 struct comm {

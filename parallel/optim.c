@@ -1,8 +1,54 @@
 // Gradient synchronisation and AdamW (see optim.h).
 #include "parallel/optim.h"
 #include "kernels/check.h"
+#include "parallel/trace.h"
 #include <math.h>
 #include <string.h>
+
+// What model_chunk_bwd reports when a tensor's gradient has this micro-batch's contribution.
+static int opt_group(int chunk, int layer) { return chunk * 4096 + layer + 2; }
+
+static void opt_on_grads_ready(void *ctx, int chunk, int layer);
+
+// Ranges of this rank's shard (shard-relative offsets): the parts counted in the gradient norm,
+// and the parts updated, in flat order (the order the per-tensor calls had).
+static void opt_build_ranges(opt_state *o) {
+  o->norm_ranges = XCALLOC(o->n_ranges, sizeof(k_range));
+  o->upd_ranges = XCALLOC(o->n_ranges, sizeof(k_range));
+  for (int i = 0; i < o->n_ranges; i++) {
+    const opt_range *r = &o->ranges[i];
+    int64_t lo = r->offset > o->shard_lo ? r->offset : o->shard_lo;
+    int64_t hi = r->offset + r->n_elem < o->shard_lo + o->shard_n ? r->offset + r->n_elem : o->shard_lo + o->shard_n;
+    if (hi <= lo) continue;
+    k_range k = {lo - o->shard_lo, hi - lo, r->decay};
+    o->upd_ranges[o->n_upd_ranges++] = k;
+    if (r->in_norm) o->norm_ranges[o->n_norm_ranges++] = k;
+  }
+}
+
+// Buckets of bucket_elem from the end of the flat buffer (backward fills it from the end), each
+// with the tensors it overlaps.
+static void opt_build_buckets(opt_state *o) {
+  model *m = o->m;
+  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
+  o->buckets = XCALLOC(o->n_buckets ? o->n_buckets : 1, sizeof(opt_bucket));
+  int b = 0;
+  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++) {
+    opt_bucket *k = &o->buckets[b];
+    k->hi = end;
+    k->lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
+    k->t_lo = m->n_tensors;
+    k->t_hi = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+      const model_tensor *t = &m->tensors[i];
+      if (t->offset < k->hi && t->offset + t->n_elem > k->lo) {
+        if (i < k->t_lo) k->t_lo = i;
+        k->t_hi = i + 1;
+      }
+    }
+    if (k->t_hi < k->t_lo) k->t_lo = k->t_hi = 0;  // padding only
+  }
+}
 
 void opt_init(opt_state *o, model *m, const cfg *c) {
   memset(o, 0, sizeof *o);
@@ -29,15 +75,50 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
     // and without ZeRO (every dp replica holds all gradients) by dp rank 0 only.
     r->in_norm = (!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0);
   }
+  opt_build_ranges(o);
+
+  int dp = m->g->dp;
+  o->n_micro = c->train.global_batch / (dp * c->train.micro_batch);
+  if (o->n_micro < 1) o->n_micro = 1;
+  o->t_group = XCALLOC(m->n_tensors, sizeof(int));
+  o->t_count = XCALLOC(m->n_tensors, sizeof(int));
+  o->t_final = XCALLOC(m->n_tensors, 1);
+  for (int i = 0; i < m->n_tensors; i++) o->t_group[i] = -1;
+  for (int ci = 0; ci < m->vpp; ci++) {
+    model_chunk *ch = &m->chunks[ci];
+    for (int l = 0; l < ch->n_layers; l++) {
+      model_layer *ly = &ch->layers[l];
+      model_tensor *ts[] = {ly->attn_norm, ly->wq, ly->wk, ly->wv, ly->wo, ly->mlp_norm, ly->w_gate, ly->w_up, ly->w_down};
+      for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) o->t_group[ts[k] - m->tensors] = opt_group(ci, l);
+    }
+    // A tied head is the embedding: final only after the embedding's backward.
+    if (ch->final_norm) o->t_group[ch->final_norm - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
+    if (ch->lm_head && ch->lm_head != ch->embed) o->t_group[ch->lm_head - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
+    if (ch->embed) o->t_group[ch->embed - m->tensors] = opt_group(ci, MODEL_GRADS_EMBED);
+  }
+  o->overlap = dp > 1 && !o->zero;
+  opt_build_buckets(o);
+  m->grads_ready = opt_on_grads_ready;
+  m->grads_ready_ctx = o;
 }
 
 void opt_free(opt_state *o) {
   if (!o->m) return;
   k_backend *be = o->m->be;
+  if (o->m->grads_ready_ctx == o) {
+    o->m->grads_ready = NULL;
+    o->m->grads_ready_ctx = NULL;
+  }
   be->free(be, o->exp_avg);
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
   free(o->ranges);
+  free(o->norm_ranges);
+  free(o->upd_ranges);
+  free(o->t_group);
+  free(o->t_count);
+  free(o->t_final);
+  free(o->buckets);
   o->m = NULL;
 }
 
@@ -50,77 +131,91 @@ float opt_lr_at(const cfg_train *hp, int64_t step) {
   return (float)(hp->min_lr + 0.5 * (hp->lr - hp->min_lr) * (1 + cos(M_PI * progress)));
 }
 
-// Gradients of every tp-replicated tensor (norms) are partial per tp rank under sequence
-// parallelism: each rank saw only its sequence shard.
-static void reduce_sp_norm_grads(opt_state *o) {
+// A tensor's gradient has all of this step's contributions. Under sequence parallelism the
+// gradients of tp-replicated tensors (norms) are partial per tp rank (each saw only its
+// sequence shard): they are summed over tp first, on the compute stream, before any DP bucket
+// holding them starts.
+static void opt_tensor_final(opt_state *o, int i) {
   model *m = o->m;
-  if (!m->sp) return;
-  for (int i = 0; i < m->n_tensors; i++)
-    if (m->tensors[i].tp_replicated)
-      m->g->tp_c->ops->all_reduce(m->g->tp_c, m->tensors[i].g, m->tensors[i].n_elem, COMM_F32, COMM_SUM);
+  model_tensor *t = &m->tensors[i];
+  if (m->sp && t->tp_replicated) m->g->tp_c->ops->all_reduce(m->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
+  o->t_final[i] = 1;
 }
 
-// Gradients are already scaled by 1 / (tokens of the global batch), so the DP sum is the mean.
-static void reduce_dp_grads(opt_state *o) {
-  model *m = o->m;
-  comm *dc = m->g->dp_c;
-  if (dc->size == 1) return;
-  if (o->zero) {
-    dc->ops->reduce_scatter(dc, m->grads, o->grad_shard, o->shard_n, COMM_F32, COMM_SUM);
-    return;
-  }
-  // Last bucket first: backward fills the flat buffer from its end.
-  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem) {
-    int64_t lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
-    dc->ops->all_reduce(dc, m->grads + lo, end - lo, COMM_F32, COMM_SUM);
+// Starts, in bucket order, every bucket whose tensors are all final. Gradients are already
+// scaled by 1 / (tokens of the global batch), so the DP sum is the mean.
+static void opt_start_buckets(opt_state *o) {
+  if (!o->overlap) return;
+  comm *dc = o->m->g->dp_c;
+  for (; o->next_bucket < o->n_buckets; o->next_bucket++) {
+    const opt_bucket *b = &o->buckets[o->next_bucket];
+    for (int i = b->t_lo; i < b->t_hi; i++)
+      if (!o->t_final[i]) return;
+    trace_push_range("dp bucket start");
+    dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
+    trace_pop_range();
   }
 }
 
-// Calls fn on every part of a range that lies inside this rank's shard.
-#define FOR_SHARD_PARTS(o, r, lo, n)                                                          \
-  int64_t lo = (r)->offset > (o)->shard_lo ? (r)->offset : (o)->shard_lo;                     \
-  int64_t hi_ = (r)->offset + (r)->n_elem < (o)->shard_lo + (o)->shard_n                      \
-                    ? (r)->offset + (r)->n_elem                                               \
-                    : (o)->shard_lo + (o)->shard_n;                                           \
-  int64_t n = hi_ - lo;                                                                       \
-  if (n > 0)
+static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
+  opt_state *o = ctx;
+  int grp = opt_group(chunk, layer);
+  // Backward order is the reverse of the flat order: walk from the end so SP reductions go
+  // out in the order the gradients were finished.
+  for (int i = o->m->n_tensors - 1; i >= 0; i--)
+    if (o->t_group[i] == grp && ++o->t_count[i] == o->n_micro && !o->t_final[i]) opt_tensor_final(o, i);
+  opt_start_buckets(o);
+}
 
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
+  comm *dc = m->g->dp_c;
+  // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
+  // bucket has arrived.
   double t0 = o->timing ? timing_now(be) : 0;
-  reduce_sp_norm_grads(o);
-  reduce_dp_grads(o);
-  double t1 = o->timing ? timing_now(be) : 0;
-  float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by flat offset - shard_lo
-  double sumsq = 0;
-  for (int i = 0; i < o->n_ranges; i++) {
-    opt_range *r = &o->ranges[i];
-    if (!r->in_norm) continue;
-    FOR_SHARD_PARTS(o, r, lo, n) sumsq += be->sumsq(grad + (lo - o->shard_lo), n);
+  trace_push_range("dp sync");
+  // Whatever backward did not report (a caller driving model_chunk_bwd itself) is final now.
+  for (int i = m->n_tensors - 1; i >= 0; i--)
+    if (!o->t_final[i]) opt_tensor_final(o, i);
+  if (dc->size > 1) {
+    if (o->zero) dc->ops->reduce_scatter_start(dc, m->grads, o->grad_shard, o->shard_n, COMM_F32, COMM_SUM);
+    else opt_start_buckets(o);
+    if (o->timing) dc->ops->drain(dc);  // bounded host wait: a dead peer ends the job here
+    dc->ops->wait(dc);
   }
+  memset(o->t_count, 0, (size_t)m->n_tensors * sizeof(int));
+  memset(o->t_final, 0, (size_t)m->n_tensors);
+  o->next_bucket = 0;
+  double t1 = o->timing ? timing_now(be) : 0;
+  trace_pop_range();
+  trace_push_range("optimizer");
+  float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by flat offset - shard_lo
+  double sumsq = be->sumsq_ranges(grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
   double norm = sqrt(sumsq);
   const cfg_train *hp = &o->hp;
-  if (hp->grad_clip > 0 && norm > hp->grad_clip) be->scale(grad, o->shard_n, (float)(hp->grad_clip / (norm + 1e-6)));
+  float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);
-  for (int i = 0; i < o->n_ranges; i++) {
-    opt_range *r = &o->ranges[i];
-    FOR_SHARD_PARTS(o, r, lo, n) {
-      int64_t s = lo - o->shard_lo;
-      be->adamw(m->params + lo, grad + s, o->exp_avg + s, o->exp_avg_sq + s, n, lr, hp->beta1, hp->beta2, hp->eps,
-                r->decay ? hp->weight_decay : 0.0f, bc1, bc2);
-    }
-  }
+  // Without ZeRO the update also writes the compute copy; with it, the copy is made after the
+  // all-gather brings the other shards.
+  int fused_copy = !o->zero && m->params_c != (void *)m->params;
+  void *pc = fused_copy ? (char *)m->params_c + o->shard_lo * (int64_t)m->act_bytes : NULL;
+  be->adamw_ranges(m->params + o->shard_lo, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges,
+                   o->n_upd_ranges, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
   if (o->zero) {
-    comm *dc = m->g->dp_c;
     be->copy(be, o->grad_shard, m->params + o->shard_lo, (size_t)o->shard_n * sizeof(float));
-    dc->ops->all_gather(dc, o->grad_shard, m->params, o->shard_n, COMM_F32);
+    dc->ops->all_gather_start(dc, o->grad_shard, m->params, o->shard_n, COMM_F32);
+    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gather
+    dc->ops->wait(dc);
     be->zero(be, o->grad_shard, (size_t)o->shard_n * sizeof(float));
+    model_sync_compute_weights(m);
+  } else {
+    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
+    if (!fused_copy) model_sync_compute_weights(m);
   }
-  be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
-  model_sync_compute_weights(m);
+  trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;
     o->timing->optimizer += timing_now(be) - t1;

@@ -17,6 +17,12 @@ typedef struct opt_range {
   int in_norm;             // counted in the global gradient norm by this rank
 } opt_range;
 
+// A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi).
+typedef struct opt_bucket {
+  int64_t lo, hi;
+  int t_lo, t_hi;
+} opt_bucket;
+
 typedef struct opt_state {
   model *m;
   grid *g;
@@ -29,12 +35,26 @@ typedef struct opt_state {
   opt_range *ranges;
   int n_ranges;
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
+  // Overlap of the DP reduction with backward (model.grads_ready): a tensor's gradient is final
+  // once its group was reported n_micro times in a step; a bucket is started once every tensor
+  // it overlaps is final. Buckets start in a fixed order (last first), the same on every rank.
+  int n_micro;              // backward passes per chunk and step
+  int *t_group;             // (n_tensors) chunk * 4096 + (layer + 2): what model_chunk_bwd reports
+  int *t_count;             // (n_tensors) reports received this step
+  char *t_final;            // (n_tensors) final this step (tp-reduced under SP)
+  opt_bucket *buckets;      // (n_buckets) from the end of the flat buffer to its start
+  int n_buckets, next_bucket;
+  int overlap;              // dp > 1 without ZeRO: buckets are started from backward
+  k_range *norm_ranges, *upd_ranges;  // shard-relative: counted in the norm; updated
+  int n_norm_ranges, n_upd_ranges;
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based): linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const cfg_train *hp, int64_t step);
+// Gradient synchronisation is started during backward through m->grads_ready (set by
+// opt_init; n_micro = global_batch / (dp * micro_batch) backward passes per chunk and step).
 // Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,
 // for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
 double opt_step(opt_state *o, float lr, int64_t t);

@@ -2,6 +2,7 @@
 // one group and completed together, which is the contract pp_schedule_build is built for.
 #include "parallel/pp_exec.h"
 #include "kernels/check.h"
+#include "parallel/trace.h"
 #include <string.h>
 
 int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
@@ -58,20 +59,25 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
   const pp_step *st = e->sched.steps;
   for (int i = 0; i < e->sched.n_steps;) {
     step_timing *tm = e->timing;
-    double t0 = tm ? timing_now(m->be) : 0, tp0 = tm ? tm->tp_comm : 0;
     if (!is_comm(st[i].op)) {
       const pp_step *s = &st[i++];
       model_acts *a = acts_get(e, s->micro, s->chunk);
       const int32_t *tok = tokens + s->micro * rows, *tgt = targets + s->micro * rows;
       if (s->op == PP_FWD) {
+        trace_push_range("forward");
         loss += model_chunk_fwd(m, s->chunk, a, tok, tgt);
+        trace_pop_range();
       } else {
+        trace_push_range("backward");
         model_chunk_bwd(m, s->chunk, a, tok, tgt, loss_scale);
+        trace_pop_range();
         if (m->chunks[s->chunk].vstage == 0) acts_put(e, s->micro, s->chunk);
       }
-      if (tm) tm->compute += timing_now(m->be) - t0 - (tm->tp_comm - tp0);
       continue;
     }
+    // A group waits for the compute before it (its sends read it) and for the peer: the time
+    // from the queue being drained to the group's end is the pipeline's communication and bubble.
+    double t0 = tm ? timing_now(m->be) : 0;
     int j = i;
     pc->ops->group_start(pc);
     for (; j < e->sched.n_steps && is_comm(st[j].op); j++) {

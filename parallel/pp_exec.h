@@ -17,7 +17,7 @@ typedef struct pp_exec {
   int *pool_n;           // (vpp)
   int pool_cap;
   int n_created;         // activation sets allocated so far (peak in-flight)
-  step_timing *timing;   // compute and pipeline-communication time are added here; NULL = not timed
+  step_timing *timing;   // pipeline-communication time is added here (pp_comm); NULL = not timed
 } pp_exec;
 
 // Returns 0, or -1 with a message when the schedule is not admissible.

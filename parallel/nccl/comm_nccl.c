@@ -21,6 +21,9 @@
 typedef struct comm_nccl {
   ncclComm_t nccl;          // NULL once destroyed or aborted
   cudaStream_t stream;      // every operation of this communicator is enqueued here
+  cudaStream_t side;        // asynchronous collectives (the *_start calls); made on first use
+  cudaEvent_t ready, done;  // stream -> side (work queued before a start), side -> stream (wait)
+  int n_started;            // asynchronous collectives started since the last wait
   int *scratch;             // (1) device int, the payload of barrier's all-reduce
   char last_op[96];         // the operation enqueued last, named when a wait fails
   comm *next_live;          // list of live communicators, all aborted together on a failure
@@ -212,11 +215,11 @@ static void comm_nccl_settle(comm *c, ncclResult_t rc, const char *what, const c
 #define COMM_NCCL_CALL(c, call) comm_nccl_settle((c), (call), #call, __func__, __FILE__, __LINE__)
 
 // Waits for c's stream to drain, watching NCCL's error state and the clock meanwhile.
-static void comm_nccl_drain(comm *c, const char *func, const char *file, int line) {
+static void comm_nccl_drain_stream(comm *c, cudaStream_t stream, const char *func, const char *file, int line) {
   comm_nccl *m = c->impl;
   double start = comm_nccl_now(), limit = comm_nccl_timeout();
   for (long spin = 0;; spin++) {
-    cudaError_t e = cudaStreamQuery(m->stream);
+    cudaError_t e = cudaStreamQuery(stream);
     ncclResult_t st = ncclSuccess;
     ncclResult_t q = ncclCommGetAsyncError(m->nccl, &st);
     if (q != ncclSuccess) comm_nccl_die_rc(c, q, "ncclCommGetAsyncError", func, file, line);
@@ -231,6 +234,10 @@ static void comm_nccl_drain(comm *c, const char *func, const char *file, int lin
     if (comm_nccl_now() - start > limit) comm_nccl_die_timeout(c, limit, "cudaStreamQuery (waiting)", func, file, line);
     comm_nccl_pause(spin);
   }
+}
+
+static void comm_nccl_drain(comm *c, const char *func, const char *file, int line) {
+  comm_nccl_drain_stream(c, ((comm_nccl *)c->impl)->stream, func, file, line);
 }
 
 // ---- operations -------------------------------------------------------------------------------
@@ -269,28 +276,95 @@ static comm_nccl *comm_nccl_live_impl(const comm *c, const char *what) {
   return m;
 }
 
-static void comm_nccl_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+// The three collectives on a given stream: the communicator's own (blocking forms) or its side
+// stream (the *_start forms). `how` is "" or " (started)", for the failure message.
+static void comm_nccl_ar_on(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op, cudaStream_t s,
+                            const char *how) {
   CHECK(n_elem >= 0, "comm %s: all_reduce of %lld elements", c->name, (long long)n_elem);
   comm_nccl *m = comm_nccl_live_impl(c, "all_reduce");
-  comm_nccl_note(c, "all_reduce of %lld %s", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl,
-                                  m->stream));
+  comm_nccl_note(c, "all_reduce of %lld %s%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
+  COMM_NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
+}
+
+static void comm_nccl_ag_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, cudaStream_t s,
+                            const char *how) {
+  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
+  comm_nccl_note(c, "all_gather of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
+  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, s));
+}
+
+static void comm_nccl_rs_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op,
+                            cudaStream_t s, const char *how) {
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
+  comm_nccl_note(c, "reduce_scatter of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
+  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
+}
+
+static void comm_nccl_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+  comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_live_impl(c, "all_reduce")->stream, "");
 }
 
 static void comm_nccl_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
-  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
-  comm_nccl_note(c, "all_gather of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, m->stream));
+  comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_live_impl(c, "all_gather")->stream, "");
 }
 
 static void comm_nccl_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                      comm_redop op) {
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
-  comm_nccl_note(c, "reduce_scatter of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op),
-                                      m->nccl, m->stream));
+  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_live_impl(c, "reduce_scatter")->stream, "");
+}
+
+// ---- asynchronous collectives ------------------------------------------------------------------
+// A start makes the side stream wait for what is queued on the communicator's stream so far
+// (the gradients it reduces were written there), then enqueues the collective on the side
+// stream, where it runs while later kernels of the main stream run. NCCL orders the operations
+// of one communicator whatever stream they are on, so blocking and started calls may mix.
+
+static cudaStream_t comm_nccl_side_ready(comm *c, const char *what) {
+  comm_nccl *m = comm_nccl_live_impl(c, what);
+  CHECK(comm_nccl_group_depth == 0, "comm %s: %s inside an open group", c->name, what);
+  if (!m->side) {
+    // Highest priority: a collective's kernel should get SMs as soon as it is ready, not after
+    // the backward kernels queued before it.
+    int lo = 0, hi = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&m->side, cudaStreamNonBlocking, hi));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming));
+  }
+  CUDA_CHECK(cudaEventRecord(m->ready, m->stream));
+  CUDA_CHECK(cudaStreamWaitEvent(m->side, m->ready, 0));
+  m->n_started++;
+  return m->side;
+}
+
+static void comm_nccl_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+  comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_side_ready(c, "all_reduce_start"), " (started)");
+}
+
+static void comm_nccl_all_gather_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_side_ready(c, "all_gather_start"), " (started)");
+}
+
+static void comm_nccl_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                           comm_redop op) {
+  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_side_ready(c, "reduce_scatter_start"), " (started)");
+}
+
+// The main stream waits for everything started so far; the host does not.
+static void comm_nccl_wait_started(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "wait");
+  if (!m->n_started) return;
+  CUDA_CHECK(cudaEventRecord(m->done, m->side));
+  CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->done, 0));
+  m->n_started = 0;
+}
+
+// The host waits for the side stream, with the same deadline and error watch as every wait.
+static void comm_nccl_drain_started(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "drain");
+  if (m->side) comm_nccl_drain_stream(c, m->side, __func__, __FILE__, __LINE__);
 }
 
 static void comm_nccl_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root) {
@@ -371,7 +445,8 @@ static void comm_nccl_barrier(comm *c) {
 
 void comm_nccl_wait(comm *c) {
   if (!comm_nccl_is(c)) return;
-  comm_nccl_live_impl(c, "wait");
+  comm_nccl *m = comm_nccl_live_impl(c, "wait");
+  if (m->side) comm_nccl_drain_stream(c, m->side, __func__, __FILE__, __LINE__);
   comm_nccl_drain(c, __func__, __FILE__, __LINE__);
 }
 
@@ -400,6 +475,12 @@ static void comm_nccl_free(comm *c) {
     }
     comm_nccl_unlink(c);
     if (m->scratch) CUDA_CHECK(cudaFree(m->scratch));
+    if (m->side) {
+      CUDA_CHECK(cudaStreamSynchronize(m->side));
+      CUDA_CHECK(cudaEventDestroy(m->ready));
+      CUDA_CHECK(cudaEventDestroy(m->done));
+      CUDA_CHECK(cudaStreamDestroy(m->side));
+    }
   }
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -421,6 +502,11 @@ static const comm_ops comm_nccl_ops = {
     .group_end = comm_nccl_group_end,
     .barrier = comm_nccl_barrier,
     .free = comm_nccl_free,
+    .all_reduce_start = comm_nccl_all_reduce_start,
+    .reduce_scatter_start = comm_nccl_reduce_scatter_start,
+    .all_gather_start = comm_nccl_all_gather_start,
+    .wait = comm_nccl_wait_started,
+    .drain = comm_nccl_drain_started,
 };
 
 comm *comm_nccl_create(MPI_Comm mpi, const char *name) {

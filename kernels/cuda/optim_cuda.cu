@@ -1,0 +1,171 @@
+// Multi-tensor optimizer ops on the GPU (see optim_cuda.h). The ranges are laid end to end in
+// a virtual concatenation; each block takes a fixed slice of it, finds its first range by
+// binary search and walks on, so one launch covers every tensor whatever their sizes. The range
+// table lives on the device and is uploaded only when the list changes (the optimizer's lists
+// are fixed for a run). The sum of squares is deterministic: fixed per-block partials, then
+// one block reduces them in a fixed order.
+#include "kernels/cuda/optim_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+struct dev_range {
+  int64_t offset, n_elem, vstart;  // vstart: where the range begins in the concatenation
+  int decay;
+};
+
+// A device copy of one host range list, refreshed when the list differs from the last one.
+struct range_table {
+  k_range *host;    // (n) what was uploaded
+  dev_range *dev;   // (n)
+  int n, cap;
+  int64_t total;    // elements of all ranges
+};
+
+range_table g_sumsq_table, g_adamw_table;
+
+const range_table *table_get(range_table *t, const k_range *r, int n) {
+  if (n == t->n && t->host && memcmp(t->host, r, sizeof(k_range) * (size_t)n) == 0) return t;
+  cudaStream_t s = k_cuda_cur()->stream;
+  CUDA_CHECK(cudaStreamSynchronize(s));  // earlier launches may still read the old table
+  if (n > t->cap) {
+    if (t->dev) CUDA_CHECK(cudaFree(t->dev));
+    free(t->host);
+    CUDA_CHECK(cudaMalloc((void **)&t->dev, sizeof(dev_range) * (size_t)n));
+    t->host = (k_range *)malloc(sizeof(k_range) * (size_t)n);
+    CHECK(t->host, "optimizer ranges: out of host memory for %d ranges", n);
+    t->cap = n;
+  }
+  dev_range *d = (dev_range *)malloc(sizeof(dev_range) * (size_t)(n ? n : 1));
+  CHECK(d, "optimizer ranges: out of host memory for %d ranges", n);
+  int64_t v = 0;
+  for (int i = 0; i < n; i++) {
+    d[i].offset = r[i].offset;
+    d[i].n_elem = r[i].n_elem;
+    d[i].vstart = v;
+    d[i].decay = r[i].decay;
+    v += r[i].n_elem;
+  }
+  if (n) CUDA_CHECK(cudaMemcpy(t->dev, d, sizeof(dev_range) * (size_t)n, cudaMemcpyHostToDevice));
+  free(d);
+  memcpy(t->host, r, sizeof(k_range) * (size_t)n);
+  t->n = n;
+  t->total = v;
+  return t;
+}
+
+// Index of the range holding virtual element j: the last range with vstart <= j.
+__device__ int find_range(const dev_range *r, int n, int64_t j) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (r[mid].vstart <= j) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+enum { OPT_THREADS = 256, OPT_PER_THREAD = 16, OPT_SLICE = OPT_THREADS * OPT_PER_THREAD };
+
+// Each block: virtual elements [blockIdx.x * OPT_SLICE, + OPT_SLICE), thread t takes every
+// OPT_THREADS-th, so consecutive threads touch consecutive addresses inside a range.
+template <typename PC>
+__global__ void adamw_ranges_kernel(float *p, PC *pc, const float *g, float *m, float *v, const dev_range *r, int n,
+                                    int64_t total, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                    float bc1, float bc2, float g_scale) {
+  const int64_t j0 = (int64_t)blockIdx.x * OPT_SLICE;
+  int k = find_range(r, n, j0 + threadIdx.x < total ? j0 + threadIdx.x : total - 1);
+  for (int it = 0; it < OPT_PER_THREAD; it++) {
+    const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+    if (j >= total) break;
+    while (j >= r[k].vstart + r[k].n_elem) k++;
+    const int64_t i = r[k].offset + (j - r[k].vstart);
+    const float wd = r[k].decay ? weight_decay : 0.0f;
+    const float gi = g[i] * g_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i] - lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+    p[i] = pi;
+    if (pc) pc[i] = k_st<PC>(pi);
+  }
+}
+
+__global__ void sumsq_ranges_part(const float *x, const dev_range *r, int n, int64_t total, double *part) {
+  __shared__ double sh[32];
+  const int64_t j0 = (int64_t)blockIdx.x * OPT_SLICE;
+  int k = find_range(r, n, j0 + threadIdx.x < total ? j0 + threadIdx.x : total - 1);
+  double s = 0.0;
+  for (int it = 0; it < OPT_PER_THREAD; it++) {
+    const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+    if (j >= total) break;
+    while (j >= r[k].vstart + r[k].n_elem) k++;
+    const float xi = x[r[k].offset + (j - r[k].vstart)];
+    s += (double)xi * xi;
+  }
+  s = k_block_sum(s, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void sumsq_ranges_total(const double *part, int64_t n_part, double *total) {
+  __shared__ double sh[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n_part; i += blockDim.x) s += part[i];
+  s = k_block_sum(s, sh);
+  if (threadIdx.x == 0) *total = s;
+}
+
+double *g_part;          // device partial sums, then the total
+int64_t g_part_cap;
+double *g_total_host;    // pinned: the one read of the step
+
+}  // namespace
+
+extern "C" double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ranges) {
+  if (n_ranges <= 0) return 0.0;
+  const range_table *t = table_get(&g_sumsq_table, r, n_ranges);
+  if (t->total == 0) return 0.0;
+  cudaStream_t s = k_cuda_cur()->stream;
+  const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
+  if (nb + 1 > g_part_cap) {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (g_part) CUDA_CHECK(cudaFree(g_part));
+    CUDA_CHECK(cudaMalloc((void **)&g_part, sizeof(double) * (size_t)(nb + 1)));
+    g_part_cap = nb + 1;
+  }
+  if (!g_total_host) CUDA_CHECK(cudaMallocHost((void **)&g_total_host, sizeof(double)));
+  CHECK(nb < (int64_t)1 << 31, "sumsq_ranges: %lld elements is too many for one launch", (long long)t->total);
+  sumsq_ranges_part<<<(unsigned)nb, OPT_THREADS, 0, s>>>(x, t->dev, t->n, t->total, g_part);
+  CUDA_LAUNCH_CHECK("sumsq_ranges_part");
+  sumsq_ranges_total<<<1, 1024, 0, s>>>(g_part, nb, g_part + nb);
+  CUDA_LAUNCH_CHECK("sumsq_ranges_total");
+  CUDA_CHECK(cudaMemcpyAsync(g_total_host, g_part + nb, sizeof(double), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return *g_total_host;
+}
+
+extern "C" void k_cuda_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
+                                    const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, float bc1, float bc2, float g_scale) {
+  if (n_ranges <= 0) return;
+  const range_table *t = table_get(&g_adamw_table, r, n_ranges);
+  if (t->total == 0) return;
+  cudaStream_t s = k_cuda_cur()->stream;
+  const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
+  CHECK(nb < (int64_t)1 << 31, "adamw_ranges: %lld elements is too many for one launch", (long long)t->total);
+  if (pc && pc_type == K_BF16) {
+    adamw_ranges_kernel<k_bf16><<<(unsigned)nb, OPT_THREADS, 0, s>>>(p, (k_bf16 *)pc, g, m, v, t->dev, t->n, t->total, lr,
+                                                                    beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
+  } else {
+    CHECK(!pc || pc_type == K_F32, "adamw_ranges: unknown compute-copy dtype %d", (int)pc_type);
+    adamw_ranges_kernel<float><<<(unsigned)nb, OPT_THREADS, 0, s>>>(p, (float *)pc, g, m, v, t->dev, t->n, t->total, lr,
+                                                                   beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
+  }
+  CUDA_LAUNCH_CHECK("adamw_ranges_kernel");
+}

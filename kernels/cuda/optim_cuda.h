@@ -1,0 +1,21 @@
+// CUDA multi-tensor optimizer ops (kernels/backend.h: sumsq_ranges, adamw_ranges), tested
+// against kernels/cpu/optim_cpu.c. Enqueued on the current CUDA backend's compute stream.
+#ifndef TRAINER_OPTIM_CUDA_H
+#define TRAINER_OPTIM_CUDA_H
+
+#include "kernels/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ranges);
+void k_cuda_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
+                         int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
+                         float bc2, float g_scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
