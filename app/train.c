@@ -284,27 +284,42 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
                                     be->device_name);
     printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
            last_loss, last_val);
+    // The step split (what each figure is: parallel/timing.h; dp comm is the exposed part only).
+    double k = n_timed > 0 ? 1e3 / n_timed : 0, pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
+    double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
+    double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;
+    double exposed_pct = all > 0 ? 100 * comm / all : 0.0;
+    double bubble_pct = pipe > 0 ? 100 * tm_total.pp_comm / pipe : 0.0;
+    double bubble_theory_pct = 100 * pp_bubble_theory(g->pp, c->parallel.vpp, n_micro);
+    double mfu = be->peak_tflops > 0 ? mean_tflops / be->peak_tflops : 0.0;
     if (n_timed > 0) {
-      double k = 1e3 / n_timed, pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
-      double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
-      double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;
-      // What each figure is: parallel/timing.h. dp comm is the exposed part only.
       printf("step time on rank 0 (ms, mean of %lld steps): compute %.2f | tp comm %.2f%s | pipeline comm and bubble %.2f "
              "| exposed dp comm %.2f | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
              (long long)n_timed, tm_total.compute * k, tm_total.tp_comm * k,
              g->tp > 1 && !(tp_timing && strcmp(tp_timing, "1") == 0) ? " (in compute; TRAINER_TIMING_TP=1 measures it)" : "",
-             tm_total.pp_comm * k, tm_total.dp_comm * k,
-             tm_total.optimizer * k, tm_total.data * k, all > 0 ? 100 * comm / all : 0.0);
+             tm_total.pp_comm * k, tm_total.dp_comm * k, tm_total.optimizer * k, tm_total.data * k, exposed_pct);
       if (g->pp > 1)
-        printf("; pipeline bubble %.1f%% measured, %.1f%% in theory ((p-1)/(v*m+p-1))", 100 * tm_total.pp_comm / pipe,
-               100 * pp_bubble_theory(g->pp, c->parallel.vpp, n_micro));
+        printf("; pipeline bubble %.1f%% measured, %.1f%% in theory ((p-1)/(v*m+p-1))", bubble_pct, bubble_theory_pct);
       printf("\n");
     }
-    if (metrics)
-      fprintf(metrics, "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"tokens_per_s\": %.1f, "
-                       "\"tflops_per_rank\": %.3f, \"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s}\n",
-              (long long)step, (long long)tokens_seen, wall, mean_tps, mean_tflops, mem_peak / 1073741824.0, last_loss,
-              val_s);
+    if (metrics) {
+      char bubble_s[32] = "null", theory_s[32] = "null";
+      if (g->pp > 1) {
+        snprintf(bubble_s, sizeof bubble_s, "%.3f", bubble_pct);
+        snprintf(theory_s, sizeof theory_s, "%.3f", bubble_theory_pct);
+      }
+      fprintf(metrics,
+              "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"ranks\": %d, "
+              "\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, \"tflops_per_rank\": %.3f, \"mfu\": %.4f, "
+              "\"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
+              "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
+              "\"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
+              "\"bubble_theory_pct\": %s}\n",
+              (long long)step, (long long)tokens_seen, wall, g->world_size, mean_tps, mean_tps / g->world_size,
+              mean_tflops, mfu, mem_peak / 1073741824.0, last_loss, val_s, tm_total.compute * k, tm_total.tp_comm * k,
+              tm_total.pp_comm * k, tm_total.dp_comm * k, tm_total.optimizer * k, tm_total.data * k, exposed_pct,
+              bubble_s, theory_s);
+    }
   }
 
   if (stop_sig) rc = 128 + stop_sig;
