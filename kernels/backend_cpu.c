@@ -43,20 +43,23 @@ static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_t
         (int)dst_type);
   if (n && dst != src) memmove(dst, src, (size_t)n * sizeof(float));
 }
-static void cpu_rope(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
-  k_cpu_rope(x, B, T, H, hd, pos0, theta, inverse);
+static void cpu_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+  k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);
 }
-static void cpu_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh,
-                         int nkv, int hd) {
-  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+static void cpu_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps) {
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
 }
-static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
+static void cpu_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+                         int nh, int nkv, int hd) {
+  k_cpu_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
+}
+static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                          const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
-  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  k_cpu_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
-static void cpu_swiglu_fwd(const void *gate, const void *up, void *out, int64_t n) { k_cpu_swiglu_fwd(gate, up, out, n); }
-static void cpu_swiglu_bwd(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n) {
-  k_cpu_swiglu_bwd(dout, gate, up, dgate, dup, n);
+static void cpu_swiglu_fwd(const void *gu, void *out, int64_t rows, int n) { k_cpu_swiglu_fwd(gu, out, rows, n); }
+static void cpu_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
 }
 static void cpu_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                                float *row_max, float *row_sumexp, float *target_logit) {
@@ -95,6 +98,7 @@ k_backend *k_backend_cpu_create(void) {
   b->cast = cpu_cast;
   b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
+  b->rmsnorm_fwd_act = cpu_rmsnorm_fwd_act;
   b->rope = cpu_rope;
   b->attn_fwd = cpu_attn_fwd;
   b->attn_bwd = cpu_attn_bwd;
@@ -104,6 +108,8 @@ k_backend *k_backend_cpu_create(void) {
   b->embed_bwd = k_cpu_embed_bwd;
   b->ce_local_stats = cpu_ce_local_stats;
   b->ce_bwd = cpu_ce_bwd;
+  b->ce_rescale = k_cpu_ce_rescale;
+  b->ce_loss = k_cpu_ce_loss;
   b->adamw = k_cpu_adamw;
   b->sumsq = k_cpu_sumsq;
   b->scale = k_cpu_scale;
