@@ -35,6 +35,9 @@ typedef struct k_backend {
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
   void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                int ldb, float beta, void *C, int ldc, k_dtype c_type);
+  // A linear layer adding into the residual stream: D (M,N) = A (M,K) W (N,K)^T + C (M,N); A, W
+  // in act dtype, C and D fp32 (D == C allowed).
+  void (*linear_residual)(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
   // dst[i] = src[i] converted (a copy when the dtypes agree).
   void (*cast)(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
   void (*rmsnorm_fwd)(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
@@ -42,6 +45,9 @@ typedef struct k_backend {
                       int64_t rows, int d);
   // rmsnorm_fwd with y (rows, d) in act dtype: the norm and the cast for a GEMM in one pass.
   void (*rmsnorm_fwd_act)(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
+  // rmsnorm_bwd that also writes the updated dx (rows, d) in act dtype to dx_act (NULL: not).
+  void (*rmsnorm_bwd_act)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                          void *dx_act, int64_t rows, int d);
   // Sequence-major (row (t, b) = t*B + b); rows of q/k/v and their gradients at stride ld, so
   // they can be column blocks of one fused QKV projection (see k_cpu_attn_fwd).
   void (*rope)(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);

@@ -38,6 +38,9 @@ static void cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const voi
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
   k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+static void cpu_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
+  k_cpu_linear_residual(M, N, K, A, W, C, D);
+}
 static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
   CHECK(dst_type == K_F32 && src_type == K_F32, "the CPU backend holds fp32 only (cast %d -> %d)", (int)src_type,
         (int)dst_type);
@@ -48,6 +51,11 @@ static void cpu_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0,
 }
 static void cpu_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps) {
   k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
+}
+static void cpu_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                                void *dx_act, int64_t rows, int d) {
+  k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+  if (dx_act && dx_act != (void *)dx) memcpy(dx_act, dx, sizeof(float) * (size_t)(rows * d));
 }
 static void cpu_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
                          int nh, int nkv, int hd) {
@@ -95,10 +103,12 @@ k_backend *k_backend_cpu_create(void) {
   k_backend_set_peak(b);
   b->act = K_F32;
   b->gemm = cpu_gemm;
+  b->linear_residual = cpu_linear_residual;
   b->cast = cpu_cast;
   b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
   b->rmsnorm_fwd_act = cpu_rmsnorm_fwd_act;
+  b->rmsnorm_bwd_act = cpu_rmsnorm_bwd_act;
   b->rope = cpu_rope;
   b->attn_fwd = cpu_attn_fwd;
   b->attn_bwd = cpu_attn_bwd;

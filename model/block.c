@@ -22,6 +22,7 @@ struct model_work {
   float *s1, *s2;              // (rs, d) fp32
   float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
   void *fa;                    // (rows, d) act: f1 cast for a GEMM
+  int fa_ready;                // fa already holds the act copy of the residual gradient g
   void *q1;                    // (rows, qd) act: gradient of the attention output
   void *qkv1;                  // (rows, qkvd) act: gradient of the fused q|k|v
   void *ff1;                   // (rows, ffn) act
@@ -210,14 +211,13 @@ static void proj_residual(model *m, const void *a, int K, const void *w, const f
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   int d = dm->d;
-  size_t n_bytes = (size_t)(dm->rows_s * d) * sizeof(float);
-  be->copy(be, xout, xin, n_bytes);
   if (exit_is_copy(&wk->region)) {
-    be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 1, xout, d, K_F32);
+    be->linear_residual((int)dm->rows, d, K, a, w, xin, xout);
     return;
   }
   be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
   tp_exit_fwd(&wk->region, wk->f1, wk->s2, d);
+  be->copy(be, xout, xin, (size_t)(dm->rows_s * d) * sizeof(float));
   be->add(xout, wk->s2, dm->rows_s * d);
 }
 
@@ -227,7 +227,8 @@ static void grad_exit(model *m, const float *g) {
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   if (enter_is_copy(&wk->region)) {
-    be->cast(wk->fa, be->act, g, K_F32, dm->rows * dm->d);
+    if (!wk->fa_ready) be->cast(wk->fa, be->act, g, K_F32, dm->rows * dm->d);
+    wk->fa_ready = 0;
     return;
   }
   tp_exit_bwd(&wk->region, g, wk->f1, dm->d);
@@ -235,7 +236,7 @@ static void grad_exit(model *m, const float *g) {
 }
 
 // g (rs, d) += the norm's backward of the region's input gradient dh (rows, d), partial per tp
-// rank (clobbered).
+// rank (clobbered). Where grad_exit would only cast g, the norm's backward writes that cast too.
 static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
                             float *g) {
   k_backend *be = m->be;
@@ -246,7 +247,8 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
     tp_enter_bwd(&wk->region, dh, wk->s1, dm->d);
     dn = wk->s1;
   }
-  be->rmsnorm_bwd(dn, x, norm->p, rstd, g, norm->g, dm->rows_s, dm->d);
+  wk->fa_ready = enter_is_copy(&wk->region);
+  be->rmsnorm_bwd_act(dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
@@ -358,6 +360,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   int d = dm->d;
   size_t n_bytes = (size_t)(dm->rows_s * d) * sizeof(float);
   float *g = a->dx_in;
+  w->fa_ready = 0;
   if (ch->lm_head) {
     be->ce_bwd(a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
     be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);

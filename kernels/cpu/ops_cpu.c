@@ -116,6 +116,14 @@ static inline float ops_max(const float *x, int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Linear layer into the residual stream
+
+void k_cpu_linear_residual(int M, int N, int K, const float *A, const float *W, const float *C, float *D) {
+  if (D != C && M > 0 && N > 0) memcpy(D, C, sizeof(float) * (size_t)M * N);
+  k_cpu_gemm(0, 1, M, N, K, 1.0f, A, K, W, K, 1.0f, D, N);
+}
+
+// ---------------------------------------------------------------------------------------------
 // RMSNorm
 
 void k_cpu_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps) {

@@ -13,6 +13,10 @@
 void k_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
+// D (M,N) = A (M,K) W (N,K)^T + C (M,N): a linear layer adding into the residual stream; D == C
+// allowed (otherwise they must not overlap).
+void k_cpu_linear_residual(int M, int N, int K, const float *A, const float *W, const float *C, float *D);
+
 // RMSNorm over the last dim: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 // x, y: (rows, d); w: (d); rstd: (rows), saved for backward.
 void k_cpu_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);

@@ -220,10 +220,12 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   k_backend_set_peak(b);
   b->act = act;
   b->gemm = k_cuda_gemm;
+  b->linear_residual = k_cuda_linear_residual;
   b->cast = k_cuda_cast;
   b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
   b->rmsnorm_fwd_act = k_cuda_rmsnorm_fwd_act;
+  b->rmsnorm_bwd_act = k_cuda_rmsnorm_bwd_act;
   b->rope = k_cuda_rope;
   b->attn_fwd = attn_fwd;
   b->attn_bwd = attn_bwd;
@@ -258,6 +260,7 @@ extern "C" void k_backend_cuda_free(k_backend **b) {
   k_cuda_ctx *c = ctx_of(*b);
   if (c) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    k_cuda_linear_residual_free();
     CUBLAS_CHECK(cublasDestroy(c->cublas));
     CUDA_CHECK(cudaFree(c->cublas_ws));
     CUDA_CHECK(cudaFree(c->scratch));

@@ -194,6 +194,93 @@ extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float 
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
 }
 
+// Backward in one pass over dy and x: a block takes a chunk of rows, thread t owns columns
+// t + k * blockDim.x (k < NCOL) and keeps their dw partial sums in registers, added in row order;
+// each row's dot product is one block reduction. The chunk partials are then added in chunk
+// order (k_rmsnorm_bwd_dw_sum). dx_act, if not NULL, receives the updated dx in the act dtype
+// (the operand of the next GEMM), saving a cast pass.
+enum { RB_THREADS = 1024 };  // most threads of a fused-backward block (NCOL columns each)
+
+template <int NCOL, typename A>
+__global__ void __launch_bounds__(RB_THREADS) k_rmsnorm_bwd_fused(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+                                    A *dx_act, float *part, int64_t rows, int d, int64_t rows_per_chunk) {
+  __shared__ float sh[32];
+  const int64_t r0 = blockIdx.x * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float wj[NCOL], acc[NCOL];
+#pragma unroll
+  for (int k = 0; k < NCOL; k++) {
+    const int j = threadIdx.x + k * blockDim.x;
+    wj[k] = j < d ? w[j] : 0.0f;
+    acc[k] = 0.0f;
+  }
+  for (int64_t r = r0; r < r1; r++) {
+    const float *dyr = dy + r * d, *xr = x + r * d;
+    const float rs = rstd[r];
+    float dyv[NCOL], xv[NCOL], s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NCOL; k++) {
+      const int j = threadIdx.x + k * blockDim.x;
+      dyv[k] = j < d ? dyr[j] : 0.0f;
+      xv[k] = j < d ? xr[j] : 0.0f;
+      s += dyv[k] * wj[k] * xv[k];
+    }
+    s = k_block_sum(s, sh);
+    const float c = s * rs * rs * rs / (float)d;
+#pragma unroll
+    for (int k = 0; k < NCOL; k++) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j < d) {
+        const float v = dx[r * d + j] + (rs * wj[k] * dyv[k] - xv[k] * c);
+        dx[r * d + j] = v;
+        if (dx_act) dx_act[r * d + j] = k_st<A>(v);
+        acc[k] += dyv[k] * xv[k] * rs;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NCOL; k++) {
+    const int j = threadIdx.x + k * blockDim.x;
+    if (j < d) part[(int64_t)blockIdx.x * d + j] = acc[k];
+  }
+}
+
+template <int NCOL>
+static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+                                  void *dx_act, float *part, int64_t rows, int d, int64_t rpc, int n_chunks,
+                                  cudaStream_t s) {
+  const int per = (d + NCOL - 1) / NCOL, th = (per + 31) / 32 * 32;
+  if (dx_act && k_cuda_act() == K_BF16)
+    k_rmsnorm_bwd_fused<NCOL, k_bf16><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (k_bf16 *)dx_act, part, rows, d, rpc);
+  else
+    k_rmsnorm_bwd_fused<NCOL, float><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (float *)dx_act, part, rows, d, rpc);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_fused");
+}
+
+extern "C" void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+                                       float *dw, void *dx_act, int64_t rows, int d) {
+  if (rows <= 0 || d <= 0) return;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (d > 8 * RB_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
+    k_cuda_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+    if (dx_act) k_cuda_cast(dx_act, k_cuda_act(), dx, K_F32, rows * d);
+    return;
+  }
+  // The chunking depends on rows alone (never on the device), so the summation order is fixed.
+  // At most 512 chunks: the scratch stays at 512 * d floats.
+  int64_t rpc = (rows + 511) / 512;
+  if (rpc < 8) rpc = 8;
+  const int n_chunks = (int)((rows + rpc - 1) / rpc);
+  float *part = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_chunks * d);
+  const int ncol = (d + RB_THREADS - 1) / RB_THREADS;
+  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
+  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
+  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
+  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
+  k_rmsnorm_bwd_dw_sum<<<(d + K_CUDA_THREADS - 1) / K_CUDA_THREADS, K_CUDA_THREADS, 0, s>>>(part, dw, d, n_chunks);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rotary embedding: one thread per (row r, pair i), looping over heads, so the angle is computed
 // once per (row, i). Rows are sequence-major: row r = t * B + b has position pos0 + r / B. Angles

@@ -23,12 +23,20 @@ extern "C" {
 void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                  int ldb, float beta, void *C, int ldc, k_dtype c_type);
 
+// kernels/cuda/gemm_lt.cu (cuBLASLt): D (M,N) fp32 = A (M,K) W (N,K)^T + C (M,N) fp32.
+void k_cuda_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
+// Frees the cached descriptors and the cuBLASLt handle (backend free); safe twice.
+void k_cuda_linear_residual_free(void);
+
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.
 void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
 void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
 void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                         int64_t rows, int d);
+// rmsnorm_bwd in one pass; dx_act (may be NULL) gets the updated dx in the act dtype.
+void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                            void *dx_act, int64_t rows, int d);
 void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
 void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
 void k_cuda_swiglu_fwd(const void *gu, void *out, int64_t rows, int n);
