@@ -667,7 +667,9 @@ static void test_swiglu(void) {
   test_swiglu_case(1000, 1003, 0);
   test_swiglu_case(7, 13, 0);
   test_swiglu_case(4, 1000, 1);
-  printf("[%s] swiglu: 5 cases\n", ACT);
+  test_swiglu_case(70001, 3, 0);    // more rows than the grid's y dimension
+  test_swiglu_case(2, 300001, 0);   // more columns than the grid's x dimension covers
+  printf("[%s] swiglu: 7 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -196,34 +196,37 @@ extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float 
 
 // Backward in one pass over dy and x: a block takes a chunk of rows, thread t owns columns
 // t + k * blockDim.x (k < NCOL) and keeps their dw partial sums in registers, added in row order;
-// each row's dot product is one block reduction. The chunk partials are then added in chunk
-// order (k_rmsnorm_bwd_dw_sum). dx_act, if not NULL, receives the updated dx in the act dtype
-// (the operand of the next GEMM), saving a cast pass.
-enum { RB_THREADS = 1024 };  // most threads of a fused-backward block (NCOL columns each)
+// each row's dot product is one block reduction, and the next row's dy and x are loaded before
+// it so that the loads overlap the barrier. The chunk partials are then added in chunk order
+// (k_rmsnorm_bwd_dw_sum). dx_act, if not NULL, receives the updated dx in the act dtype (the
+// operand of the next GEMM), saving a cast pass.
+enum { RB_MAX_THREADS = 1024, RB_MAX_CHUNKS = 1024 };
 
 template <int NCOL, typename A>
-__global__ void __launch_bounds__(RB_THREADS) k_rmsnorm_bwd_fused(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
-                                    A *dx_act, float *part, int64_t rows, int d, int64_t rows_per_chunk) {
+__global__ void __launch_bounds__(RB_MAX_THREADS)
+    k_rmsnorm_bwd_fused(const float *dy, const float *x, const float *w, const float *rstd, float *dx, A *dx_act,
+                        float *part, int64_t rows, int d, int64_t rows_per_chunk) {
   __shared__ float sh[32];
   const int64_t r0 = blockIdx.x * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
-  float wj[NCOL], acc[NCOL];
+  float wj[NCOL], acc[NCOL], dyv[NCOL], xv[NCOL];
 #pragma unroll
   for (int k = 0; k < NCOL; k++) {
     const int j = threadIdx.x + k * blockDim.x;
     wj[k] = j < d ? w[j] : 0.0f;
     acc[k] = 0.0f;
+    dyv[k] = j < d && r0 < r1 ? dy[r0 * d + j] : 0.0f;
+    xv[k] = j < d && r0 < r1 ? x[r0 * d + j] : 0.0f;
   }
   for (int64_t r = r0; r < r1; r++) {
-    const float *dyr = dy + r * d, *xr = x + r * d;
     const float rs = rstd[r];
-    float dyv[NCOL], xv[NCOL], s = 0.0f;
+    float s = 0.0f, dyn[NCOL], xn[NCOL];
 #pragma unroll
     for (int k = 0; k < NCOL; k++) {
       const int j = threadIdx.x + k * blockDim.x;
-      dyv[k] = j < d ? dyr[j] : 0.0f;
-      xv[k] = j < d ? xr[j] : 0.0f;
       s += dyv[k] * wj[k] * xv[k];
+      dyn[k] = j < d && r + 1 < r1 ? dy[(r + 1) * d + j] : 0.0f;  // prefetch
+      xn[k] = j < d && r + 1 < r1 ? x[(r + 1) * d + j] : 0.0f;
     }
     s = k_block_sum(s, sh);
     const float c = s * rs * rs * rs / (float)d;
@@ -236,6 +239,8 @@ __global__ void __launch_bounds__(RB_THREADS) k_rmsnorm_bwd_fused(const float *d
         if (dx_act) dx_act[r * d + j] = k_st<A>(v);
         acc[k] += dyv[k] * xv[k] * rs;
       }
+      dyv[k] = dyn[k];
+      xv[k] = xn[k];
     }
   }
 #pragma unroll
@@ -247,9 +252,8 @@ __global__ void __launch_bounds__(RB_THREADS) k_rmsnorm_bwd_fused(const float *d
 
 template <int NCOL>
 static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
-                                  void *dx_act, float *part, int64_t rows, int d, int64_t rpc, int n_chunks,
+                                  void *dx_act, float *part, int64_t rows, int d, int th, int64_t rpc, int n_chunks,
                                   cudaStream_t s) {
-  const int per = (d + NCOL - 1) / NCOL, th = (per + 31) / 32 * 32;
   if (dx_act && k_cuda_act() == K_BF16)
     k_rmsnorm_bwd_fused<NCOL, k_bf16><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (k_bf16 *)dx_act, part, rows, d, rpc);
   else
@@ -261,22 +265,26 @@ extern "C" void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const fl
                                        float *dw, void *dx_act, int64_t rows, int d) {
   if (rows <= 0 || d <= 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
-  if (d > 8 * RB_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
+  if (d > 8 * RB_MAX_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
     k_cuda_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
     if (dx_act) k_cuda_cast(dx_act, k_cuda_act(), dx, K_F32, rows * d);
     return;
   }
-  // The chunking depends on rows alone (never on the device), so the summation order is fixed.
-  // At most 512 chunks: the scratch stays at 512 * d floats.
-  int64_t rpc = (rows + 511) / 512;
-  if (rpc < 8) rpc = 8;
+  // Blocks of 256 threads (more for d > 2048) with up to 8 columns each: many independent loads
+  // per thread. The chunking depends on rows alone (never on the device), so the summation
+  // order is fixed; at most RB_MAX_CHUNKS chunks, so the scratch stays at that many rows of d.
+  int th = (d + 7) / 8;
+  th = th < K_CUDA_THREADS ? K_CUDA_THREADS : (th + 31) / 32 * 32;
+  const int ncol = (d + th - 1) / th;
+  th = ((d + ncol - 1) / ncol + 31) / 32 * 32;
+  int64_t rpc = (rows + RB_MAX_CHUNKS - 1) / RB_MAX_CHUNKS;
+  if (rpc < 4) rpc = 4;
   const int n_chunks = (int)((rows + rpc - 1) / rpc);
   float *part = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_chunks * d);
-  const int ncol = (d + RB_THREADS - 1) / RB_THREADS;
-  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
-  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
-  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
-  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, part, rows, d, rpc, n_chunks, s);
+  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
   k_rmsnorm_bwd_dw_sum<<<(d + K_CUDA_THREADS - 1) / K_CUDA_THREADS, K_CUDA_THREADS, 0, s>>>(part, dw, d, n_chunks);
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
 }
@@ -326,40 +334,47 @@ extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, in
 // ---------------------------------------------------------------------------------------------
 // SwiGLU on the fused gate|up rows: element (r, j) reads gu[r][j] and gu[r][n + j].
 
+// Rows along grid y, columns along x: no index division per element.
+#define SWIGLU_LOOP(r, j)                                                        \
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)                        \
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+
 template <typename E>
 __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
-  GRID_STRIDE(i, rows * n) {
-    const int64_t r = i / n, j = i - r * n;
+  SWIGLU_LOOP(r, j) {
     const E *row = gu + r * 2 * n;
     const float g = k_ld(row[j]);
-    out[i] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
+    out[r * n + j] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
   }
 }
 
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
 template <typename E>
 __global__ void k_swiglu_bwd(const E *dout, const E *gu, E *dgu, int64_t rows, int n) {
-  GRID_STRIDE(i, rows * n) {
-    const int64_t r = i / n, j = i - r * n;
+  SWIGLU_LOOP(r, j) {
     const E *row = gu + r * 2 * n;
     E *drow = dgu + r * 2 * n;
-    const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[i]);
+    const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[r * n + j]);
     drow[j] = k_st<E>(d * k_ld(row[n + j]) * sig * (1.0f + g * (1.0f - sig)));
     drow[n + j] = k_st<E>(d * g * sig);
   }
 }
 
+static dim3 swiglu_grid(int64_t rows, int n) {
+  const int64_t bx = (n + K_CUDA_THREADS - 1) / K_CUDA_THREADS;
+  return dim3((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(rows < 65535 ? rows : 65535));
+}
+
 template <typename E>
 static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n) {
-  k_swiglu_fwd<E><<<k_cuda_blocks(rows * n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      (const E *)gu, (E *)out, rows, n);
+  k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)gu, (E *)out, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
 template <typename E>
 static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
-  k_swiglu_bwd<E><<<k_cuda_blocks(rows * n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      (const E *)dout, (const E *)gu, (E *)dgu, rows, n);
+  k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)dout, (const E *)gu,
+                                                                                      (E *)dgu, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
 }
 
