@@ -42,18 +42,29 @@ typedef struct k_backend {
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
   void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                int ldb, float beta, void *C, int ldc, k_dtype c_type);
+  // A linear layer adding into the residual stream: D (M,N) = A (M,K) W (N,K)^T + C (M,N); A, W
+  // in act dtype, C and D fp32 (D == C allowed).
+  void (*linear_residual)(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
   // dst[i] = src[i] converted (a copy when the dtypes agree).
   void (*cast)(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
   void (*rmsnorm_fwd)(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
   void (*rmsnorm_bwd)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                       int64_t rows, int d);
-  void (*rope)(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse);
-  void (*attn_fwd)(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
-                   int hd);
-  void (*attn_bwd)(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
-                   void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
-  void (*swiglu_fwd)(const void *gate, const void *up, void *out, int64_t n);
-  void (*swiglu_bwd)(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n);
+  // rmsnorm_fwd with y (rows, d) in act dtype: the norm and the cast for a GEMM in one pass.
+  void (*rmsnorm_fwd_act)(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
+  // rmsnorm_bwd that also writes the updated dx (rows, d) in act dtype to dx_act (NULL: not).
+  void (*rmsnorm_bwd_act)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                          void *dx_act, int64_t rows, int d);
+  // Sequence-major (row (t, b) = t*B + b); rows of q/k/v and their gradients at stride ld, so
+  // they can be column blocks of one fused QKV projection (see k_cpu_attn_fwd).
+  void (*rope)(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
+  void (*attn_fwd)(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T, int nh,
+                   int nkv, int hd);
+  void (*attn_bwd)(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+                   const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
+  // gu (rows, 2n): gate columns then up columns (one fused projection); out (rows, n).
+  void (*swiglu_fwd)(const void *gu, void *out, int64_t rows, int n);
+  void (*swiglu_bwd)(const void *dout, const void *gu, void *dgu, int64_t rows, int n);
   void (*embed_fwd)(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
                     int n_vocab_local);
   void (*embed_bwd)(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
@@ -62,6 +73,12 @@ typedef struct k_backend {
                          float *row_max, float *row_sumexp, float *target_logit);
   void (*ce_bwd)(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
                  float scale);
+  // Combining the stats of ce_local_stats on the device (no host round trip): ce_rescale moves
+  // each rank's sum of exponentials to the global max; ce_loss writes lse = gmax + log(sumexp)
+  // and *loss (one double in backend memory) = sum over rows of lse - target_logit.
+  void (*ce_rescale)(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
+  void (*ce_loss)(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+                  double *loss);
   void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                 float eps, float weight_decay, float bc1, float bc2);
   double (*sumsq)(const float *x, int64_t n);

@@ -39,25 +39,36 @@ static void cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const voi
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
   k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+static void cpu_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
+  k_cpu_linear_residual(M, N, K, A, W, C, D);
+}
 static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
   CHECK(dst_type == K_F32 && src_type == K_F32, "the CPU backend holds fp32 only (cast %d -> %d)", (int)src_type,
         (int)dst_type);
   if (n && dst != src) memmove(dst, src, (size_t)n * sizeof(float));
 }
-static void cpu_rope(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
-  k_cpu_rope(x, B, T, H, hd, pos0, theta, inverse);
+static void cpu_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+  k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);
 }
-static void cpu_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh,
-                         int nkv, int hd) {
-  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+static void cpu_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps) {
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
 }
-static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
+static void cpu_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                                void *dx_act, int64_t rows, int d) {
+  k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+  if (dx_act && dx_act != (void *)dx) memcpy(dx_act, dx, sizeof(float) * (size_t)(rows * d));
+}
+static void cpu_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+                         int nh, int nkv, int hd) {
+  k_cpu_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
+}
+static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                          const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
-  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  k_cpu_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
-static void cpu_swiglu_fwd(const void *gate, const void *up, void *out, int64_t n) { k_cpu_swiglu_fwd(gate, up, out, n); }
-static void cpu_swiglu_bwd(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n) {
-  k_cpu_swiglu_bwd(dout, gate, up, dgate, dup, n);
+static void cpu_swiglu_fwd(const void *gu, void *out, int64_t rows, int n) { k_cpu_swiglu_fwd(gu, out, rows, n); }
+static void cpu_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
 }
 static void cpu_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                                float *row_max, float *row_sumexp, float *target_logit) {
@@ -93,9 +104,12 @@ k_backend *k_backend_cpu_create(void) {
   k_backend_set_peak(b);
   b->act = K_F32;
   b->gemm = cpu_gemm;
+  b->linear_residual = cpu_linear_residual;
   b->cast = cpu_cast;
   b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
+  b->rmsnorm_fwd_act = cpu_rmsnorm_fwd_act;
+  b->rmsnorm_bwd_act = cpu_rmsnorm_bwd_act;
   b->rope = cpu_rope;
   b->attn_fwd = cpu_attn_fwd;
   b->attn_bwd = cpu_attn_bwd;
@@ -105,6 +119,8 @@ k_backend *k_backend_cpu_create(void) {
   b->embed_bwd = k_cpu_embed_bwd;
   b->ce_local_stats = cpu_ce_local_stats;
   b->ce_bwd = cpu_ce_bwd;
+  b->ce_rescale = k_cpu_ce_rescale;
+  b->ce_loss = k_cpu_ce_loss;
   b->adamw = k_cpu_adamw;
   b->sumsq = k_cpu_sumsq;
   b->scale = k_cpu_scale;

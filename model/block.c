@@ -2,7 +2,12 @@
 // stage), transformer blocks, final norm, LM head and vocab-parallel cross-entropy (last
 // virtual stage). Tensor/sequence parallelism enters only through the tp_region pairs.
 // Shapes: rs = rows of the residual stream on this rank, rows = T*B inside tp regions,
-// qd = local heads * hd, kvd = local kv heads * hd, ffn and V local.
+// qd = local heads * hd, kvd = local kv heads * hd, qkvd = qd + 2 kvd, ffn and V local.
+// Q, K, V come from one GEMM over the layer's contiguous wq|wk|wv rows, gate and up from one over
+// w_gate|w_up; attention and RoPE read the fused output in place, sequence-major, through a row
+// stride. Where a tp_region call is a plain copy (no SP: entering a region; one tp rank: leaving
+// it) the copy is skipped: the norm writes the GEMM operand directly, the output projection adds
+// into the residual stream (GEMM beta = 1), gradients are cast or normed from where they are.
 #include "kernels/check.h"
 #include "model/model.h"
 #include "model/model_internal.h"
@@ -17,11 +22,13 @@ struct model_work {
   float *s1, *s2;              // (rs, d) fp32
   float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
   void *fa;                    // (rows, d) act: f1 cast for a GEMM
-  void *q1, *q2, *q3;          // (rows, qd) act
-  void *k1, *k2, *k3, *k4;     // (rows, kvd) act
-  void *ff1, *ff2, *ff3;       // (rows, ffn) act
+  int fa_ready;                // fa already holds the act copy of the residual gradient g
+  void *q1;                    // (rows, qd) act: gradient of the attention output
+  void *qkv1;                  // (rows, qkvd) act: gradient of the fused q|k|v
+  void *ff1;                   // (rows, ffn) act
+  void *gu1;                   // (rows, 2 ffn) act: gradient of the fused gate|up
   float *ce_max, *ce_sum, *ce_tgt, *ce_gmax;  // (rows) backend memory
-  float *h_max, *h_sum, *h_tgt, *h_gmax;      // (rows) host
+  double *ce_loss;             // (1) backend memory
 };
 
 struct model_acts {
@@ -29,11 +36,12 @@ struct model_acts {
   float *x;                    // (nl + 1, rs, d) fp32: input of each layer, then the chunk output
   float *rstd1, *rstd2;        // (nl, rs) fp32
   void *hf, *h2f;              // (nl, rows, d) act: normed inputs inside the tp region
-  void *q, *att;               // (nl, B, T, nh, hd) act: roped queries, attention output
-  void *k, *v;                 // (nl, B, T, nkv, hd) act: roped keys, values
+  void *qkv;                   // (nl, T, B, qkvd) act: roped q, roped k, v of each row
+  void *att;                   // (nl, T, B, nh, hd) act: attention output
   float *lse;                  // (nl, B, nh, T) fp32
   float *x2;                   // (nl, rs, d) fp32: residual after attention
-  void *gate, *up, *act;       // (nl, rows, ffn) act
+  void *gu;                    // (nl, rows, 2 ffn) act: gate | up
+  void *act;                   // (nl, rows, ffn) act
   float *rstd_f;               // (rs) fp32, last stage
   void *hfin;                  // (rows, d) act, last stage
   void *logits;                // (rows, V) act, last stage; gradient after backward
@@ -65,11 +73,24 @@ static void carve_work(const model *m, struct model_work *w, carve *c) {
   w->s1 = take(c, rs * d); w->s2 = take(c, rs * d);
   w->f1 = take(c, rows * d); w->f2 = take(c, rows * d);
   w->fa = take_act(c, rows * d);
-  w->q1 = take_act(c, rows * qd); w->q2 = take_act(c, rows * qd); w->q3 = take_act(c, rows * qd);
-  w->k1 = take_act(c, rows * kvd); w->k2 = take_act(c, rows * kvd);
-  w->k3 = take_act(c, rows * kvd); w->k4 = take_act(c, rows * kvd);
-  w->ff1 = take_act(c, rows * dm->ffn); w->ff2 = take_act(c, rows * dm->ffn); w->ff3 = take_act(c, rows * dm->ffn);
+  w->q1 = take_act(c, rows * qd);
+  w->qkv1 = take_act(c, rows * (qd + 2 * kvd));
+  w->ff1 = take_act(c, rows * dm->ffn);
+  w->gu1 = take_act(c, rows * 2 * dm->ffn);
   w->ce_max = take(c, rows); w->ce_sum = take(c, rows); w->ce_tgt = take(c, rows); w->ce_gmax = take(c, rows);
+  w->ce_loss = take_bytes(c, sizeof(double));
+}
+
+// The fused projections read wq|wk|wv and w_gate|w_up as one matrix each: the layout puts
+// them next to each other (model_init adds them in that order); their gradients likewise.
+static void check_fused_layout(const model *m) {
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
+      const model_layer *ly = &m->chunks[ci].layers[i];
+      CHECK(ly->wk->offset == ly->wq->offset + ly->wq->n_elem && ly->wv->offset == ly->wk->offset + ly->wk->n_elem &&
+                ly->w_up->offset == ly->w_gate->offset + ly->w_gate->n_elem,
+            "layer %d: wq|wk|wv or w_gate|w_up are not contiguous in the parameter buffer", ly->wq->layer);
+    }
 }
 
 void model_work_init(model *m) {
@@ -79,11 +100,7 @@ void model_work_init(model *m) {
   c.base = w->block = m->be->alloc(m->be, c.off);
   c.off = 0;
   carve_work(m, w, &c);
-  int64_t rows = m->dims.rows;
-  w->h_max = XMALLOC(4 * (size_t)rows * sizeof(float));
-  w->h_sum = w->h_max + rows;
-  w->h_tgt = w->h_sum + rows;
-  w->h_gmax = w->h_tgt + rows;
+  check_fused_layout(m);
   w->region = (tp_region){m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL};
   m->work = w;
 }
@@ -93,7 +110,6 @@ void model_set_timing(model *m, step_timing *t) { m->work->region.timing = t; }
 void model_work_free(model *m) {
   if (!m->work) return;
   m->be->free(m->be, m->work->block);
-  free(m->work->h_max);
   free(m->work);
   m->work = NULL;
 }
@@ -104,11 +120,10 @@ static void carve_acts(const model_dims *dm, int has_head, model_acts *a, carve 
   a->x = take(c, (nl + 1) * rs * d);
   a->rstd1 = take(c, nl * rs); a->rstd2 = take(c, nl * rs);
   a->hf = take_act(c, nl * rows * d); a->h2f = take_act(c, nl * rows * d);
-  a->q = take_act(c, nl * rows * qd); a->att = take_act(c, nl * rows * qd);
-  a->k = take_act(c, nl * rows * kvd); a->v = take_act(c, nl * rows * kvd);
+  a->qkv = take_act(c, nl * rows * (qd + 2 * kvd)); a->att = take_act(c, nl * rows * qd);
   a->lse = take(c, nl * dm->B * dm->nh * dm->T);
   a->x2 = take(c, nl * rs * d);
-  a->gate = take_act(c, nl * rows * dm->ffn); a->up = take_act(c, nl * rows * dm->ffn);
+  a->gu = take_act(c, nl * rows * 2 * dm->ffn);
   a->act = take_act(c, nl * rows * dm->ffn);
   if (has_head) {
     a->rstd_f = take(c, rs);
@@ -157,7 +172,7 @@ float *model_acts_output(const model *m, model_acts *a) { return acts_output(m, 
 // Layer i's slice of a micro-batch's saved activations (shapes as in model_acts).
 typedef struct layer_acts {
   float *x, *x2, *lse;
-  void *hf, *h2f, *q, *att, *k, *v, *gate, *up, *act;
+  void *hf, *h2f, *qkv, *att, *gu, *act;
 } layer_acts;
 
 static layer_acts layer_view(const model *m, model_acts *a, int i) {
@@ -167,133 +182,151 @@ static layer_acts layer_view(const model *m, model_acts *a, int i) {
   return (layer_acts){
       .x = a->x + i * rs * d, .x2 = a->x2 + i * rs * d, .lse = a->lse + (int64_t)i * dm->B * dm->nh * dm->T,
       .hf = at(m, a->hf, i * rows * d), .h2f = at(m, a->h2f, i * rows * d),
-      .q = at(m, a->q, i * rows * qd), .att = at(m, a->att, i * rows * qd),
-      .k = at(m, a->k, i * rows * kvd), .v = at(m, a->v, i * rows * kvd),
-      .gate = at(m, a->gate, i * rows * ffn), .up = at(m, a->up, i * rows * ffn), .act = at(m, a->act, i * rows * ffn)};
+      .qkv = at(m, a->qkv, i * rows * (qd + 2 * kvd)), .att = at(m, a->att, i * rows * qd),
+      .gu = at(m, a->gu, i * rows * 2 * ffn), .act = at(m, a->act, i * rows * ffn)};
+}
+
+// Which tp_region calls are plain copies: entering a region (and leaving it backward) without
+// SP; leaving it (and entering backward) with one tp rank.
+static int enter_is_copy(const tp_region *R) { return !R->sp || R->c->size == 1; }
+static int exit_is_copy(const tp_region *R) { return R->c->size == 1; }
+
+// hn (rows, d) act = norm(x) inside the region; rstd (rs) saved.
+static void norm_enter(model *m, const float *x, const float *w, float *rstd, void *hn) {
+  k_backend *be = m->be;
+  struct model_work *wk = m->work;
+  const model_dims *dm = &m->dims;
+  if (enter_is_copy(&wk->region)) {
+    be->rmsnorm_fwd_act(x, w, hn, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+    return;
+  }
+  be->rmsnorm_fwd(x, w, wk->s1, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  tp_enter_fwd(&wk->region, wk->s1, wk->f1, dm->d);
+  be->cast(hn, be->act, wk->f1, K_F32, dm->rows * dm->d);
+}
+
+// xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel.
+static void proj_residual(model *m, const void *a, int K, const void *w, const float *xin, float *xout) {
+  k_backend *be = m->be;
+  struct model_work *wk = m->work;
+  const model_dims *dm = &m->dims;
+  int d = dm->d;
+  if (exit_is_copy(&wk->region)) {
+    be->linear_residual((int)dm->rows, d, K, a, w, xin, xout);
+    return;
+  }
+  be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
+  tp_exit_fwd(&wk->region, wk->f1, wk->s2, d);
+  be->copy(be, xout, xin, (size_t)(dm->rows_s * d) * sizeof(float));
+  be->add(xout, wk->s2, dm->rows_s * d);
+}
+
+// The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a region.
+static void grad_exit(model *m, const float *g) {
+  k_backend *be = m->be;
+  struct model_work *wk = m->work;
+  const model_dims *dm = &m->dims;
+  if (enter_is_copy(&wk->region)) {
+    if (!wk->fa_ready) be->cast(wk->fa, be->act, g, K_F32, dm->rows * dm->d);
+    wk->fa_ready = 0;
+    return;
+  }
+  tp_exit_bwd(&wk->region, g, wk->f1, dm->d);
+  be->cast(wk->fa, be->act, wk->f1, K_F32, dm->rows * dm->d);
+}
+
+// g (rs, d) += the norm's backward of the region's input gradient dh (rows, d), partial per tp
+// rank (clobbered). Where grad_exit would only cast g, the norm's backward writes that cast too.
+static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
+                            float *g) {
+  k_backend *be = m->be;
+  struct model_work *wk = m->work;
+  const model_dims *dm = &m->dims;
+  const float *dn = dh;
+  if (!exit_is_copy(&wk->region)) {
+    tp_enter_bwd(&wk->region, dh, wk->s1, dm->d);
+    dn = wk->s1;
+  }
+  wk->fa_ready = enter_is_copy(&wk->region);
+  be->rmsnorm_bwd_act(dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   k_backend *be = m->be;
-  struct model_work *w = m->work;
-  const tp_region *R = &w->region;
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-  float eps = m->cfg.norm_eps, theta = m->cfg.rope_theta;
+  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
+  float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
-  float *xin = L.x, *xout = xin + rs * d, *x2 = L.x2, *lse = L.lse;
-  void *hf = L.hf, *h2f = L.h2f, *q = L.q, *att = L.att, *k = L.k, *v = L.v, *gate = L.gate, *up = L.up, *act = L.act;
+  float *xin = L.x, *xout = xin + rs * d;
 
-  be->rmsnorm_fwd(xin, ly->attn_norm->p, w->s1, a->rstd1 + i * rs, rs, d, eps);
-  tp_enter_fwd(R, w->s1, w->f1, d);
-  be->cast(hf, A, w->f1, K_F32, rows * d);
-  be->gemm(0, 1, rows, qd, d, 1, hf, d, ly->wq->pc, d, 0, w->q1, qd, A);
-  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wk->pc, d, 0, w->k1, kvd, A);
-  be->gemm(0, 1, rows, kvd, d, 1, hf, d, ly->wv->pc, d, 0, w->k2, kvd, A);
-  be->transpose_tb(q, w->q1, T, B, qd);
-  be->transpose_tb(k, w->k1, T, B, kvd);
-  be->transpose_tb(v, w->k2, T, B, kvd);
-  be->rope(q, B, T, nh, hd, 0, theta, 0);
-  be->rope(k, B, T, nkv, hd, 0, theta, 0);
-  be->attn_fwd(q, k, v, att, lse, B, T, nh, nkv, hd);
-  be->transpose_tb(w->q1, att, B, T, qd);
-  be->gemm(0, 1, rows, d, qd, 1, w->q1, qd, ly->wo->pc, qd, 0, w->f1, d, K_F32);
-  tp_exit_fwd(R, w->f1, w->s2, d);
-  be->copy(be, x2, xin, (size_t)(rs * d) * sizeof(float));
-  be->add(x2, w->s2, rs * d);
+  norm_enter(m, xin, ly->attn_norm->p, a->rstd1 + i * rs, L.hf);
+  be->gemm(0, 1, rows, qkvd, d, 1, L.hf, d, ly->wq->pc, d, 0, L.qkv, qkvd, A);
+  be->rope(L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
+  be->attn_fwd(L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
+  proj_residual(m, L.att, qd, ly->wo->pc, xin, L.x2);
 
-  be->rmsnorm_fwd(x2, ly->mlp_norm->p, w->s1, a->rstd2 + i * rs, rs, d, eps);
-  tp_enter_fwd(R, w->s1, w->f1, d);
-  be->cast(h2f, A, w->f1, K_F32, rows * d);
-  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_gate->pc, d, 0, gate, ffn, A);
-  be->gemm(0, 1, rows, ffn, d, 1, h2f, d, ly->w_up->pc, d, 0, up, ffn, A);
-  be->swiglu_fwd(gate, up, act, rows * ffn);
-  be->gemm(0, 1, rows, d, ffn, 1, act, ffn, ly->w_down->pc, ffn, 0, w->f1, d, K_F32);
-  tp_exit_fwd(R, w->f1, w->s2, d);
-  be->copy(be, xout, x2, (size_t)(rs * d) * sizeof(float));
-  be->add(xout, w->s2, rs * d);
+  norm_enter(m, L.x2, ly->mlp_norm->p, a->rstd2 + i * rs, L.h2f);
+  be->gemm(0, 1, rows, 2 * ffn, d, 1, L.h2f, d, ly->w_gate->pc, d, 0, L.gu, 2 * ffn, A);
+  be->swiglu_fwd(L.gu, L.act, rows, ffn);
+  proj_residual(m, L.act, ffn, ly->w_down->pc, L.x2, xout);
 }
 
 // g: (rs, d) gradient of the layer output on entry, of the layer input on exit (in place).
 static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
-  const tp_region *R = &w->region;
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
-  float *xin = L.x, *x2 = L.x2, *lse = L.lse;
-  void *hf = L.hf, *h2f = L.h2f, *q = L.q, *att = L.att, *k = L.k, *v = L.v, *gate = L.gate, *up = L.up, *act = L.act;
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
-  tp_exit_bwd(R, g, w->f1, d);
-  be->cast(w->fa, A, w->f1, K_F32, rows * d);
+  grad_exit(m, g);
   be->gemm(0, 0, rows, ffn, d, 1, w->fa, d, ly->w_down->pc, ffn, 0, w->ff1, ffn, A);
-  be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, act, ffn, 1, ly->w_down->g, ffn, K_F32);
-  be->swiglu_bwd(w->ff1, gate, up, w->ff2, w->ff3, rows * ffn);
-  be->gemm(0, 0, rows, d, ffn, 1, w->ff2, ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
-  be->gemm(0, 0, rows, d, ffn, 1, w->ff3, ffn, ly->w_up->pc, d, 1, w->f2, d, K_F32);
-  be->gemm(1, 0, ffn, d, rows, 1, w->ff2, ffn, h2f, d, 1, ly->w_gate->g, d, K_F32);
-  be->gemm(1, 0, ffn, d, rows, 1, w->ff3, ffn, h2f, d, 1, ly->w_up->g, d, K_F32);
-  tp_enter_bwd(R, w->f2, w->s1, d);
-  be->rmsnorm_bwd(w->s1, x2, ly->mlp_norm->p, a->rstd2 + i * rs, g, ly->mlp_norm->g, rs, d);
+  be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
+  be->swiglu_bwd(w->ff1, L.gu, w->gu1, rows, ffn);
+  be->gemm(0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
+  be->gemm(1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
+  grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, a->rstd2 + i * rs, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
-  tp_exit_bwd(R, g, w->f1, d);
-  be->cast(w->fa, A, w->f1, K_F32, rows * d);
+  grad_exit(m, g);
   be->gemm(0, 0, rows, qd, d, 1, w->fa, d, ly->wo->pc, qd, 0, w->q1, qd, A);
-  be->transpose_tb(w->q2, att, B, T, qd);
-  be->gemm(1, 0, d, qd, rows, 1, w->fa, d, w->q2, qd, 1, ly->wo->g, qd, K_F32);
-  be->transpose_tb(w->q3, w->q1, T, B, qd);
-  be->attn_bwd(w->q3, q, k, v, att, lse, w->q1, w->k1, w->k2, B, T, nh, nkv, hd);
-  be->rope(w->q1, B, T, nh, hd, 0, theta, 1);
-  be->rope(w->k1, B, T, nkv, hd, 0, theta, 1);
-  be->transpose_tb(w->q2, w->q1, B, T, qd);
-  be->transpose_tb(w->k3, w->k1, B, T, kvd);
-  be->transpose_tb(w->k4, w->k2, B, T, kvd);
-  be->gemm(0, 0, rows, d, qd, 1, w->q2, qd, ly->wq->pc, d, 0, w->f2, d, K_F32);
-  be->gemm(0, 0, rows, d, kvd, 1, w->k3, kvd, ly->wk->pc, d, 1, w->f2, d, K_F32);
-  be->gemm(0, 0, rows, d, kvd, 1, w->k4, kvd, ly->wv->pc, d, 1, w->f2, d, K_F32);
-  be->gemm(1, 0, qd, d, rows, 1, w->q2, qd, hf, d, 1, ly->wq->g, d, K_F32);
-  be->gemm(1, 0, kvd, d, rows, 1, w->k3, kvd, hf, d, 1, ly->wk->g, d, K_F32);
-  be->gemm(1, 0, kvd, d, rows, 1, w->k4, kvd, hf, d, 1, ly->wv->g, d, K_F32);
-  tp_enter_bwd(R, w->f2, w->s1, d);
-  be->rmsnorm_bwd(w->s1, xin, ly->attn_norm->p, a->rstd1 + i * rs, g, ly->attn_norm->g, rs, d);
+  be->gemm(1, 0, d, qd, rows, 1, w->fa, d, L.att, qd, 1, ly->wo->g, qd, K_F32);
+  be->attn_bwd(w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
+               at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
+  be->rope(w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
+  be->gemm(0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
+  be->gemm(1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
+  grad_enter_norm(m, w->f2, L.x, ly->attn_norm, a->rstd1 + i * rs, g);
 }
 
 // Vocab-parallel cross-entropy: combines each rank's row max, sum of exponentials and target
-// logit over tp, stores the global log-sum-exp per row, returns the summed loss.
+// logit over tp on the device, stores the global log-sum-exp per row, returns the summed loss
+// (one 8-byte read back per micro-batch).
 static double ce_fwd(model *m, model_acts *a, const int32_t *targets) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
   const model_dims *dm = &m->dims;
   int64_t rows = dm->rows;
-  size_t n_bytes = (size_t)rows * sizeof(float);
   comm *tc = m->g->tp_c;
   be->ce_local_stats(a->logits, targets, rows, dm->vocab, dm->v0, w->ce_max, w->ce_sum, w->ce_tgt);
-  be->copy(be, w->ce_gmax, w->ce_max, n_bytes);
-  if (tc->size > 1) tc->ops->all_reduce(tc, w->ce_gmax, rows, COMM_F32, COMM_MAX);
-  be->to_host(be, w->h_max, w->ce_max, n_bytes);
-  be->to_host(be, w->h_gmax, w->ce_gmax, n_bytes);
-  be->to_host(be, w->h_sum, w->ce_sum, n_bytes);
-  for (int64_t r = 0; r < rows; r++) w->h_sum[r] *= expf(w->h_max[r] - w->h_gmax[r]);
+  const float *gmax = w->ce_max;
   if (tc->size > 1) {
-    be->from_host(be, w->ce_sum, w->h_sum, n_bytes);
+    be->copy(be, w->ce_gmax, w->ce_max, (size_t)rows * sizeof(float));
+    tc->ops->all_reduce(tc, w->ce_gmax, rows, COMM_F32, COMM_MAX);
+    be->ce_rescale(w->ce_sum, w->ce_max, w->ce_gmax, rows);
     tc->ops->all_reduce(tc, w->ce_sum, rows, COMM_F32, COMM_SUM);
     tc->ops->all_reduce(tc, w->ce_tgt, rows, COMM_F32, COMM_SUM);
-    be->to_host(be, w->h_sum, w->ce_sum, n_bytes);
+    gmax = w->ce_gmax;
   }
-  be->to_host(be, w->h_tgt, w->ce_tgt, n_bytes);
+  be->ce_loss(gmax, w->ce_sum, w->ce_tgt, a->lse_ce, rows, w->ce_loss);
   double loss = 0;
-  for (int64_t r = 0; r < rows; r++) {
-    w->h_max[r] = w->h_gmax[r] + logf(w->h_sum[r]);  // reuse as the lse
-    loss += (double)w->h_max[r] - w->h_tgt[r];
-  }
-  be->from_host(be, a->lse_ce, w->h_max, n_bytes);
+  be->to_host(be, &loss, w->ce_loss, sizeof loss);
   return loss;
 }
 
@@ -304,14 +337,16 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   model_chunk *ch = &m->chunks[chunk];
   int d = dm->d;
   if (ch->embed) {
-    be->embed_fwd(tokens, ch->embed->p, w->f1, dm->rows, d, dm->v0, dm->vocab);
-    tp_exit_fwd(&w->region, w->f1, a->x, d);
+    if (exit_is_copy(&w->region)) {
+      be->embed_fwd(tokens, ch->embed->p, a->x, dm->rows, d, dm->v0, dm->vocab);
+    } else {
+      be->embed_fwd(tokens, ch->embed->p, w->f1, dm->rows, d, dm->v0, dm->vocab);
+      tp_exit_fwd(&w->region, w->f1, a->x, d);
+    }
   }
   for (int i = 0; i < ch->n_layers; i++) layer_fwd(m, &ch->layers[i], a, i);
   if (!ch->lm_head) return 0;
-  be->rmsnorm_fwd(acts_output(m, a), ch->final_norm->p, w->s1, a->rstd_f, dm->rows_s, d, m->cfg.norm_eps);
-  tp_enter_fwd(&w->region, w->s1, w->f1, d);
-  be->cast(a->hfin, be->act, w->f1, K_F32, dm->rows * d);
+  norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
   be->gemm(0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
   return ce_fwd(m, a, targets);
 }
@@ -325,13 +360,13 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   int d = dm->d;
   size_t n_bytes = (size_t)(dm->rows_s * d) * sizeof(float);
   float *g = a->dx_in;
+  w->fa_ready = 0;
   if (ch->lm_head) {
     be->ce_bwd(a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
     be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
     be->gemm(1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
-    tp_enter_bwd(&w->region, w->f1, w->s1, d);
     be->zero(be, g, n_bytes);
-    be->rmsnorm_bwd(w->s1, acts_output(m, a), ch->final_norm->p, a->rstd_f, g, ch->final_norm->g, dm->rows_s, d);
+    grad_enter_norm(m, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_HEAD);
   } else {
     be->copy(be, g, a->dx_out, n_bytes);
@@ -341,8 +376,12 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, i);
   }
   if (ch->embed) {
-    tp_exit_bwd(&w->region, g, w->f1, d);
-    be->embed_bwd(tokens, w->f1, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
+    const float *ge = g;
+    if (!enter_is_copy(&w->region)) {
+      tp_exit_bwd(&w->region, g, w->f1, d);
+      ge = w->f1;
+    }
+    be->embed_bwd(tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_EMBED);
   }
 }

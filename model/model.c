@@ -202,6 +202,9 @@ void model_init_weights(model *m, uint64_t seed) {
     int init = model_specs[t->kind].init;
     float std = m->cfg.init_std * (init == 1 ? 1.0f / sqrtf(2.0f * m->cfg.n_layers) : 1.0f);
     uint64_t key = splitmix64(seed) ^ hash_name(t->name);
+    // Each value depends on (key, index) alone, so the threads' split does not change the bits;
+    // the 1B-7B shapes take minutes on one core.
+#pragma omp parallel for schedule(static) if (t->n_elem > ((int64_t)1 << 16))
     for (int64_t r = 0; r < t->count[0]; r++)
       for (int64_t c = 0; c < t->count[1]; c++) {
         uint64_t idx = (uint64_t)((t->start[0] + r) * t->full[1] + t->start[1] + c);

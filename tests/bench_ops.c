@@ -46,21 +46,22 @@ int main(void) {
   bench_gemm("M=1024 N=768 K=256", 0, 0, 1024, 768, 256);
 
   const int Bt = 8, T = 128, nh = 8, nkv = 4, hd = 32;
-  const int64_t nq = (int64_t)Bt * T * nh * hd, nk = (int64_t)Bt * T * nkv * hd;
-  float *q = bench_buf(nq), *k = bench_buf(nk), *v = bench_buf(nk), *o = bench_buf(nq), *dout = bench_buf(nq);
-  float *lse = bench_buf((int64_t)Bt * nh * T), *dq = bench_buf(nq), *dk = bench_buf(nk), *dv = bench_buf(nk);
+  const int64_t ld = (int64_t)(nh + 2 * nkv) * hd, nq = (int64_t)Bt * T * nh * hd, nx = (int64_t)Bt * T * ld;
+  float *x = bench_buf(nx), *dx = bench_buf(nx), *o = bench_buf(nq), *dout = bench_buf(nq);  // x: fused q|k|v rows
+  float *q = x, *k = x + nh * hd, *v = k + nkv * hd, *dq = dx, *dk = dx + nh * hd, *dv = dk + nkv * hd;
+  float *lse = bench_buf((int64_t)Bt * nh * T);
   double best_f = 1e30, best_b = 1e30;
   for (int rep = 0; rep < 20; rep++) {
     double t0 = omp_get_wtime();
-    k_cpu_attn_fwd(q, k, v, o, lse, Bt, T, nh, nkv, hd);
+    k_cpu_attn_fwd(q, k, v, ld, o, lse, Bt, T, nh, nkv, hd);
     double t1 = omp_get_wtime();
-    k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, Bt, T, nh, nkv, hd);
+    k_cpu_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, Bt, T, nh, nkv, hd);
     double t2 = omp_get_wtime();
     if (t1 - t0 < best_f) best_f = t1 - t0;
     if (t2 - t1 < best_b) best_b = t2 - t1;
   }
   printf("attention B=%d T=%d nh=%d nkv=%d hd=%d: fwd %.3f ms, bwd %.3f ms\n", Bt, T, nh, nkv, hd, best_f * 1e3,
          best_b * 1e3);
-  free(q), free(k), free(v), free(o), free(dout), free(lse), free(dq), free(dk), free(dv);
+  free(x), free(dx), free(o), free(dout), free(lse);
   return 0;
 }

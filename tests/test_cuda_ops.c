@@ -364,6 +364,51 @@ static void test_gemm(void) {
          n_ct);
 }
 
+// D = A W^T + C into the fp32 residual stream (cuBLASLt): against the CPU reference, each element
+// within the accumulation bound, separate D and in place (D == C), bitwise repeatable.
+static void test_linear_residual_case(int M, int N, int K, int in_place) {
+  const int64_t na = (int64_t)M * K, nw = (int64_t)N * K, nc = (int64_t)M * N;
+  float *A = rand_act(na, 1.0), *W = rand_act(nw, 1.0), *C = rand_buf(nc, 1.0), *D = malloc(sizeof(float) * nc);
+  void *dA = dev_put_act(A, na), *dW = dev_put_act(W, nw);
+  float *dC = dev_putf(C, nc), *dD = in_place ? dC : G->alloc(G, sizeof(float) * nc), *dD2 = NULL;
+  k_cpu_linear_residual(M, N, K, A, W, C, D);
+  G->linear_residual(M, N, K, dA, dW, dC, dD);
+  float *g = dev_getf(dD, nc), *c_after = dev_getf(dC, nc);
+  for (int64_t i = 0; i < na; i++) A[i] = fabsf(A[i]);
+  for (int64_t i = 0; i < nw; i++) W[i] = fabsf(W[i]);
+  float *bound = calloc((size_t)nc, sizeof(float));
+  k_cpu_gemm(0, 1, M, N, K, 1.0f, A, K, W, K, 0.0f, bound, N);
+  const double tol_acc = G->act == K_BF16 ? 1e-4 : 1e-5;
+  double worst = 0.0;
+  int nan_ok = 1, c_kept = 1;
+  for (int64_t i = 0; i < nc; i++) {
+    if (isnan(g[i]) != isnan(D[i])) nan_ok = 0;
+    const double rel = fabs((double)g[i] - D[i]) / (1.01 * tol_acc * (bound[i] + fabsf(C[i])) + 1e-6);
+    if (rel > worst) worst = rel;
+    if (!in_place) c_kept &= c_after[i] == C[i];
+  }
+  if (!in_place) {  // the same call again gives the same bits
+    dD2 = G->alloc(G, sizeof(float) * nc);
+    G->linear_residual(M, N, K, dA, dW, dC, dD2);
+    EXPECT(dev_equal(dD, dD2, nc), "[%s] linear_residual M=%d N=%d K=%d not bitwise repeatable", ACT, M, N, K);
+    dev_free(dD2);
+  }
+  EXPECT(nan_ok && c_kept && worst <= 1.0, "[%s] linear_residual M=%d N=%d K=%d%s: nan_ok %d, C kept %d, "
+         "worst/bound %.3g", ACT, M, N, K, in_place ? " (in place)" : "", nan_ok, c_kept, worst);
+  free(A), free(W), free(C), free(D), free(g), free(c_after), free(bound);
+  dev_free(dA), dev_free(dW), dev_free(dC);
+  if (!in_place) dev_free(dD);
+}
+
+static void test_linear_residual(void) {
+  static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 64, 128}, {130, 257, 33}, {1024, 768, 2048},
+                                  {4096, 768, 768}, {5, 8, 0}};
+  const int n = (int)(sizeof shapes / sizeof shapes[0]);
+  for (int i = 0; i < n; i++)
+    for (int ip = 0; ip < 2; ip++) test_linear_residual_case(shapes[i][0], shapes[i][1], shapes[i][2], ip);
+  printf("[%s] linear_residual: %d shapes, separate and in place\n", ACT, n);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cast (independent of the activation dtype): bit for bit against the host rounding.
 
@@ -442,9 +487,44 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
   compare_dev(what, d_y, y, n, 1e-5, 1e-5);
   snprintf(what, sizeof what, "rmsnorm_fwd rstd rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
   compare_dev(what, d_r, rstd, rows, 1e-5, 1e-5);
+  {  // the same norm written in the act dtype (the reference rounded like a cast would)
+    void *d_ya = dev_alloc_act(n);
+    float *d_r2 = G->alloc(G, sizeof(float) * rows), *ya = copy_buf(y, n);
+    if (G->act == K_BF16) round_act(ya, n);
+    G->rmsnorm_fwd_act(d_x, d_w, d_ya, d_r2, rows, d, 1e-5f);
+    snprintf(what, sizeof what, "rmsnorm_fwd_act y rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+    compare_act(what, d_ya, ya, n, tol_act(1e-5), tol_act(1e-5));
+    EXPECT(dev_equal(d_r, d_r2, rows), "[%s] rmsnorm_fwd_act rstd differs from rmsnorm_fwd's", ACT);
+    free(ya);
+    dev_free(d_ya), dev_free(d_r2);
+  }
   // Backward from the CPU's rstd on both, so only the backward is compared.
   G->from_host(G, d_r, rstd, sizeof(float) * rows);
+  float *d_dx2 = dev_putf(dx, n), *d_dw2 = dev_putf(dw, d);  // the same start for rmsnorm_bwd_act
   k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+  {  // one-pass backward, with the act copy of dx
+    void *d_dxa = dev_alloc_act(n);
+    float *dxa = copy_buf(dx, n);
+    if (G->act == K_BF16) round_act(dxa, n);
+    G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, d_dx2, d_dw2, d_dxa, rows, d);
+    snprintf(what, sizeof what, "rmsnorm_bwd_act dx rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+    compare_dev(what, d_dx2, dx, n, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "rmsnorm_bwd_act dw rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+    compare_dev(what, d_dw2, dw, d, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "rmsnorm_bwd_act dx_act rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
+    compare_act(what, d_dxa, dxa, n, tol_act(1e-5), tol_act(1e-5));
+    if (!inject) {  // bitwise repeatable, with or without the act copy
+      float *e_dx = G->alloc(G, sizeof(float) * n), *e_dw = G->alloc(G, sizeof(float) * d);
+      float *f_dx = G->alloc(G, sizeof(float) * n), *f_dw = G->alloc(G, sizeof(float) * d);
+      G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, e_dx, e_dw, d_dxa, rows, d);
+      G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, f_dx, f_dw, NULL, rows, d);
+      EXPECT(dev_equal(e_dx, f_dx, n) && dev_equal(e_dw, f_dw, d),
+             "[%s] rmsnorm_bwd_act rows=%lld d=%d not bitwise repeatable", ACT, (long long)rows, d);
+      dev_free(e_dx), dev_free(e_dw), dev_free(f_dx), dev_free(f_dw);
+    }
+    free(dxa);
+    dev_free(d_dxa), dev_free(d_dx2), dev_free(d_dw2);
+  }
   G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, d_dx, d_dw, rows, d);
   snprintf(what, sizeof what, "rmsnorm_bwd dx rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
   compare_dev(what, d_dx, dx, n, 1e-5, 1e-5);
@@ -464,8 +544,8 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
 }
 
 static void test_rmsnorm(void) {
-  static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {33, 64}, {130, 257}, {1000, 1024}, {3000, 33}, {64, 4096},
-                                      {40000, 8}};
+  static const int64_t shapes[][2] = {{1, 1},     {7, 7},     {33, 64},   {130, 257}, {1000, 1024}, {3000, 33},
+                                      {64, 4096}, {40000, 8}, {517, 768}, {9, 2049},  {20, 8193},   {3, 9000}};
   const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int i = 0; i < n_shapes; i++) test_rmsnorm_case(shapes[i][0], (int)shapes[i][1], 0);
   test_rmsnorm_case(130, 257, 1);
@@ -475,117 +555,121 @@ static void test_rmsnorm(void) {
 // ---------------------------------------------------------------------------------------------
 // Rotary embedding
 
-static void test_rope_case(int B, int T, int H, int hd, int pos0, float theta, int inverse, int inject) {
+// Rows of ld >= H*hd elements (the heads at the row start, the rest must stay untouched).
+static void test_rope_case(int B, int T, int H, int hd, int pad, int pos0, float theta, int inverse, int inject) {
   char what[128];
-  const int64_t n = (int64_t)B * T * H * hd;
+  const int64_t ld = (int64_t)H * hd + pad, n = (int64_t)B * T * ld;
   float *x = rand_act(n, 1.0);
   if (inject) x[n / 2] = NAN, x[n - 1] = INFINITY;
   void *d_x = dev_put_act(x, n);
-  k_cpu_rope(x, B, T, H, hd, pos0, theta, inverse);
-  G->rope(d_x, B, T, H, hd, pos0, theta, inverse);
-  snprintf(what, sizeof what, "rope B=%d T=%d H=%d hd=%d pos0=%d inv=%d%s", B, T, H, hd, pos0, inverse,
-           inject ? " +nan" : "");
+  k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);
+  G->rope(d_x, B, T, H, hd, ld, pos0, theta, inverse);
+  snprintf(what, sizeof what, "rope B=%d T=%d H=%d hd=%d ld=%lld pos0=%d inv=%d%s", B, T, H, hd, (long long)ld, pos0,
+           inverse, inject ? " +nan" : "");
   compare_act(what, d_x, x, n, tol_act(1e-5), tol_act(1e-5));
   free(x);
   dev_free(d_x);
 }
 
 static void test_rope(void) {
-  test_rope_case(1, 1, 1, 2, 0, 10000.0f, 0, 0);
-  test_rope_case(2, 3, 4, 16, 0, 10000.0f, 0, 0);
-  test_rope_case(1, 65, 3, 64, 7, 10000.0f, 1, 0);
-  test_rope_case(2, 130, 2, 128, 0, 500000.0f, 0, 0);
-  test_rope_case(1, 33, 5, 128, 4000, 10000.0f, 1, 0);
-  test_rope_case(2, 17, 3, 64, 0, 10000.0f, 0, 1);
-  printf("[%s] rope: 6 shapes\n", ACT);
+  test_rope_case(1, 1, 1, 2, 0, 0, 10000.0f, 0, 0);
+  test_rope_case(2, 3, 4, 16, 0, 0, 10000.0f, 0, 0);
+  test_rope_case(1, 65, 3, 64, 64, 7, 10000.0f, 1, 0);    // q|k of a fused row, v left alone
+  test_rope_case(2, 130, 2, 128, 0, 0, 500000.0f, 0, 0);
+  test_rope_case(3, 33, 5, 128, 6, 4000, 10000.0f, 1, 0);
+  test_rope_case(2, 17, 3, 64, 0, 0, 10000.0f, 0, 1);
+  test_rope_case(5, 7, 3, 10, 3, 2, 10000.0f, 0, 0);
+  printf("[%s] rope: 7 shapes\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-static void test_attn_case(int B, int T, int nh, int nkv, int hd) {
+// q, k, v are column blocks of one fused (T*B, ld) buffer, sequence-major, with pad columns
+// past v that must stay untouched (in dq|dk|dv too).
+static void test_attn_case(int B, int T, int nh, int nkv, int hd, int pad) {
   char what[160];
-  const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd, nl = (int64_t)B * nh * T;
-  float *q = rand_act(nq, 1.0), *k = rand_act(nk, 1.0), *v = rand_act(nk, 1.0), *dout = rand_act(nq, 1.0);
-  float *o = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
-  float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
-  k_cpu_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
-  void *d_q = dev_put_act(q, nq), *d_k = dev_put_act(k, nk), *d_v = dev_put_act(v, nk), *d_do = dev_put_act(dout, nq);
+  const int64_t ld = (int64_t)(nh + 2 * nkv) * hd + pad, nx = (int64_t)B * T * ld;
+  const int64_t nq = (int64_t)B * T * nh * hd, nl = (int64_t)B * nh * T, ko = (int64_t)nh * hd, vo = ko + nkv * hd;
+  float *x = rand_act(nx, 1.0), *dout = rand_act(nq, 1.0);
+  float *o = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl), *dx = calloc((size_t)nx, sizeof(float));
+  k_cpu_attn_fwd(x, x + ko, x + vo, ld, o, lse, B, T, nh, nkv, hd);
+  void *d_x = dev_put_act(x, nx), *d_do = dev_put_act(dout, nq);
+  void *d_k = (char *)d_x + ko * (int64_t)k_dtype_bytes(G->act), *d_v = (char *)d_x + vo * (int64_t)k_dtype_bytes(G->act);
   void *d_o = dev_alloc_act(nq);
   float *d_l = G->alloc(G, sizeof(float) * nl);
-  G->attn_fwd(d_q, d_k, d_v, d_o, d_l, B, T, nh, nkv, hd);
-  snprintf(what, sizeof what, "attn_fwd o B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  G->attn_fwd(d_x, d_k, d_v, ld, d_o, d_l, B, T, nh, nkv, hd);
+  snprintf(what, sizeof what, "attn_fwd o B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd, (long long)ld);
   compare_act(what, d_o, o, nq, tol_act(1e-4), tol_act(1e-3));
-  snprintf(what, sizeof what, "attn_fwd lse B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
+  snprintf(what, sizeof what, "attn_fwd lse B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd, (long long)ld);
   compare_dev(what, d_l, lse, nl, 1e-5, 1e-5);
   // Backward from the CPU's o (rounded to the act dtype, on both sides) and lse, so only the
   // backward is compared.
   round_act(o, nq);
-  k_cpu_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  k_cpu_attn_bwd(dout, x, x + ko, x + vo, ld, o, lse, dx, dx + ko, dx + vo, B, T, nh, nkv, hd);
   dev_set_typed(d_o, o, nq, G->act);
   G->from_host(G, d_l, lse, sizeof(float) * nl);
-  void *g[2][3];
+  void *g[2];
+  const int64_t eb = (int64_t)k_dtype_bytes(G->act);
   for (int r = 0; r < 2; r++) {
-    g[r][0] = dev_alloc_act(nq);
-    g[r][1] = dev_alloc_act(nk);
-    g[r][2] = dev_alloc_act(nk);
-    G->attn_bwd(d_do, d_q, d_k, d_v, d_o, d_l, g[r][0], g[r][1], g[r][2], B, T, nh, nkv, hd);
+    g[r] = dev_alloc_act(nx);
+    G->attn_bwd(d_do, d_x, d_k, d_v, ld, d_o, d_l, g[r], (char *)g[r] + ko * eb, (char *)g[r] + vo * eb, B, T, nh,
+                nkv, hd);
   }
-  snprintf(what, sizeof what, "attn_bwd dq B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
-  compare_act(what, g[0][0], dq, nq, tol_act(1e-4), tol_act(1e-3));
-  snprintf(what, sizeof what, "attn_bwd dk B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
-  compare_act(what, g[0][1], dk, nk, tol_act(1e-4), tol_act(1e-3));
-  snprintf(what, sizeof what, "attn_bwd dv B=%d T=%d nh=%d nkv=%d hd=%d", B, T, nh, nkv, hd);
-  compare_act(what, g[0][2], dv, nk, tol_act(1e-4), tol_act(1e-3));
-  EXPECT(dev_equal_act(g[0][0], g[1][0], nq) && dev_equal_act(g[0][1], g[1][1], nk) &&
-             dev_equal_act(g[0][2], g[1][2], nk),
-         "[%s] attn_bwd B=%d T=%d nh=%d nkv=%d hd=%d not bitwise repeatable", ACT, B, T, nh, nkv, hd);
-  for (int r = 0; r < 2; r++)
-    for (int i = 0; i < 3; i++) dev_free(g[r][i]);
-  free(q), free(k), free(v), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
-  dev_free(d_q), dev_free(d_k), dev_free(d_v), dev_free(d_do), dev_free(d_o), dev_free(d_l);
+  snprintf(what, sizeof what, "attn_bwd dq|dk|dv B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd,
+           (long long)ld);
+  compare_act(what, g[0], dx, nx, tol_act(1e-4), tol_act(1e-3));
+  EXPECT(dev_equal_act(g[0], g[1], nx), "[%s] attn_bwd B=%d T=%d nh=%d nkv=%d hd=%d not bitwise repeatable", ACT, B,
+         T, nh, nkv, hd);
+  for (int r = 0; r < 2; r++) dev_free(g[r]);
+  free(x), free(dout), free(o), free(lse), free(dx);
+  dev_free(d_x), dev_free(d_do), dev_free(d_o), dev_free(d_l);
 }
 
 static void test_attn(void) {
-  static const int shapes[][5] = {  // B, T, nh, nkv, hd
-      {1, 1, 2, 2, 16},  {2, 3, 4, 1, 64},   {1, 65, 6, 2, 128}, {2, 130, 4, 4, 64}, {1, 130, 8, 2, 16},
-      {1, 33, 2, 1, 128}, {1, 200, 2, 1, 256}, {1, 70, 3, 3, 96},  {1, 40, 2, 1, 20},  {2, 65, 4, 2, 64}};
+  static const int shapes[][6] = {  // B, T, nh, nkv, hd, pad
+      {1, 1, 2, 2, 16, 0},  {2, 3, 4, 1, 64, 8},    {1, 65, 6, 2, 128, 0}, {2, 130, 4, 4, 64, 0}, {1, 130, 8, 2, 16, 4},
+      {1, 33, 2, 1, 128, 0}, {1, 200, 2, 1, 256, 0}, {1, 70, 3, 3, 96, 0},  {1, 40, 2, 1, 20, 4},  {2, 65, 4, 2, 64, 0},
+      {3, 37, 4, 2, 32, 12}};
   const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int i = 0; i < n_shapes; i++)
-    test_attn_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+    test_attn_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], shapes[i][5]);
   printf("[%s] attention: %d shapes\n", ACT, n_shapes);
 }
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU
 
-static void test_swiglu_case(int64_t n, int inject) {
+// gu (rows, 2n): gate columns then up columns, as the fused projection writes them.
+static void test_swiglu_case(int64_t rows, int n, int inject) {
   char what[96];
-  float *gate = rand_act(n, 4.0), *up = rand_act(n, 1.0), *dout = rand_act(n, 1.0);
-  if (inject && n >= 8) gate[1] = NAN, up[3] = NAN, gate[5] = INFINITY, gate[6] = -INFINITY, dout[7] = NAN;
-  float *out = malloc(sizeof(float) * n), *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
-  void *d_g = dev_put_act(gate, n), *d_u = dev_put_act(up, n), *d_d = dev_put_act(dout, n);
-  void *d_out = dev_alloc_act(n), *d_dg = dev_alloc_act(n), *d_du = dev_alloc_act(n);
-  k_cpu_swiglu_fwd(gate, up, out, n);
-  k_cpu_swiglu_bwd(dout, gate, up, dg, du, n);
-  G->swiglu_fwd(d_g, d_u, d_out, n);
-  G->swiglu_bwd(d_d, d_g, d_u, d_dg, d_du, n);
-  snprintf(what, sizeof what, "swiglu_fwd n=%lld%s", (long long)n, inject ? " +nan" : "");
-  compare_act(what, d_out, out, n, tol_act(1e-5), tol_act(1e-5));
-  snprintf(what, sizeof what, "swiglu_bwd dgate n=%lld%s", (long long)n, inject ? " +nan" : "");
-  compare_act(what, d_dg, dg, n, tol_act(1e-5), tol_act(1e-5));
-  snprintf(what, sizeof what, "swiglu_bwd dup n=%lld%s", (long long)n, inject ? " +nan" : "");
-  compare_act(what, d_du, du, n, tol_act(1e-5), tol_act(1e-5));
-  free(gate), free(up), free(dout), free(out), free(dg), free(du);
-  dev_free(d_g), dev_free(d_u), dev_free(d_d), dev_free(d_out), dev_free(d_dg), dev_free(d_du);
+  const int64_t m = rows * n;
+  float *gu = rand_act(2 * m, 3.0), *dout = rand_act(m, 1.0);
+  if (inject && n >= 8) gu[1] = NAN, gu[n + 3] = NAN, gu[5] = INFINITY, gu[6] = -INFINITY, dout[7] = NAN;
+  float *out = malloc(sizeof(float) * m), *dgu = malloc(sizeof(float) * 2 * m);
+  void *d_gu = dev_put_act(gu, 2 * m), *d_d = dev_put_act(dout, m);
+  void *d_out = dev_alloc_act(m), *d_dgu = dev_alloc_act(2 * m);
+  k_cpu_swiglu_fwd(gu, out, rows, n);
+  k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
+  G->swiglu_fwd(d_gu, d_out, rows, n);
+  G->swiglu_bwd(d_d, d_gu, d_dgu, rows, n);
+  snprintf(what, sizeof what, "swiglu_fwd rows=%lld n=%d%s", (long long)rows, n, inject ? " +nan" : "");
+  compare_act(what, d_out, out, m, tol_act(1e-5), tol_act(1e-5));
+  snprintf(what, sizeof what, "swiglu_bwd dgate|dup rows=%lld n=%d%s", (long long)rows, n, inject ? " +nan" : "");
+  compare_act(what, d_dgu, dgu, 2 * m, tol_act(1e-5), tol_act(1e-5));
+  free(gu), free(dout), free(out), free(dgu);
+  dev_free(d_gu), dev_free(d_d), dev_free(d_out), dev_free(d_dgu);
 }
 
 static void test_swiglu(void) {
-  test_swiglu_case(1, 0);
-  test_swiglu_case(1000, 0);
-  test_swiglu_case(1000003, 0);
-  test_swiglu_case(1000, 1);
-  printf("[%s] swiglu: 4 cases\n", ACT);
+  test_swiglu_case(1, 1, 0);
+  test_swiglu_case(3, 1000, 0);
+  test_swiglu_case(1000, 1003, 0);
+  test_swiglu_case(7, 13, 0);
+  test_swiglu_case(4, 1000, 1);
+  test_swiglu_case(70001, 3, 0);    // more rows than the grid's y dimension
+  test_swiglu_case(2, 300001, 0);   // more columns than the grid's x dimension covers
+  printf("[%s] swiglu: 7 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -657,6 +741,28 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   snprintf(what, sizeof what, "ce_local_stats target rows=%lld nvl=%d%s", (long long)rows, nvl,
            inject ? " +nan" : "");
   compare_dev(what, d_tl, tl, rows, 0.0, 0.0);
+  // Device-side combination: a made-up global max at or above each row's, then lse and loss.
+  float *gm = malloc(sizeof(float) * rows), *se2 = copy_buf(se, rows), *lse2 = malloc(sizeof(float) * rows);
+  for (int64_t r = 0; r < rows; r++) gm[r] = mx[r] + (float)(r % 3);
+  float *d_gm = dev_putf(gm, rows), *d_se2 = dev_putf(se, rows), *d_lse2 = G->alloc(G, sizeof(float) * rows);
+  double *d_loss = G->alloc(G, sizeof(double)), loss = 0, loss_ref = 0;
+  k_cpu_ce_rescale(se2, mx, gm, rows);
+  G->ce_rescale(d_se2, d_mx, d_gm, rows);
+  snprintf(what, sizeof what, "ce_rescale rows=%lld%s", (long long)rows, inject ? " +nan" : "");
+  compare_dev(what, d_se2, se2, rows, 1e-6, 1e-6);
+  G->from_host(G, d_se2, se2, sizeof(float) * rows);
+  k_cpu_ce_loss(gm, se2, tl, lse2, rows, &loss_ref);
+  G->ce_loss(d_gm, d_se2, d_tl, d_lse2, rows, d_loss);
+  G->to_host(G, &loss, d_loss, sizeof loss);
+  snprintf(what, sizeof what, "ce_loss lse rows=%lld%s", (long long)rows, inject ? " +nan" : "");
+  compare_dev(what, d_lse2, lse2, rows, 1e-6, 1e-6);
+  // Summation order and the device's logf differ from the host's by ulps per row.
+  double mag = 0;
+  for (int64_t r = 0; r < rows; r++) mag += fabs((double)lse2[r]) + fabs((double)tl[r]);
+  EXPECT(isnan(loss) == isnan(loss_ref) && (isnan(loss) || fabs(loss - loss_ref) <= 1e-6 * (1 + mag)),
+         "[%s] ce_loss rows=%lld: %.17g vs reference %.17g", ACT, (long long)rows, loss, loss_ref);
+  free(gm), free(se2), free(lse2);
+  dev_free(d_gm), dev_free(d_se2), dev_free(d_lse2), dev_free(d_loss);
   float *lse = malloc(sizeof(float) * rows);
   for (int64_t r = 0; r < rows; r++) lse[r] = mx[r] + logf(se[r]);
   float *d_lse = dev_putf(lse, rows);
@@ -674,7 +780,8 @@ static void test_ce(void) {
   test_ce_case(65, 1000, 0, 0);
   test_ce_case(16, 50257, 1000, 0);
   test_ce_case(7, 33, 0, 1);
-  printf("[%s] cross-entropy: 5 cases\n", ACT);
+  test_ce_case(3000, 17, 0, 0);  // ce_loss over more rows than its block has threads
+  printf("[%s] cross-entropy: 6 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -749,30 +856,31 @@ static void test_vector_ops(void) {
 
 // Attention forward and backward at one shape (random q, k, v, dout), reps timed runs each.
 static void bench_attn(int B, int T, int nh, int nkv, int hd, int reps) {
-  const int64_t nq = (int64_t)B * T * nh * hd, nk = (int64_t)B * T * nkv * hd;
-  float *h = rand_act(nq, 1.0);
-  void *q = dev_put_act(h, nq), *k = dev_put_act(h, nk), *v = dev_put_act(h + nq - nk, nk);
-  void *dout = dev_put_act(h, nq), *o = dev_alloc_act(nq), *dq = dev_alloc_act(nq), *dk = dev_alloc_act(nk);
-  void *dv = dev_alloc_act(nk);
+  const int64_t ld = (int64_t)(nh + 2 * nkv) * hd, nx = (int64_t)B * T * ld, nq = (int64_t)B * T * nh * hd;
+  const int64_t eb = (int64_t)k_dtype_bytes(G->act);
+  float *h = rand_act(nx, 1.0);
+  char *x = dev_put_act(h, nx), *dx = dev_alloc_act(nx);  // fused q|k|v rows and their gradient
+  void *q = x, *k = x + nh * hd * eb, *v = x + (nh + nkv) * hd * eb;
+  void *dq = dx, *dk = dx + nh * hd * eb, *dv = dx + (nh + nkv) * hd * eb;
+  void *dout = dev_put_act(h, nq), *o = dev_alloc_act(nq);
   float *lse = G->alloc(G, sizeof(float) * (size_t)B * nh * T);
   free(h);
-  G->attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  G->attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
   G->sync(G);
   double t0 = now_s();
-  for (int r = 0; r < reps; r++) G->attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+  for (int r = 0; r < reps; r++) G->attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
   G->sync(G);
   const double t_fwd = (now_s() - t0) / reps;
-  G->attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  G->attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
   G->sync(G);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) G->attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  for (int r = 0; r < reps; r++) G->attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
   G->sync(G);
   const double t_bwd = (now_s() - t0) / reps;
   const double fl = 2.0 * B * nh * (double)T * T * hd;  // causal: half of the 4 B nh T^2 hd of QK^T and PV
   printf("bench [%s] attention B=%d T=%d nh=%d nkv=%d hd=%d: fwd %.3f ms (%.1f TFLOP/s), bwd %.3f ms (%.1f "
          "TFLOP/s)\n", ACT, B, T, nh, nkv, hd, 1e3 * t_fwd, fl / t_fwd * 1e-12, 1e3 * t_bwd, 2.5 * fl / t_bwd * 1e-12);
-  dev_free(q), dev_free(k), dev_free(v), dev_free(dout), dev_free(o), dev_free(lse), dev_free(dq), dev_free(dk);
-  dev_free(dv);
+  dev_free(x), dev_free(dx), dev_free(dout), dev_free(o), dev_free(lse);
 }
 
 // C (M,N) = A (M,K) W (N,K)^T, the shape of a linear layer, C in c_type; with wgrad the
@@ -876,6 +984,7 @@ int main(int argc, char **argv) {
     printf("== activations %s on %s\n", ACT, G->device_name);
     if (want(argc, argv, "memory")) test_memory();
     if (want(argc, argv, "gemm")) test_gemm();
+    if (want(argc, argv, "gemm")) test_linear_residual();
     if (want(argc, argv, "cast")) test_cast();
     if (want(argc, argv, "rmsnorm")) test_rmsnorm();
     if (want(argc, argv, "rope")) test_rope();

@@ -6,6 +6,9 @@
 // multiple of 8) must give -1. The deterministic backward must repeat bitwise. The large shapes
 // compare a few (batch, kv head) slices only, since heads and batches are independent and the
 // CPU reference on all of them would take minutes; they also print timings (numbers only).
+// The test keeps its data in the (B, T, heads, hd) layout and converts at the calls: the op takes
+// sequence-major q|k|v as column blocks of one fused (T*B, (nh + 2 nkv) hd) buffer (and writes
+// dq|dk|dv the same way), o and dout (T, B, nh, hd).
 // Without a visible GPU the test fails rather than pass vacuously.
 #include <math.h>
 #include <stdint.h>
@@ -154,6 +157,44 @@ static void slice_lse(const float *x, float *dst, const slice *s, int T, int hea
 }
 
 // ---------------------------------------------------------------------------------------------
+// Layout changes: x (B, T, H, hd) <-> the heads at column col0 of rows (t, b) of ld elements,
+// element size esz (bf16 bits or floats).
+
+static void to_seq(const void *x, void *y, size_t esz, int B, int T, int H, int hd, int64_t ld, int64_t col0) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      memcpy((char *)y + (((int64_t)t * B + b) * ld + col0) * esz, (const char *)x + ((int64_t)b * T + t) * H * hd * esz,
+             esz * (size_t)H * hd);
+}
+
+static void from_seq(const void *y, void *x, size_t esz, int B, int T, int H, int hd, int64_t ld, int64_t col0) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      memcpy((char *)x + ((int64_t)b * T + t) * H * hd * esz, (const char *)y + (((int64_t)t * B + b) * ld + col0) * esz,
+             esz * (size_t)H * hd);
+}
+
+// The CPU reference on (B, T, H, hd) arrays.
+static void ref_attn(const float *q, const float *k, const float *v, const float *dout, float *o, float *lse,
+                     float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd) {
+  const int64_t ld = (int64_t)(nh + 2 * nkv) * hd, ko = (int64_t)nh * hd, vo = ko + (int64_t)nkv * hd;
+  const int64_t nx = (int64_t)B * T * ld, nq = (int64_t)B * T * nh * hd;
+  float *x = malloc(sizeof(float) * nx), *dx = malloc(sizeof(float) * nx), *so = malloc(sizeof(float) * nq),
+        *sdo = malloc(sizeof(float) * nq);
+  to_seq(q, x, 4, B, T, nh, hd, ld, 0);
+  to_seq(k, x, 4, B, T, nkv, hd, ld, ko);
+  to_seq(v, x, 4, B, T, nkv, hd, ld, vo);
+  to_seq(dout, sdo, 4, B, T, nh, hd, ko, 0);
+  k_cpu_attn_fwd(x, x + ko, x + vo, ld, so, lse, B, T, nh, nkv, hd);
+  k_cpu_attn_bwd(sdo, x, x + ko, x + vo, ld, so, lse, dx, dx + ko, dx + vo, B, T, nh, nkv, hd);
+  from_seq(so, o, 4, B, T, nh, hd, ko, 0);
+  from_seq(dx, dq, 4, B, T, nh, hd, ld, 0);
+  from_seq(dx, dk, 4, B, T, nkv, hd, ld, ko);
+  from_seq(dx, dv, 4, B, T, nkv, hd, ld, vo);
+  free(x), free(dx), free(so), free(sdo);
+}
+
+// ---------------------------------------------------------------------------------------------
 // One shape
 
 typedef struct {
@@ -162,16 +203,16 @@ typedef struct {
   slice sl;    // nb == 0: the whole problem
 } shape;
 
-static double time_ms(int fwd, int iters, void **p, const shape *c) {
+static double time_ms(int fwd, int iters, void **p, int64_t ld, const shape *c) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   for (int it = -2; it < iters; it++) {  // two warm-up calls
     if (it == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
     if (fwd)
-      k_cudnn_attn_fwd(p[0], p[1], p[2], p[3], p[4], c->B, c->T, c->nh, c->nkv, c->hd, NULL);
+      k_cudnn_attn_fwd(p[0], p[1], p[2], ld, p[3], p[4], c->B, c->T, c->nh, c->nkv, c->hd, NULL);
     else
-      k_cudnn_attn_bwd(p[5], p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], c->B, c->T, c->nh, c->nkv, c->hd,
+      k_cudnn_attn_bwd(p[5], p[0], p[1], p[2], ld, p[3], p[4], p[6], p[7], p[8], c->B, c->T, c->nh, c->nkv, c->hd,
                        NULL);
   }
   CUDA_CHECK(cudaEventRecord(e1, 0));
@@ -183,9 +224,9 @@ static double time_ms(int fwd, int iters, void **p, const shape *c) {
   return ms / iters;
 }
 
-static void print_info(int dir, const shape *c) {
+static void print_info(int dir, int64_t ld, const shape *c) {
   k_cudnn_attn_info inf;
-  if (k_cudnn_attn_info_get(dir, c->B, c->T, c->nh, c->nkv, c->hd, &inf) == 0)
+  if (k_cudnn_attn_info_get(dir, c->B, c->T, c->nh, c->nkv, c->hd, ld, &inf) == 0)
     printf("    %s plan: engine %lld, workspace %.1f MiB%s%s\n", dir ? "bwd" : "fwd", (long long)inf.engine,
            inf.workspace / 1048576.0, dir ? (inf.deterministic ? ", deterministic" : ", nondeterministic") : "",
            inf.padded ? ", padding-mask workaround" : "");
@@ -206,21 +247,33 @@ static void run_shape(const shape *c) {
   uint16_t *bq, *bk, *bv, *bdo;
   float *q = rand_bf16(nq, 1.5, &bq), *k = rand_bf16(nk, 1.5, &bk), *v = rand_bf16(nk, 1.0, &bv);
   float *dout = rand_bf16(nq, 1.0, &bdo);
-  void *dq_ = dev_put(bq, 2 * (size_t)nq), *dk_ = dev_put(bk, 2 * (size_t)nk), *dv_ = dev_put(bv, 2 * (size_t)nk);
-  void *ddo = dev_put(bdo, 2 * (size_t)nq);
+  // Sequence-major device buffers: q|k|v fused rows (and their gradients), dout (T, B, nh, hd).
+  const int64_t ld = (int64_t)(nh + 2 * nkv) * hd, ko = (int64_t)nh * hd, vo = ko + (int64_t)nkv * hd;
+  const int64_t nx = (int64_t)B * T * ld;
+  uint16_t *hx = malloc(2 * (size_t)nx), *hdo = malloc(2 * (size_t)nq);
+  to_seq(bq, hx, 2, B, T, nh, hd, ld, 0);
+  to_seq(bk, hx, 2, B, T, nkv, hd, ld, ko);
+  to_seq(bv, hx, 2, B, T, nkv, hd, ld, vo);
+  to_seq(bdo, hdo, 2, B, T, nh, hd, ko, 0);
+  char *d_x = dev_put(hx, 2 * (size_t)nx), *g_x = dev_new(2 * (size_t)nx), *g_x2 = dev_new(2 * (size_t)nx);
+  free(hx);
+  void *dq_ = d_x, *dk_ = d_x + 2 * ko, *dv_ = d_x + 2 * vo;
+  void *ddo = dev_put(hdo, 2 * (size_t)nq);
+  free(hdo);
   void *d_o = dev_new(2 * (size_t)nq), *d_lse = dev_new(4 * (size_t)nl);
-  void *g_dq = dev_new(2 * (size_t)nq), *g_dk = dev_new(2 * (size_t)nk), *g_dv = dev_new(2 * (size_t)nk);
-  void *g_dq2 = dev_new(2 * (size_t)nq), *g_dk2 = dev_new(2 * (size_t)nk), *g_dv2 = dev_new(2 * (size_t)nk);
+  void *g_dq = g_x, *g_dk = g_x + 2 * ko, *g_dv = g_x + 2 * vo;
+  void *g_dq2 = g_x2, *g_dk2 = g_x2 + 2 * ko, *g_dv2 = g_x2 + 2 * vo;
 
-  int rc = k_cudnn_attn_fwd(dq_, dk_, dv_, d_o, d_lse, B, T, nh, nkv, hd, NULL);
-  int rcb = rc == 0 ? k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, d_o, d_lse, g_dq, g_dk, g_dv, B, T, nh, nkv, hd, NULL) : -1;
+  int rc = k_cudnn_attn_fwd(dq_, dk_, dv_, ld, d_o, d_lse, B, T, nh, nkv, hd, NULL);
+  int rcb = rc == 0 ? k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq, g_dk, g_dv, B, T, nh, nkv, hd, NULL)
+                    : -1;
   CUDA_CHECK(cudaDeviceSynchronize());
   if (rc != 0 || rcb != 0) {
     n_unsupported++;
     printf("  UNSUPPORTED by cuDNN (%s returned -1): not counted as a pass\n", rc != 0 ? "forward" : "backward");
   } else {
-    print_info(0, c);
-    print_info(1, c);
+    print_info(0, ld, c);
+    print_info(1, ld, c);
     // Reference on the slice (or everything).
     const int whole = c->sl.nb == 0;
     const slice *s = &c->sl;
@@ -238,12 +291,19 @@ static void run_shape(const shape *c) {
     }
     float *ro = malloc(4 * sq), *rl = malloc(4 * sl), *rdq = malloc(4 * sq), *rdk = malloc(4 * skv),
           *rdv = malloc(4 * skv);
-    k_cpu_attn_fwd(rq, rk, rv, ro, rl, sb, T, snh, sk, hd);
-    k_cpu_attn_bwd(rdo, rq, rk, rv, ro, rl, rdq, rdk, rdv, sb, T, snh, sk, hd);
+    ref_attn(rq, rk, rv, rdo, ro, rl, rdq, rdk, rdv, sb, T, snh, sk, hd);
 
-    // GPU results, sliced the same way.
-    float *go = get_bf16(d_o, nq), *gl = get_f32(d_lse, nl), *gdq = get_bf16(g_dq, nq);
-    float *gdk = get_bf16(g_dk, nk), *gdv = get_bf16(g_dv, nk);
+    // GPU results, back in (B, T, heads, hd) and sliced the same way.
+    float *go = malloc(4 * (size_t)nq), *gl = get_f32(d_lse, nl), *gdq = malloc(4 * (size_t)nq);
+    float *gdk = malloc(4 * (size_t)nk), *gdv = malloc(4 * (size_t)nk);
+    {
+      float *so_ = get_bf16(d_o, nq), *sx = get_bf16(g_x, nx);
+      from_seq(so_, go, 4, B, T, nh, hd, ko, 0);
+      from_seq(sx, gdq, 4, B, T, nh, hd, ld, 0);
+      from_seq(sx, gdk, 4, B, T, nkv, hd, ld, ko);
+      from_seq(sx, gdv, 4, B, T, nkv, hd, ld, vo);
+      free(so_), free(sx);
+    }
     float *so = go, *sl_ = gl, *sdq = gdq, *sdk = gdk, *sdv = gdv;
     if (!whole) {
       so = malloc(4 * sq), sl_ = malloc(4 * sl), sdq = malloc(4 * sq), sdk = malloc(4 * skv), sdv = malloc(4 * skv);
@@ -262,10 +322,9 @@ static void run_shape(const shape *c) {
 
     // The deterministic backward must repeat bitwise.
     k_cudnn_attn_info inf = {0, 0, 0, 0};
-    if (k_cudnn_attn_info_get(1, B, T, nh, nkv, hd, &inf) == 0 && inf.deterministic) {
-      k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
-      const int rep = same_bytes(g_dq, g_dq2, 2 * (size_t)nq) && same_bytes(g_dk, g_dk2, 2 * (size_t)nk) &&
-                      same_bytes(g_dv, g_dv2, 2 * (size_t)nk);
+    if (k_cudnn_attn_info_get(1, B, T, nh, nkv, hd, ld, &inf) == 0 && inf.deterministic) {
+      k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
+      const int rep = same_bytes(g_x, g_x2, 2 * (size_t)nx);
       printf("    bwd repeat: %s\n", rep ? "bitwise identical" : "DIFFERS");
       EXPECT(rep, "deterministic backward B=%d T=%d nh=%d nkv=%d hd=%d differs between two runs", B, T, nh, nkv, hd);
     }
@@ -273,14 +332,19 @@ static void run_shape(const shape *c) {
     if (c->bench) {
       void *p[9] = {dq_, dk_, dv_, d_o, d_lse, ddo, g_dq2, g_dk2, g_dv2};
       const double fl = 2.0 * B * nh * (double)T * T * hd;  // causal forward: half of 4 B nh T^2 hd
-      const double tf = time_ms(1, 20, p, c), tb = time_ms(0, 20, p, c);
+      const double tf = time_ms(1, 20, p, ld, c), tb = time_ms(0, 20, p, ld, c);
       printf("    time fwd %.3f ms %.1f TFLOP/s | bwd (%s) %.3f ms %.1f TFLOP/s\n", tf, fl / tf * 1e-9,
              inf.deterministic ? "deterministic" : "atomic", tb, 2.5 * fl / tb * 1e-9);
       // The atomic backward: checked against the same reference, then timed.
       k_cudnn_attn_set_deterministic(0);
-      if (k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL) == 0) {
-        print_info(1, c);
-        float *adq = get_bf16(g_dq2, nq), *adk = get_bf16(g_dk2, nk), *adv = get_bf16(g_dv2, nk);
+      if (k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL) == 0) {
+        print_info(1, ld, c);
+        float *adq = malloc(4 * (size_t)nq), *adk = malloc(4 * (size_t)nk), *adv = malloc(4 * (size_t)nk);
+        float *ax = get_bf16(g_x2, nx);
+        from_seq(ax, adq, 4, B, T, nh, hd, ld, 0);
+        from_seq(ax, adk, 4, B, T, nkv, hd, ld, ko);
+        from_seq(ax, adv, 4, B, T, nkv, hd, ld, vo);
+        free(ax);
         if (!whole) {
           slice_rows(adq, sdq, s, T, nh, grp, hd);
           slice_rows(adk, sdk, s, T, nkv, 1, hd);
@@ -292,7 +356,7 @@ static void run_shape(const shape *c) {
         check("dk", c, sdk, rdk, skv);
         check("dv", c, sdv, rdv, skv);
         free(adq), free(adk), free(adv);
-        const double ta = time_ms(0, 20, p, c);
+        const double ta = time_ms(0, 20, p, ld, c);
         printf("    time bwd (atomic) %.3f ms %.1f TFLOP/s\n", ta, 2.5 * fl / ta * 1e-9);
       } else {
         printf("    atomic backward: UNSUPPORTED by cuDNN\n");
@@ -306,7 +370,7 @@ static void run_shape(const shape *c) {
     free(ro), free(rl), free(rdq), free(rdk), free(rdv);
     free(go), free(gl), free(gdq), free(gdk), free(gdv);
   }
-  void *dev[] = {dq_, dk_, dv_, ddo, d_o, d_lse, g_dq, g_dk, g_dv, g_dq2, g_dk2, g_dv2};
+  void *dev[] = {d_x, ddo, d_o, d_lse, g_x, g_x2};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) CUDA_CHECK(cudaFree(dev[i]));
   free(q), free(k), free(v), free(dout), free(bq), free(bk), free(bv), free(bdo);
 }
@@ -316,8 +380,9 @@ static void run_refused(void) {
   const int B = 1, T = 64, nh = 2, nkv = 2, hd = 36;
   const size_t n = (size_t)B * T * nh * hd;
   void *x = dev_new(2 * n), *o = dev_new(2 * n), *l = dev_new(4 * (size_t)B * nh * T), *g = dev_new(2 * n);
-  const int rf = k_cudnn_attn_fwd(x, x, x, o, l, B, T, nh, nkv, hd, NULL);
-  const int rb = k_cudnn_attn_bwd(x, x, x, x, o, l, g, g, g, B, T, nh, nkv, hd, NULL);
+  const int64_t ld = (int64_t)nh * hd;  // one buffer for all: only the refusal matters here
+  const int rf = k_cudnn_attn_fwd(x, x, x, ld, o, l, B, T, nh, nkv, hd, NULL);
+  const int rb = k_cudnn_attn_bwd(x, x, x, x, ld, o, l, g, g, g, B, T, nh, nkv, hd, NULL);
   printf("shape B=%d T=%d nh=%d nkv=%d hd=%d (must be refused): fwd %d, bwd %d\n", B, T, nh, nkv, hd, rf, rb);
   EXPECT(rf == -1 && rb == -1, "hd=%d should be refused, got fwd %d bwd %d", hd, rf, rb);
   void *dev[] = {x, o, l, g};

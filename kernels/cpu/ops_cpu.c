@@ -116,6 +116,14 @@ static inline float ops_max(const float *x, int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Linear layer into the residual stream
+
+void k_cpu_linear_residual(int M, int N, int K, const float *A, const float *W, const float *C, float *D) {
+  if (D != C && M > 0 && N > 0) memcpy(D, C, sizeof(float) * (size_t)M * N);
+  k_cpu_gemm(0, 1, M, N, K, 1.0f, A, K, W, K, 1.0f, D, N);
+}
+
+// ---------------------------------------------------------------------------------------------
 // RMSNorm
 
 void k_cpu_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps) {
@@ -167,8 +175,9 @@ void k_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const fl
 // ---------------------------------------------------------------------------------------------
 // Rotary embedding
 
-void k_cpu_rope(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
+void k_cpu_rope(float *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
   CHECK(hd % 2 == 0, "rope needs an even head dim, got hd=%d", hd);
+  CHECK(ld >= (int64_t)H * hd, "rope: row stride %lld < H*hd = %d", (long long)ld, H * hd);
   const int half = hd / 2;
   // cos and sin of each position's angles, (T, 2, half): shared by every batch row and head.
   float *cs = XMALLOC(sizeof(float) * (size_t)T * hd);
@@ -186,11 +195,12 @@ void k_cpu_rope(float *x, int B, int T, int H, int hd, int pos0, float theta, in
       ct[half + i] = inverse ? (float)-sin(ang) : (float)sin(ang);
     }
   }
+  // Rows are sequence-major: row r = t * B + b holds position pos0 + t.
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
-    const float *ct = cs + (bt % T) * hd;
+  for (int64_t r = 0; r < (int64_t)T * B; r++) {
+    const float *ct = cs + (r / B) * hd;
     for (int h = 0; h < H; h++) {
-      float *xh = x + (bt * H + h) * hd;
+      float *xh = x + r * ld + (int64_t)h * hd;
       for (int i = 0; i < half; i++) {
         const float x0 = xh[i], x1 = xh[half + i], c = ct[i], s = ct[half + i];
         xh[i] = x0 * c - x1 * s;
@@ -223,23 +233,23 @@ static void attn_scores(const float *qh, int64_t ld, const float *kt, int T, flo
   k_cpu_gemm(0, 0, t1 - t0, t1, hd, scale, qh + t0 * ld, (int)ld, kt, T, 0.0f, s, t1);
 }
 
-// Copy kv head kh of batch b out of x (B, T, nkv, hd) into dst (T, hd), contiguous.
-static void attn_gather_kv(const float *x, float *dst, int b, int kh, int T, int nkv, int hd) {
+// Copy kv head kh of batch b out of x (rows (t, b) at stride ld) into dst (T, hd), contiguous.
+static void attn_gather_kv(const float *x, float *dst, int b, int kh, int B, int T, int64_t ld, int hd) {
   for (int j = 0; j < T; j++)
-    memcpy(dst + (int64_t)j * hd, x + (((int64_t)b * T + j) * nkv + kh) * hd, sizeof(float) * hd);
+    memcpy(dst + (int64_t)j * hd, x + ((int64_t)j * B + b) * ld + (int64_t)kh * hd, sizeof(float) * hd);
 }
 
 // The same, transposed into dst (hd, T): GEMMs then read it as an untransposed B, in place.
-static void attn_gather_kv_t(const float *x, float *dst, int b, int kh, int T, int nkv, int hd) {
+static void attn_gather_kv_t(const float *x, float *dst, int b, int kh, int B, int T, int64_t ld, int hd) {
   for (int j = 0; j < T; j++) {
-    const float *src = x + (((int64_t)b * T + j) * nkv + kh) * hd;
+    const float *src = x + ((int64_t)j * B + b) * ld + (int64_t)kh * hd;
     for (int c = 0; c < hd; c++) dst[(int64_t)c * T + j] = src[c];
   }
 }
 
-static void attn_scatter_kv(const float *src, float *x, int b, int kh, int T, int nkv, int hd) {
+static void attn_scatter_kv(const float *src, float *x, int b, int kh, int B, int T, int64_t ld, int hd) {
   for (int j = 0; j < T; j++)
-    memcpy(x + (((int64_t)b * T + j) * nkv + kh) * hd, src + (int64_t)j * hd, sizeof(float) * hd);
+    memcpy(x + ((int64_t)j * B + b) * ld + (int64_t)kh * hd, src + (int64_t)j * hd, sizeof(float) * hd);
 }
 
 // Causal softmax in place on the scores p (t1 - t0, t1) of query rows [t0, t1); lse_h[t] saved.
@@ -256,7 +266,7 @@ OPS_CLONES static void attn_softmax_rows(float *p, float *lse_h, int t0, int t1)
 }
 
 // From the scores p and dP = dO V^T in ds, both (t1 - t0, t1): p becomes exp(s - lse) and ds
-// becomes dS = p * (dP - dO.O), masked. doh, oh: this head's rows at stride ld.
+// becomes dS = p * (dP - dO.O), masked. doh, oh: this head's rows at stride ld (positions).
 OPS_CLONES static void attn_dsoftmax_rows(float *p, float *ds, const float *lse_h, const float *doh, const float *oh,
                                           int64_t ld, int t0, int t1, int hd) {
   for (int t = t0; t < t1; t++) {
@@ -271,12 +281,13 @@ OPS_CLONES static void attn_dsoftmax_rows(float *p, float *ds, const float *lse_
   }
 }
 
-void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T, int nh,
-                    int nkv, int hd) {
+void k_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t ld, float *o, float *lse, int B, int T,
+                    int nh, int nkv, int hd) {
   CHECK(nkv > 0 && nh % nkv == 0, "attention needs nh (%d) to be a multiple of nkv (%d)", nh, nkv);
   const int grp = nh / nkv;
   const float scale = 1.0f / sqrtf((float)hd);
-  const int64_t ld = (int64_t)nh * hd;  // stride between positions in q and o
+  // Strides between positions: of q (rows of ld) and of o (rows of nh * hd), both sequence-major.
+  const int64_t lq = (int64_t)B * ld, lo = (int64_t)B * nh * hd;
 #pragma omp parallel
   {
     float *kt = XMALLOC(sizeof(float) * (size_t)T * hd);      // (hd, T)
@@ -285,16 +296,16 @@ void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, fl
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * nh; bh++) {
       const int b = bh / nh, h = bh % nh;
-      attn_gather_kv_t(k, kt, b, h / grp, T, nkv, hd);
-      attn_gather_kv(v, vv, b, h / grp, T, nkv, hd);
-      const float *qh = q + (int64_t)b * T * ld + (int64_t)h * hd;
-      float *oh = o + (int64_t)b * T * ld + (int64_t)h * hd;
+      attn_gather_kv_t(k, kt, b, h / grp, B, T, ld, hd);
+      attn_gather_kv(v, vv, b, h / grp, B, T, ld, hd);
+      const float *qh = q + (int64_t)b * ld + (int64_t)h * hd;
+      float *oh = o + ((int64_t)b * nh + h) * hd;
       float *lse_h = lse + ((int64_t)b * nh + h) * T;
       for (int t0 = 0; t0 < T; t0 += ATTN_QB) {
         const int t1 = t0 + ATTN_QB < T ? t0 + ATTN_QB : T;
-        attn_scores(qh, ld, kt, T, p, t0, t1, hd, scale);
+        attn_scores(qh, lq, kt, T, p, t0, t1, hd, scale);
         attn_softmax_rows(p, lse_h, t0, t1);
-        k_cpu_gemm(0, 0, t1 - t0, hd, t1, 1.0f, p, t1, vv, hd, 0.0f, oh + t0 * ld, (int)ld);
+        k_cpu_gemm(0, 0, t1 - t0, hd, t1, 1.0f, p, t1, vv, hd, 0.0f, oh + t0 * lo, (int)lo);
       }
     }
     free(kt);
@@ -305,12 +316,12 @@ void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, fl
 
 // Backward runs per (batch, kv head) over the grp query heads that share it, in head order, so
 // dk and dv of a kv head are summed by one thread in one fixed order.
-void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const float *v, const float *o,
+void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const float *v, int64_t ld, const float *o,
                     const float *lse, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd) {
   CHECK(nkv > 0 && nh % nkv == 0, "attention needs nh (%d) to be a multiple of nkv (%d)", nh, nkv);
   const int grp = nh / nkv;
   const float scale = 1.0f / sqrtf((float)hd);
-  const int64_t ld = (int64_t)nh * hd;
+  const int64_t lq = (int64_t)B * ld, lo = (int64_t)B * nh * hd;
 #pragma omp parallel
   {
     const size_t th = (size_t)T * hd, qt = (size_t)ATTN_QB * T;
@@ -321,30 +332,30 @@ void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const flo
 #pragma omp for schedule(static)
     for (int bk = 0; bk < B * nkv; bk++) {
       const int b = bk / nkv, kh = bk % nkv;
-      attn_gather_kv(k, kk, b, kh, T, nkv, hd);
-      attn_gather_kv_t(k, kt, b, kh, T, nkv, hd);
-      attn_gather_kv_t(v, vt, b, kh, T, nkv, hd);
+      attn_gather_kv(k, kk, b, kh, B, T, ld, hd);
+      attn_gather_kv_t(k, kt, b, kh, B, T, ld, hd);
+      attn_gather_kv_t(v, vt, b, kh, B, T, ld, hd);
       memset(dkb, 0, sizeof(float) * th);
       memset(dvb, 0, sizeof(float) * th);
       for (int g = 0; g < grp; g++) {
         const int h = kh * grp + g;
-        const int64_t off = (int64_t)b * T * ld + (int64_t)h * hd;
-        const float *qh = q + off, *doh = dout + off, *oh = o + off;
-        float *dqh = dq + off;
+        const int64_t qoff = (int64_t)b * ld + (int64_t)h * hd, ooff = ((int64_t)b * nh + h) * hd;
+        const float *qh = q + qoff, *doh = dout + ooff, *oh = o + ooff;
+        float *dqh = dq + qoff;
         const float *lse_h = lse + ((int64_t)b * nh + h) * T;
         for (int t0 = 0; t0 < T; t0 += ATTN_QB) {
           const int t1 = t0 + ATTN_QB < T ? t0 + ATTN_QB : T, mq = t1 - t0;
-          attn_scores(qh, ld, kt, T, p, t0, t1, hd, scale);
-          k_cpu_gemm(0, 0, mq, t1, hd, 1.0f, doh + t0 * ld, (int)ld, vt, T, 0.0f, ds, t1);  // dP = dO V^T
-          attn_dsoftmax_rows(p, ds, lse_h, doh, oh, ld, t0, t1, hd);
+          attn_scores(qh, lq, kt, T, p, t0, t1, hd, scale);
+          k_cpu_gemm(0, 0, mq, t1, hd, 1.0f, doh + t0 * lo, (int)lo, vt, T, 0.0f, ds, t1);  // dP = dO V^T
+          attn_dsoftmax_rows(p, ds, lse_h, doh, oh, lo, t0, t1, hd);
           // dQ = scale dS K; dK[0:t1] += scale dS^T Q; dV[0:t1] += P^T dO.
-          k_cpu_gemm(0, 0, mq, hd, t1, scale, ds, t1, kk, hd, 0.0f, dqh + t0 * ld, (int)ld);
-          k_cpu_gemm(1, 0, t1, hd, mq, scale, ds, t1, qh + t0 * ld, (int)ld, 1.0f, dkb, hd);
-          k_cpu_gemm(1, 0, t1, hd, mq, 1.0f, p, t1, doh + t0 * ld, (int)ld, 1.0f, dvb, hd);
+          k_cpu_gemm(0, 0, mq, hd, t1, scale, ds, t1, kk, hd, 0.0f, dqh + t0 * lq, (int)lq);
+          k_cpu_gemm(1, 0, t1, hd, mq, scale, ds, t1, qh + t0 * lq, (int)lq, 1.0f, dkb, hd);
+          k_cpu_gemm(1, 0, t1, hd, mq, 1.0f, p, t1, doh + t0 * lo, (int)lo, 1.0f, dvb, hd);
         }
       }
-      attn_scatter_kv(dkb, dk, b, kh, T, nkv, hd);
-      attn_scatter_kv(dvb, dv, b, kh, T, nkv, hd);
+      attn_scatter_kv(dkb, dk, b, kh, B, T, ld, hd);
+      attn_scatter_kv(dvb, dv, b, kh, B, T, ld, hd);
     }
     free(buf);
   }
@@ -373,16 +384,23 @@ OPS_CLONES static void swiglu_bwd_span(const float *dout, const float *gate, con
   }
 }
 
-void k_cpu_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
-  for (int64_t i = 0; i < n; i += OPS_SPAN)
-    swiglu_fwd_span(gate + i, up + i, out + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
+void k_cpu_swiglu_fwd(const float *gu, float *out, int64_t rows, int n) {
+#pragma omp parallel for schedule(static) if (rows * n > OPS_PAR_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *g = gu + r * 2 * n;
+    for (int64_t i = 0; i < n; i += OPS_SPAN)
+      swiglu_fwd_span(g + i, g + n + i, out + r * n + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
+  }
 }
 
-void k_cpu_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
-  for (int64_t i = 0; i < n; i += OPS_SPAN)
-    swiglu_bwd_span(dout + i, gate + i, up + i, dgate + i, dup + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
+void k_cpu_swiglu_bwd(const float *dout, const float *gu, float *dgu, int64_t rows, int n) {
+#pragma omp parallel for schedule(static) if (rows * n > OPS_PAR_MIN)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *g = gu + r * 2 * n;
+    float *dg = dgu + r * 2 * n;
+    for (int64_t i = 0; i < n; i += OPS_SPAN)
+      swiglu_bwd_span(dout + r * n + i, g + i, g + n + i, dg + i, dg + n + i, n - i < OPS_SPAN ? n - i : OPS_SPAN);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -455,6 +473,20 @@ void k_cpu_ce_bwd(float *logits, const int32_t *targets, const float *lse, int64
 #pragma omp parallel for schedule(static) if (rows * n_vocab_local > OPS_PAR_MIN)
   for (int64_t r = 0; r < rows; r++)
     ce_bwd_row(logits + r * n_vocab_local, n_vocab_local, (int64_t)targets[r] - v0, lse[r], scale);
+}
+
+void k_cpu_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++) row_sumexp[r] *= expf(row_max[r] - gmax[r]);
+}
+
+void k_cpu_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+                   double *loss) {
+  double s = 0.0;
+  for (int64_t r = 0; r < rows; r++) {
+    lse[r] = gmax[r] + logf(sumexp[r]);
+    s += (double)lse[r] - target_logit[r];
+  }
+  *loss = s;
 }
 
 // ---------------------------------------------------------------------------------------------

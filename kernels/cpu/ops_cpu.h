@@ -13,6 +13,10 @@
 void k_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
+// D (M,N) = A (M,K) W (N,K)^T + C (M,N): a linear layer adding into the residual stream; D == C
+// allowed (otherwise they must not overlap).
+void k_cpu_linear_residual(int M, int N, int K, const float *A, const float *W, const float *C, float *D);
+
 // RMSNorm over the last dim: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 // x, y: (rows, d); w: (d); rstd: (rows), saved for backward.
 void k_cpu_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
@@ -20,23 +24,28 @@ void k_cpu_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, in
 void k_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                        int64_t rows, int d);
 
-// Rotary embedding in place on x (B, T, H, hd), position of row t is pos0 + t. Pairs are
-// (i, i + hd/2) for i < hd/2 (the "rotate half" convention), angle = pos * theta^(-2i/hd).
-// inverse = 1 rotates by -angle (the backward of the forward rotation).
-void k_cpu_rope(float *x, int B, int T, int H, int hd, int pos0, float theta, int inverse);
+// Layouts are sequence-major like the residual stream: row (t, b) is row t * B + b.
+// Rotary embedding in place on the first H heads of hd of each of the T*B rows of x (row
+// stride ld >= H*hd elements; the rest of a row is untouched); row (t, b) has position pos0 + t.
+// Pairs are (i, i + hd/2) for i < hd/2 (the "rotate half" convention), angle =
+// pos * theta^(-2i/hd). inverse = 1 rotates by -angle (the backward of the forward rotation).
+void k_cpu_rope(float *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
 
-// Causal attention with grouped-query heads: q (B,T,nh,hd), k/v (B,T,nkv,hd), o (B,T,nh,hd),
-// lse (B,nh,T) the log-sum-exp of the scaled scores, saved for backward. Head h reads kv head
-// h / (nh/nkv). Scale 1/sqrt(hd).
-void k_cpu_attn_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int B, int T, int nh,
-                    int nkv, int hd);
-// dq, dk, dv overwrite, same shapes as q, k, v.
-void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const float *v, const float *o,
+// Causal attention with grouped-query heads, sequence-major. q, k, v: rows (t, b) at stride ld
+// elements, nh (q) or nkv (k, v) heads of hd at the row start (so q, k, v may be column blocks
+// of one fused projection output (T*B, ld)); o (T, B, nh, hd) packed; lse (B, nh, T) the
+// log-sum-exp of the scaled scores, saved for backward. Head h reads kv head h / (nh/nkv).
+// Scale 1/sqrt(hd).
+void k_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t ld, float *o, float *lse, int B, int T,
+                    int nh, int nkv, int hd);
+// dout like o; dq, dk, dv overwrite the heads of rows at stride ld, laid out as q, k, v.
+void k_cpu_attn_bwd(const float *dout, const float *q, const float *k, const float *v, int64_t ld, const float *o,
                     const float *lse, float *dq, float *dk, float *dv, int B, int T, int nh, int nkv, int hd);
 
-// SwiGLU: out = silu(gate) * up, elementwise over n. Backward overwrites dgate, dup.
-void k_cpu_swiglu_fwd(const float *gate, const float *up, float *out, int64_t n);
-void k_cpu_swiglu_bwd(const float *dout, const float *gate, const float *up, float *dgate, float *dup, int64_t n);
+// SwiGLU over rows of a fused gate/up projection: gu (rows, 2n), gate in columns [0, n), up in
+// [n, 2n); out (rows, n) = silu(gate) * up. Backward overwrites dgu (rows, 2n), same layout.
+void k_cpu_swiglu_fwd(const float *gu, float *out, int64_t rows, int n);
+void k_cpu_swiglu_bwd(const float *dout, const float *gu, float *dgu, int64_t rows, int n);
 
 // Vocab-parallel embedding: this rank holds rows [v0, v0 + n_vocab_local) of the table
 // (n_vocab_local, d). out (n, d): the row of each token, zeros where the token is not local.
@@ -55,6 +64,13 @@ void k_cpu_ce_local_stats(const float *logits, const int32_t *targets, int64_t r
 // log-sum-exp of each row.
 void k_cpu_ce_bwd(float *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
                   int v0, float scale);
+
+// Device-side combination of the stats above (the model calls them between tp collectives):
+// row_sumexp *= exp(row_max - gmax), gmax the max over tp ranks.
+void k_cpu_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
+// lse[r] = gmax[r] + log(sumexp[r]); *loss = sum over r, in row order, of (double)lse[r] - target_logit[r].
+void k_cpu_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+                   double *loss);
 
 // AdamW step on n elements (decoupled weight decay): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * (m/bc1 / (sqrt(v/bc2) + eps) + wd * p), bc1 = 1-b1^t, bc2 = 1-b2^t.

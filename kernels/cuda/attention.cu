@@ -1,8 +1,10 @@
 // Causal grouped-query attention on the GPU, flash style: scores never go to global memory.
 // Templates over the element type E of q, k, v, o and their gradients (float or bf16, the
 // current backend's activation dtype): tiles are widened to fp32 as they are loaded into shared
-// memory, all math is fp32, outputs are rounded on store; lse and delta are fp32. Layouts as kernels/cpu/ops_cpu.h: q, o (B,T,nh,hd), k, v (B,T,nkv,hd), lse (B,nh,T);
-// head h reads kv head h / (nh/nkv); scale 1/sqrt(hd).
+// memory, all math is fp32, outputs are rounded on store; lse and delta are fp32. Layouts as
+// kernels/cpu/ops_cpu.h, sequence-major: q, k, v (and dq, dk, dv) rows (t, b) at stride ld, so a
+// position step is B * ld; o, dout (T,B,nh,hd); lse (B,nh,T); head h reads kv head h / (nh/nkv);
+// scale 1/sqrt(hd).
 //
 // Forward: a block takes ATT_QB query rows of one (batch, head), 4 warps of ATT_RPW rows each,
 // and walks key tiles of 32 held in shared memory with an online softmax. In the score loop a
@@ -85,18 +87,19 @@ __device__ __forceinline__ void att_load(float *s, int lds, const E *x, int64_t 
 // Forward
 
 template <typename E, int NC>
-__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k, const E *v, E *o, float *lse, int T,
-                                                          int nh, int nkv, int hd, float scale) {
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k, const E *v, int64_t ld, E *o,
+                                                          float *lse, int B, int T, int nh, int nkv, int hd,
+                                                          float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldk = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_KB * ldk, *Qs = Vs + ATT_KB * ldk, *Ps = Qs + ATT_QB * hd;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int q0 = blockIdx.x * ATT_QB, h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-  const int64_t ldq = (int64_t)nh * hd, ldkv = (int64_t)nkv * hd;
-  const E *qb = q + (int64_t)b * T * ldq + (int64_t)h * hd;
-  const E *kb = k + (int64_t)b * T * ldkv + (int64_t)kh * hd;
-  const E *vb = v + (int64_t)b * T * ldkv + (int64_t)kh * hd;
-  att_load(Qs, hd, qb, ldq, q0, ATT_QB, T, hd);
+  const int64_t ldo = (int64_t)nh * hd, sq = (int64_t)B * ld;  // sq: position step of q, k, v
+  const E *qb = q + (int64_t)b * ld + (int64_t)h * hd;
+  const E *kb = k + (int64_t)b * ld + (int64_t)kh * hd;
+  const E *vb = v + (int64_t)b * ld + (int64_t)kh * hd;
+  att_load(Qs, hd, qb, sq, q0, ATT_QB, T, hd);
   float acc[ATT_RPW][NC], m[ATT_RPW], l[ATT_RPW];
 #pragma unroll
   for (int r = 0; r < ATT_RPW; r++) {
@@ -109,8 +112,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k
   float *Pw = Ps + w * ATT_RPW * 32;
   for (int k0 = 0; k0 < q_end; k0 += ATT_KB) {
     __syncthreads();  // the previous tile is consumed (and, the first time, Qs is loaded)
-    att_load(Ks, ldk, kb, ldkv, k0, ATT_KB, T, hd);
-    att_load(Vs, ldk, vb, ldkv, k0, ATT_KB, T, hd);
+    att_load(Ks, ldk, kb, sq, k0, ATT_KB, T, hd);
+    att_load(Vs, ldk, vb, sq, k0, ATT_KB, T, hd);
     __syncthreads();
     float s[ATT_RPW];
     att_dots<ATT_RPW>(Ks + lane * ldk, Qs + w * ATT_RPW * hd, hd, hd4, s);
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k
     const int t = q0 + w * ATT_RPW + r;
     if (t >= T) continue;
     const float inv = 1.0f / l[r];
-    E *orow = o + ((int64_t)b * T + t) * ldq + (int64_t)h * hd;
+    E *orow = o + ((int64_t)t * B + b) * ldo + (int64_t)h * hd;
 #pragma unroll
     for (int c = 0; c < NC; c++)
       if (lane + 32 * c < hd) orow[lane + 32 * c] = k_st<E>(acc[r][c] * inv);
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(const E *q, const E *k
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-// delta (B,nh,T) = sum_d dO * O: one warp per (b, t, h).
+// delta (B,nh,T) = sum_d dO * O: one warp per (t, b, h), the memory order of dO and O.
 template <typename E>
 __global__ void k_attn_delta(const E *dout, const E *o, float *delta, int B, int T, int nh, int hd) {
   const int64_t n_rows = (int64_t)B * T * nh;
@@ -158,25 +161,26 @@ __global__ void k_attn_delta(const E *dout, const E *o, float *delta, int B, int
     float s = 0.0f;
     for (int d = lane; d < hd; d += 32) s = fmaf(k_ld(a[d]), k_ld(c[d]), s);
     s = k_warp_sum(s);
-    const int64_t bt = row / nh, b = bt / T, t = bt % T, h = row % nh;
+    const int64_t tb = row / nh, t = tb / B, b = tb % B, h = row % nh;
     if (lane == 0) delta[(b * nh + h) * T + t] = s;
   }
 }
 
 template <typename E, int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_attn_bwd_dq(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta, E *dq,
-                  int T, int nh, int nkv, int hd, float scale) {
+    k_attn_bwd_dq(const E *dout, const E *q, const E *k, const E *v, int64_t ld, const float *lse, const float *delta,
+                  E *dq, int B, int T, int nh, int nkv, int hd, float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldk = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_KB * ldk, *Qs = Vs + ATT_KB * ldk, *dOs = Qs + ATT_QB * hd;
   float *dSs = dOs + ATT_QB * hd;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int q0 = blockIdx.x * ATT_QB, h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-  const int64_t ldq = (int64_t)nh * hd, ldkv = (int64_t)nkv * hd;
-  const int64_t qoff = (int64_t)b * T * ldq + (int64_t)h * hd, kvoff = (int64_t)b * T * ldkv + (int64_t)kh * hd;
-  att_load(Qs, hd, q + qoff, ldq, q0, ATT_QB, T, hd);
-  att_load(dOs, hd, dout + qoff, ldq, q0, ATT_QB, T, hd);
+  const int64_t ldo = (int64_t)nh * hd, sq = (int64_t)B * ld, so = (int64_t)B * ldo;  // position steps
+  const int64_t qoff = (int64_t)b * ld + (int64_t)h * hd, kvoff = (int64_t)b * ld + (int64_t)kh * hd;
+  const int64_t ooff = (int64_t)b * ldo + (int64_t)h * hd;
+  att_load(Qs, hd, q + qoff, sq, q0, ATT_QB, T, hd);
+  att_load(dOs, hd, dout + ooff, so, q0, ATT_QB, T, hd);
   const float *lse_h = lse + ((int64_t)b * nh + h) * T, *delta_h = delta + ((int64_t)b * nh + h) * T;
   float acc[ATT_RPW][NC], lr[ATT_RPW], dr[ATT_RPW];
 #pragma unroll
@@ -191,8 +195,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
   float *dSw = dSs + w * ATT_RPW * 32;
   for (int k0 = 0; k0 < q_end; k0 += ATT_KB) {
     __syncthreads();
-    att_load(Ks, ldk, k + kvoff, ldkv, k0, ATT_KB, T, hd);
-    att_load(Vs, ldk, v + kvoff, ldkv, k0, ATT_KB, T, hd);
+    att_load(Ks, ldk, k + kvoff, sq, k0, ATT_KB, T, hd);
+    att_load(Vs, ldk, v + kvoff, sq, k0, ATT_KB, T, hd);
     __syncthreads();
     float s[ATT_RPW], dp[ATT_RPW];
     att_dots<ATT_RPW>(Ks + lane * ldk, Qs + w * ATT_RPW * hd, hd, hd4, s);
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
   for (int r = 0; r < ATT_RPW; r++) {
     const int t = q0 + w * ATT_RPW + r;
     if (t >= T) continue;
-    E *row = dq + qoff + (int64_t)t * ldq;
+    E *row = dq + qoff + (int64_t)t * sq;
 #pragma unroll
     for (int c = 0; c < NC; c++)
       if (lane + 32 * c < hd) row[lane + 32 * c] = k_st<E>(acc[r][c] * scale);
@@ -222,18 +226,18 @@ __global__ void __launch_bounds__(ATT_THREADS)
 // score loop a lane owns a query row of the current tile of 32.
 template <typename E, int NC>
 __global__ void __launch_bounds__(ATT_THREADS)
-    k_attn_bwd_dkdv(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta, E *dk,
-                    E *dv, int T, int nh, int nkv, int hd, float scale) {
+    k_attn_bwd_dkdv(const E *dout, const E *q, const E *k, const E *v, int64_t ld, const float *lse,
+                    const float *delta, E *dk, E *dv, int B, int T, int nh, int nkv, int hd, float scale) {
   extern __shared__ float4 att_sh4[];
   const int ldq_s = hd + 4, hd4 = hd / 4;
   float *Ks = (float *)att_sh4, *Vs = Ks + ATT_QB * hd, *Qs = Vs + ATT_QB * hd, *dOs = Qs + ATT_KB * ldq_s;
   float *Ls = dOs + ATT_KB * ldq_s, *Ds = Ls + ATT_KB, *Ps = Ds + ATT_KB, *dSs = Ps + ATT_WARPS * ATT_RPW * 32;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int j0 = blockIdx.x * ATT_QB, kh = blockIdx.y, b = blockIdx.z, grp = nh / nkv;
-  const int64_t ldq = (int64_t)nh * hd, ldkv = (int64_t)nkv * hd;
-  const int64_t kvoff = (int64_t)b * T * ldkv + (int64_t)kh * hd;
-  att_load(Ks, hd, k + kvoff, ldkv, j0, ATT_QB, T, hd);
-  att_load(Vs, hd, v + kvoff, ldkv, j0, ATT_QB, T, hd);
+  const int64_t ldo = (int64_t)nh * hd, sq = (int64_t)B * ld, so = (int64_t)B * ldo;  // position steps
+  const int64_t kvoff = (int64_t)b * ld + (int64_t)kh * hd;
+  att_load(Ks, hd, k + kvoff, sq, j0, ATT_QB, T, hd);
+  att_load(Vs, hd, v + kvoff, sq, j0, ATT_QB, T, hd);
   float gk[ATT_RPW][NC], gv[ATT_RPW][NC];
 #pragma unroll
   for (int r = 0; r < ATT_RPW; r++)
@@ -242,12 +246,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
   float *Pw = Ps + w * ATT_RPW * 32, *dSw = dSs + w * ATT_RPW * 32;
   for (int g = 0; g < grp; g++) {
     const int h = kh * grp + g;
-    const int64_t qoff = (int64_t)b * T * ldq + (int64_t)h * hd;
+    const int64_t qoff = (int64_t)b * ld + (int64_t)h * hd, ooff = (int64_t)b * ldo + (int64_t)h * hd;
     const float *lse_h = lse + ((int64_t)b * nh + h) * T, *delta_h = delta + ((int64_t)b * nh + h) * T;
     for (int t0 = j0 / ATT_KB * ATT_KB; t0 < T; t0 += ATT_KB) {
       __syncthreads();
-      att_load(Qs, ldq_s, q + qoff, ldq, t0, ATT_KB, T, hd);
-      att_load(dOs, ldq_s, dout + qoff, ldq, t0, ATT_KB, T, hd);
+      att_load(Qs, ldq_s, q + qoff, sq, t0, ATT_KB, T, hd);
+      att_load(dOs, ldq_s, dout + ooff, so, t0, ATT_KB, T, hd);
       if (threadIdx.x < ATT_KB) {
         const int t = t0 + threadIdx.x;
         Ls[threadIdx.x] = t < T ? lse_h[t] : 0.0f;
@@ -275,7 +279,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
   for (int r = 0; r < ATT_RPW; r++) {
     const int key = j0 + w * ATT_RPW + r;
     if (key >= T) continue;
-    E *rk = dk + kvoff + (int64_t)key * ldkv, *rv = dv + kvoff + (int64_t)key * ldkv;
+    E *rk = dk + kvoff + (int64_t)key * sq, *rv = dv + kvoff + (int64_t)key * sq;
 #pragma unroll
     for (int c = 0; c < NC; c++) {
       const int d = lane + 32 * c;
@@ -308,48 +312,49 @@ static void att_smem(F *kernel, size_t n_bytes) {
 }
 
 template <typename E, int NC>
-static void att_fwd_launch(const E *q, const E *k, const E *v, E *o, float *lse, int B, int T, int nh, int nkv, int hd,
-                           cudaStream_t s) {
+static void att_fwd_launch(const E *q, const E *k, const E *v, int64_t ld, E *o, float *lse, int B, int T, int nh,
+                           int nkv, int hd, cudaStream_t s) {
   const size_t sh = sizeof(float) * ((size_t)2 * ATT_KB * (hd + 4) + (size_t)ATT_QB * hd + ATT_QB * 32);
   att_smem(k_attn_fwd<E, NC>, sh);
   const dim3 grid((T + ATT_QB - 1) / ATT_QB, nh, B);
-  k_attn_fwd<E, NC><<<grid, ATT_THREADS, sh, s>>>(q, k, v, o, lse, T, nh, nkv, hd, 1.0f / sqrtf((float)hd));
+  k_attn_fwd<E, NC><<<grid, ATT_THREADS, sh, s>>>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, 1.0f / sqrtf((float)hd));
   CUDA_LAUNCH_CHECK("k_attn_fwd");
 }
 
 template <typename E, int NC>
-static void att_bwd_launch(const E *dout, const E *q, const E *k, const E *v, const float *lse, const float *delta,
-                           E *dq, E *dk, E *dv, int B, int T, int nh, int nkv, int hd, cudaStream_t s) {
+static void att_bwd_launch(const E *dout, const E *q, const E *k, const E *v, int64_t ld, const float *lse,
+                           const float *delta, E *dq, E *dk, E *dv, int B, int T, int nh, int nkv, int hd,
+                           cudaStream_t s) {
   const float scale = 1.0f / sqrtf((float)hd);
   const size_t sh_dq =
       sizeof(float) * ((size_t)2 * ATT_KB * (hd + 4) + (size_t)2 * ATT_QB * hd + ATT_QB * 32);
   att_smem(k_attn_bwd_dq<E, NC>, sh_dq);
-  k_attn_bwd_dq<E, NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nh, B), ATT_THREADS, sh_dq, s>>>(dout, q, k, v, lse, delta,
-                                                                                          dq, T, nh, nkv, hd, scale);
+  k_attn_bwd_dq<E, NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nh, B), ATT_THREADS, sh_dq, s>>>(
+      dout, q, k, v, ld, lse, delta, dq, B, T, nh, nkv, hd, scale);
   CUDA_LAUNCH_CHECK("k_attn_bwd_dq");
   const size_t sh_kv = sizeof(float) * ((size_t)2 * ATT_QB * hd + (size_t)2 * ATT_KB * (hd + 4) + 2 * ATT_KB +
                                         (size_t)2 * ATT_WARPS * ATT_RPW * 32);
   att_smem(k_attn_bwd_dkdv<E, NC>, sh_kv);
   k_attn_bwd_dkdv<E, NC><<<dim3((T + ATT_QB - 1) / ATT_QB, nkv, B), ATT_THREADS, sh_kv, s>>>(
-      dout, q, k, v, lse, delta, dk, dv, T, nh, nkv, hd, scale);
+      dout, q, k, v, ld, lse, delta, dk, dv, B, T, nh, nkv, hd, scale);
   CUDA_LAUNCH_CHECK("k_attn_bwd_dkdv");
 }
 
 template <typename E>
-static void att_fwd_run(const void *qv, const void *kv, const void *vv, void *ov, float *lse, int B, int T, int nh,
-                        int nkv, int hd, cudaStream_t s) {
+static void att_fwd_run(const void *qv, const void *kv, const void *vv, int64_t ld, void *ov, float *lse, int B, int T,
+                        int nh, int nkv, int hd, cudaStream_t s) {
   const E *q = (const E *)qv, *k = (const E *)kv, *v = (const E *)vv;
   E *o = (E *)ov;
   switch (att_nc(hd)) {
-    case 1: att_fwd_launch<E, 1>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    case 2: att_fwd_launch<E, 2>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    case 4: att_fwd_launch<E, 4>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
-    default: att_fwd_launch<E, 8>(q, k, v, o, lse, B, T, nh, nkv, hd, s); break;
+    case 1: att_fwd_launch<E, 1>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s); break;
+    case 2: att_fwd_launch<E, 2>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s); break;
+    case 4: att_fwd_launch<E, 4>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s); break;
+    default: att_fwd_launch<E, 8>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s); break;
   }
 }
 
 template <typename E>
-static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const void *vv, const void *ov,
+static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const void *vv, int64_t ld, const void *ov,
                         const float *lse, void *dqv, void *dkv, void *dvv, int B, int T, int nh, int nkv, int hd,
                         cudaStream_t s) {
   const E *dout = (const E *)doutv, *q = (const E *)qv, *k = (const E *)kv, *v = (const E *)vv, *o = (const E *)ov;
@@ -359,28 +364,30 @@ static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const
   k_attn_delta<E><<<k_cuda_blocks(n_rows * 32, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(dout, o, delta, B, T, nh, hd);
   CUDA_LAUNCH_CHECK("k_attn_delta");
   switch (att_nc(hd)) {
-    case 1: att_bwd_launch<E, 1>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    case 2: att_bwd_launch<E, 2>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    case 4: att_bwd_launch<E, 4>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
-    default: att_bwd_launch<E, 8>(dout, q, k, v, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    case 1: att_bwd_launch<E, 1>(dout, q, k, v, ld, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    case 2: att_bwd_launch<E, 2>(dout, q, k, v, ld, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    case 4: att_bwd_launch<E, 4>(dout, q, k, v, ld, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
+    default: att_bwd_launch<E, 8>(dout, q, k, v, ld, lse, delta, dq, dk, dv, B, T, nh, nkv, hd, s); break;
   }
 }
 
-extern "C" void k_cuda_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh,
-                                int nkv, int hd) {
+extern "C" void k_cuda_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B,
+                                int T, int nh, int nkv, int hd) {
   att_check(B, T, nh, nkv, hd);
+  CHECK(ld >= (int64_t)nh * hd && ld >= (int64_t)nkv * hd, "attention: row stride %lld too small", (long long)ld);
   if (B <= 0 || T <= 0 || nh <= 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16) att_fwd_run<k_bf16>(q, k, v, o, lse, B, T, nh, nkv, hd, s);
-  else att_fwd_run<float>(q, k, v, o, lse, B, T, nh, nkv, hd, s);
+  if (k_cuda_act() == K_BF16) att_fwd_run<k_bf16>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
+  else att_fwd_run<float>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
 }
 
-extern "C" void k_cuda_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
-                                const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv,
-                                int hd) {
+extern "C" void k_cuda_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld,
+                                const void *o, const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh,
+                                int nkv, int hd) {
   att_check(B, T, nh, nkv, hd);
+  CHECK(ld >= (int64_t)nh * hd && ld >= (int64_t)nkv * hd, "attention: row stride %lld too small", (long long)ld);
   if (B <= 0 || T <= 0 || nh <= 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16) att_bwd_run<k_bf16>(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
-  else att_bwd_run<float>(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
+  if (k_cuda_act() == K_BF16) att_bwd_run<k_bf16>(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
+  else att_bwd_run<float>(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
 }

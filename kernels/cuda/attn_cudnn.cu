@@ -75,6 +75,7 @@ typedef struct {
 typedef struct {
   int used, dir, det_req, device;
   int B, T, nh, nkv, hd;
+  int64_t ld;  // row stride of q, k, v and their gradients
   int status;  // 0 planned, -1 refused by cuDNN (kept so refusals stay cheap)
   uint64_t last_use;
   attn_graph g;
@@ -354,15 +355,17 @@ static void g_make_plan(attn_plan *p, cudnnHandle_t h) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The two graphs. Dims are in cuDNN's order (b, h, s, d); our (B, T, H, hd) rows give strides
-// (T*H*hd, hd, H*hd, 1). K^T and V^T are the same memory with the last two dims swapped.
+// The two graphs. Dims are in cuDNN's order (b, h, s, d); our sequence-major rows (t, b) of L
+// elements (heads of D at the row start) give strides (L, D, B*L, 1): L = ld for q, k, v and
+// their gradients (column blocks of the fused QKV rows), H*D for o and dO. K^T and V^T are the
+// same memory with the last two dims swapped.
 
-static shape4 sh_bshd(int64_t B, int64_t H, int64_t T, int64_t D) {
-  shape4 s = {{B, H, T, D}, {T * H * D, D, H * D, 1}};
+static shape4 sh_sbhd(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L) {
+  shape4 s = {{B, H, T, D}, {L, D, B * L, 1}};
   return s;
 }
-static shape4 sh_bshd_t(int64_t B, int64_t H, int64_t T, int64_t D) {
-  shape4 s = {{B, H, D, T}, {T * H * D, D, 1, H * D}};
+static shape4 sh_sbhd_t(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L) {
+  shape4 s = {{B, H, D, T}, {L, D, 1, B * L}};
   return s;
 }
 static shape4 sh_packed(int64_t B, int64_t H, int64_t R, int64_t C) {
@@ -377,12 +380,14 @@ static shape4 sh_scalar(void) {
 static void build_fwd(attn_plan *p, cudnnHandle_t h) {
   attn_graph *g = &p->g;
   const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
-  const shape4 q_sh = sh_bshd(B, H, T, D), kt_sh = sh_bshd_t(B, Hk, T, D), kv_sh = sh_bshd(B, Hk, T, D);
+  const int64_t L = p->ld;
+  const shape4 q_sh = sh_sbhd(B, H, T, D, L), kt_sh = sh_sbhd_t(B, Hk, T, D, L), kv_sh = sh_sbhd(B, Hk, T, D, L);
+  const shape4 o_sh = sh_sbhd(B, H, T, D, H * D);
   const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
   desc_t q = g_tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
   desc_t kt = g_tensor(g, UID_K, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
   desc_t v = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
-  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
   desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
   desc_t scale = g_tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, &one_sh, false, true);
   desc_t neg = g_tensor(g, UID_NEG, CUDNN_DATA_FLOAT, &one_sh, false, true);
@@ -408,7 +413,9 @@ static void build_fwd(attn_plan *p, cudnnHandle_t h) {
 static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   attn_graph *g = &p->g;
   const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
-  const shape4 q_sh = sh_bshd(B, H, T, D), kt_sh = sh_bshd_t(B, Hk, T, D), kv_sh = sh_bshd(B, Hk, T, D);
+  const int64_t L = p->ld;
+  const shape4 q_sh = sh_sbhd(B, H, T, D, L), kt_sh = sh_sbhd_t(B, Hk, T, D, L), kv_sh = sh_sbhd(B, Hk, T, D, L);
+  const shape4 o_sh = sh_sbhd(B, H, T, D, H * D);
   const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
   const shape4 full_sh = sh_packed(B, H, T, D);
   const shape4 st_sh = {{B, H, T, T}, {H * T * T, T * T, 1, T}};  // (b, h, s_kv, s_q) view of (.., s_q, s_kv)
@@ -416,8 +423,8 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   desc_t q = g_tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
   desc_t kt = g_tensor(g, UID_K, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
   desc_t vt = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
-  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
-  desc_t d_o = g_tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
+  desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
+  desc_t d_o = g_tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
   desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
   desc_t dq = g_tensor(g, UID_DQ, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
   desc_t dk = g_tensor(g, UID_DK, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
@@ -434,7 +441,7 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
 
   // delta = rowsum(dO * O); the multiply by one is where a dropout scale would go, and the
   // engine's pattern expects it.
-  desc_t doo = g_pwf(g, CUDNN_POINTWISE_MUL, d_o, o, &q_sh);
+  desc_t doo = g_pwf(g, CUDNN_POINTWISE_MUL, d_o, o, &o_sh);
   desc_t dsum = g_virt(g, CUDNN_DATA_FLOAT, &r_sh);
   g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, doo, dsum);
   g_pw(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dsum, one, NULL, delta, -1);
@@ -546,11 +553,11 @@ static int want_det(void) {
   return attn_state.det;
 }
 
-static attn_plan *cache_find(int dir, int det, int dev, int B, int T, int nh, int nkv, int hd) {
+static attn_plan *cache_find(int dir, int det, int dev, int B, int T, int nh, int nkv, int hd, int64_t ld) {
   for (int i = 0; i < ATTN_CACHE; i++) {
     attn_plan *p = &attn_state.cache[i];
     if (p->used && p->dir == dir && p->det_req == det && p->device == dev && p->B == B && p->T == T &&
-        p->nh == nh && p->nkv == nkv && p->hd == hd)
+        p->nh == nh && p->nkv == nkv && p->hd == hd && p->ld == ld)
       return p;
   }
   return NULL;
@@ -560,9 +567,9 @@ static size_t align_up(size_t n) { return (n + ATTN_ALIGN - 1) / ATTN_ALIGN * AT
 
 // Builds the plan of a shape (the deterministic backward first when det, the atomic one if that
 // cannot be planned). Refusals are cached too, with one line on stderr saying why.
-static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd) {
+static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd, int64_t ld) {
   const int det = dir == 1 ? want_det() : 0;
-  attn_plan *p = cache_find(dir, det, dev, B, T, nh, nkv, hd);
+  attn_plan *p = cache_find(dir, det, dev, B, T, nh, nkv, hd, ld);
   if (!p) {
     attn_plan *slot = NULL;
     for (int i = 0; i < ATTN_CACHE && !slot; i++)
@@ -575,7 +582,7 @@ static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int 
     }
     p = slot;
     p->used = 1, p->dir = dir, p->det_req = det, p->device = dev;
-    p->B = B, p->T = T, p->nh = nh, p->nkv = nkv, p->hd = hd;
+    p->B = B, p->T = T, p->nh = nh, p->nkv = nkv, p->hd = hd, p->ld = ld;
     p->scale = 1.0f / sqrtf((float)hd), p->neg = -FLT_MAX, p->one = 1.0f;
     // cuDNN up to 9.15 needs the padding-mask workaround in backward when T % 128 != 0.
     p->padded = dir == 1 && T % 128 != 0 && k_cudnn_attn_version() < 91600;
@@ -651,8 +658,9 @@ static void execute(attn_plan *p, cudnnHandle_t h, int n, const int64_t *uids, v
 }
 
 // Shapes and pointers cuDNN's fused engines cannot take at all, refused before any planning.
-static int shape_ok(int B, int T, int nh, int nkv, int hd, const void *const *ptrs, int n_ptrs) {
+static int shape_ok(int B, int T, int nh, int nkv, int hd, int64_t ld, const void *const *ptrs, int n_ptrs) {
   if (B <= 0 || T <= 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0) return 0;
+  if (ld < (int64_t)nh * hd || ld < (int64_t)nkv * hd || ld % 8 != 0) return 0;  // 16-byte row starts
   if (hd % 8 != 0 || hd > 256) return 0;  // 16-byte rows; the engines stop at head dim 256
   for (int i = 0; i < n_ptrs; i++)
     if (!ptrs[i] || (uintptr_t)ptrs[i] % 16 != 0) return 0;
@@ -671,14 +679,14 @@ static cudnnHandle_t handle_for(void *cuda_stream, int *dev) {
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
-extern "C" int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T,
-                                int nh, int nkv, int hd, void *cuda_stream) {
+extern "C" int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B,
+                                int T, int nh, int nkv, int hd, void *cuda_stream) {
   const void *ptrs[5] = {q, k, v, o, lse};
-  if (!shape_ok(B, T, nh, nkv, hd, ptrs, 5)) return -1;
+  if (!shape_ok(B, T, nh, nkv, hd, ld, ptrs, 5)) return -1;
   int dev = 0;
   cudnnHandle_t h = handle_for(cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(0, dev, h, B, T, nh, nkv, hd);
+  attn_plan *p = plan_get(0, dev, h, B, T, nh, nkv, hd, ld);
   if (!p) return -1;
   void *ws = workspace((size_t)p->ws_total);
   int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG};
@@ -687,15 +695,15 @@ extern "C" int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, voi
   return 0;
 }
 
-extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o,
-                                const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd,
-                                void *cuda_stream) {
+extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld,
+                                const void *o, const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh,
+                                int nkv, int hd, void *cuda_stream) {
   const void *ptrs[9] = {dout, q, k, v, o, lse, dq, dk, dv};
-  if (!shape_ok(B, T, nh, nkv, hd, ptrs, 9)) return -1;
+  if (!shape_ok(B, T, nh, nkv, hd, ld, ptrs, 9)) return -1;
   int dev = 0;
   cudnnHandle_t h = handle_for(cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(1, dev, h, B, T, nh, nkv, hd);
+  attn_plan *p = plan_get(1, dev, h, B, T, nh, nkv, hd, ld);
   if (!p) return -1;
   char *ws = (char *)workspace((size_t)p->ws_total);
   int64_t uids[17] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV,
@@ -718,10 +726,11 @@ extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, 
   return 0;
 }
 
-extern "C" int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, k_cudnn_attn_info *info) {
+extern "C" int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, int64_t ld,
+                                     k_cudnn_attn_info *info) {
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  attn_plan *p = cache_find(dir, dir == 1 ? want_det() : 0, dev, B, T, nh, nkv, hd);
+  attn_plan *p = cache_find(dir, dir == 1 ? want_det() : 0, dev, B, T, nh, nkv, hd, ld);
   if (!p || p->status != 0) return -1;
   info->engine = p->engine;
   info->workspace = p->ws_total;

@@ -3,9 +3,10 @@
 // kernels/cuda/attention.cu: each entry point returns 0 when cuDNN ran it and -1, without
 // aborting, when cuDNN cannot do the shape, so the caller falls back to its own kernel.
 //
-// Semantics are those of k_cpu_attn_fwd / k_cpu_attn_bwd (kernels/cpu/ops_cpu.h): q, o, dout, dq
-// (B,T,nh,hd); k, v, dk, dv (B,T,nkv,hd), all bf16 (__nv_bfloat16, passed as void *), row-major,
-// device memory, 16-byte aligned; lse (B,nh,T) fp32, the natural-log log-sum-exp of the scaled
+// Semantics are those of k_cpu_attn_fwd / k_cpu_attn_bwd (kernels/cpu/ops_cpu.h), sequence-major:
+// q, dq (nh heads) and k, v, dk, dv (nkv heads) rows (t, b) at stride ld elements (a multiple of
+// 8), o, dout (T,B,nh,hd) packed, all bf16 (__nv_bfloat16, passed as void *), device memory,
+// 16-byte aligned; lse (B,nh,T) fp32, the natural-log log-sum-exp of the scaled
 // causal scores (cuDNN's softmax "stats" are exactly that, so it goes straight in and out).
 // Scale 1/sqrt(hd); head h reads kv head h / (nh/nkv). dq, dk, dv are overwritten.
 //
@@ -13,7 +14,7 @@
 // One workspace is shared by all calls of a process, so every call must be ordered on one
 // stream, or the caller must synchronise between calls made on different streams.
 // Plans: the first call of a shape builds an execution plan (milliseconds to seconds: cuDNN may
-// compile kernels at run time) and caches it, keyed by (device, direction, B, T, nh, nkv, hd,
+// compile kernels at run time) and caches it, keyed by (device, direction, B, T, nh, nkv, hd, ld,
 // determinism); a shape cuDNN refuses is cached as refused and costs nothing on later calls.
 // Not thread-safe: call from one host thread.
 #ifndef TRAINER_ATTN_CUDNN_H
@@ -25,10 +26,11 @@
 extern "C" {
 #endif
 
-int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
-                     int hd, void *cuda_stream);
-int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
-                     void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd, void *cuda_stream);
+int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+                     int nh, int nkv, int hd, void *cuda_stream);
+int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+                     const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd,
+                     void *cuda_stream);
 
 // Backward flavour for plans built from now on. 1 (the default): the deterministic graph, where
 // dq is one matmul written once (cuDNN keeps dP in a workspace of about 2*B*nh*T*T bytes); if
@@ -45,7 +47,7 @@ typedef struct {
   int deterministic;      // backward: the deterministic graph was planned and cuDNN flags no nondeterminism
   int padded;             // backward: the T % 128 workaround (a padding mask) is in the graph
 } k_cudnn_attn_info;
-int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, k_cudnn_attn_info *info);
+int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, int64_t ld, k_cudnn_attn_info *info);
 
 // The cuDNN version loaded at run time (e.g. 91400), 0 if the library cannot be used.
 int k_cudnn_attn_version(void);

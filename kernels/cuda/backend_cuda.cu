@@ -161,18 +161,18 @@ static int use_cudnn_attn(void) {
   return !own && k_cuda_act() == K_BF16;
 }
 
-static void attn_fwd(const void *q, const void *k, const void *v, void *o, float *lse, int B, int T, int nh, int nkv,
-                     int hd) {
-  if (use_cudnn_attn() && k_cudnn_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd, k_cuda_stream()) == 0) return;
-  k_cuda_attn_fwd(q, k, v, o, lse, B, T, nh, nkv, hd);
+static void attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+                     int nh, int nkv, int hd) {
+  if (use_cudnn_attn() && k_cudnn_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd, k_cuda_stream()) == 0) return;
+  k_cuda_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
 }
 
-static void attn_bwd(const void *dout, const void *q, const void *k, const void *v, const void *o, const float *lse,
-                     void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
+static void attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+                     const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
   if (use_cudnn_attn() &&
-      k_cudnn_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd, k_cuda_stream()) == 0)
+      k_cudnn_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, k_cuda_stream()) == 0)
     return;
-  k_cuda_attn_bwd(dout, q, k, v, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  k_cuda_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
 
 extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
@@ -221,9 +221,12 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   k_backend_set_peak(b);
   b->act = act;
   b->gemm = k_cuda_gemm;
+  b->linear_residual = k_cuda_linear_residual;
   b->cast = k_cuda_cast;
   b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
+  b->rmsnorm_fwd_act = k_cuda_rmsnorm_fwd_act;
+  b->rmsnorm_bwd_act = k_cuda_rmsnorm_bwd_act;
   b->rope = k_cuda_rope;
   b->attn_fwd = attn_fwd;
   b->attn_bwd = attn_bwd;
@@ -233,6 +236,8 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->embed_bwd = k_cuda_embed_bwd;
   b->ce_local_stats = k_cuda_ce_local_stats;
   b->ce_bwd = k_cuda_ce_bwd;
+  b->ce_rescale = k_cuda_ce_rescale;
+  b->ce_loss = k_cuda_ce_loss;
   b->adamw = k_cuda_adamw;
   b->sumsq = k_cuda_sumsq;
   b->scale = k_cuda_scale;
@@ -258,6 +263,7 @@ extern "C" void k_backend_cuda_free(k_backend **b) {
   k_cuda_ctx *c = ctx_of(*b);
   if (c) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    k_cuda_linear_residual_free();
     CUBLAS_CHECK(cublasDestroy(c->cublas));
     CUDA_CHECK(cudaFree(c->cublas_ws));
     CUDA_CHECK(cudaFree(c->scratch));

@@ -94,17 +94,18 @@ extern "C" void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtyp
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
-__global__ void k_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int d, float eps) {
+template <typename Y>
+__global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd, int d, float eps) {
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
   const float *xr = x + r * d;
-  float *yr = y + r * d;
+  Y *yr = y + r * d;
   float ss = 0.0f;
   for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
   ss = k_block_sum(ss, sh);
   const float rs = 1.0f / sqrtf(ss / (float)d + eps);
   if (threadIdx.x == 0) rstd[r] = rs;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = xr[j] * rs * w[j];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = k_st<Y>(xr[j] * rs * w[j]);
 }
 
 // dx_k += rstd w_k dy_k - x_k rstd^3 / d sum_j dy_j w_j x_j, one block per row.
@@ -157,8 +158,20 @@ extern "C" void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, flo
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
   cudaStream_t s = k_cuda_cur()->stream;
-  k_rmsnorm_fwd<<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps);
+  k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps);
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd");
+}
+
+extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                                       float eps) {
+  if (rows <= 0 || d <= 0) return;
+  CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (k_cuda_act() == K_BF16)
+    k_rmsnorm_fwd<k_bf16><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (k_bf16 *)y, rstd, d, eps);
+  else
+    k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (float *)y, rstd, d, eps);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_act");
 }
 
 extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
@@ -181,24 +194,119 @@ extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float 
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
 }
 
+// Backward in one pass over dy and x: a block takes a chunk of rows, thread t owns columns
+// t + k * blockDim.x (k < NCOL) and keeps their dw partial sums in registers, added in row order;
+// each row's dot product is one block reduction, and the next row's dy and x are loaded before
+// it so that the loads overlap the barrier. The chunk partials are then added in chunk order
+// (k_rmsnorm_bwd_dw_sum). dx_act, if not NULL, receives the updated dx in the act dtype (the
+// operand of the next GEMM), saving a cast pass.
+enum { RB_MAX_THREADS = 1024, RB_MAX_CHUNKS = 1024 };
+
+template <int NCOL, typename A>
+__global__ void __launch_bounds__(RB_MAX_THREADS)
+    k_rmsnorm_bwd_fused(const float *dy, const float *x, const float *w, const float *rstd, float *dx, A *dx_act,
+                        float *part, int64_t rows, int d, int64_t rows_per_chunk) {
+  __shared__ float sh[32];
+  const int64_t r0 = blockIdx.x * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float wj[NCOL], acc[NCOL], dyv[NCOL], xv[NCOL];
+#pragma unroll
+  for (int k = 0; k < NCOL; k++) {
+    const int j = threadIdx.x + k * blockDim.x;
+    wj[k] = j < d ? w[j] : 0.0f;
+    acc[k] = 0.0f;
+    dyv[k] = j < d && r0 < r1 ? dy[r0 * d + j] : 0.0f;
+    xv[k] = j < d && r0 < r1 ? x[r0 * d + j] : 0.0f;
+  }
+  for (int64_t r = r0; r < r1; r++) {
+    const float rs = rstd[r];
+    float s = 0.0f, dyn[NCOL], xn[NCOL];
+#pragma unroll
+    for (int k = 0; k < NCOL; k++) {
+      const int j = threadIdx.x + k * blockDim.x;
+      s += dyv[k] * wj[k] * xv[k];
+      dyn[k] = j < d && r + 1 < r1 ? dy[(r + 1) * d + j] : 0.0f;  // prefetch
+      xn[k] = j < d && r + 1 < r1 ? x[(r + 1) * d + j] : 0.0f;
+    }
+    s = k_block_sum(s, sh);
+    const float c = s * rs * rs * rs / (float)d;
+#pragma unroll
+    for (int k = 0; k < NCOL; k++) {
+      const int j = threadIdx.x + k * blockDim.x;
+      if (j < d) {
+        const float v = dx[r * d + j] + (rs * wj[k] * dyv[k] - xv[k] * c);
+        dx[r * d + j] = v;
+        if (dx_act) dx_act[r * d + j] = k_st<A>(v);
+        acc[k] += dyv[k] * xv[k] * rs;
+      }
+      dyv[k] = dyn[k];
+      xv[k] = xn[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NCOL; k++) {
+    const int j = threadIdx.x + k * blockDim.x;
+    if (j < d) part[(int64_t)blockIdx.x * d + j] = acc[k];
+  }
+}
+
+template <int NCOL>
+static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+                                  void *dx_act, float *part, int64_t rows, int d, int th, int64_t rpc, int n_chunks,
+                                  cudaStream_t s) {
+  if (dx_act && k_cuda_act() == K_BF16)
+    k_rmsnorm_bwd_fused<NCOL, k_bf16><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (k_bf16 *)dx_act, part, rows, d, rpc);
+  else
+    k_rmsnorm_bwd_fused<NCOL, float><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (float *)dx_act, part, rows, d, rpc);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_fused");
+}
+
+extern "C" void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+                                       float *dw, void *dx_act, int64_t rows, int d) {
+  if (rows <= 0 || d <= 0) return;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (d > 8 * RB_MAX_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
+    k_cuda_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+    if (dx_act) k_cuda_cast(dx_act, k_cuda_act(), dx, K_F32, rows * d);
+    return;
+  }
+  // Blocks of 256 threads (more for d > 2048) with up to 8 columns each: many independent loads
+  // per thread. The chunking depends on rows alone (never on the device), so the summation
+  // order is fixed; at most RB_MAX_CHUNKS chunks, so the scratch stays at that many rows of d.
+  int th = (d + 7) / 8;
+  th = th < K_CUDA_THREADS ? K_CUDA_THREADS : (th + 31) / 32 * 32;
+  const int ncol = (d + th - 1) / th;
+  th = ((d + ncol - 1) / ncol + 31) / 32 * 32;
+  int64_t rpc = (rows + RB_MAX_CHUNKS - 1) / RB_MAX_CHUNKS;
+  if (rpc < 4) rpc = 4;
+  const int n_chunks = (int)((rows + rpc - 1) / rpc);
+  float *part = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_chunks * d);
+  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  k_rmsnorm_bwd_dw_sum<<<(d + K_CUDA_THREADS - 1) / K_CUDA_THREADS, K_CUDA_THREADS, 0, s>>>(part, dw, d, n_chunks);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
+}
+
 // ---------------------------------------------------------------------------------------------
-// Rotary embedding: one thread per (position row bt, pair i), looping over heads, so the angle is
-// computed once per (t, i). Angles in double like the reference: positions reach thousands,
-// where a float angle loses the low bits.
+// Rotary embedding: one thread per (row r, pair i), looping over heads, so the angle is computed
+// once per (row, i). Rows are sequence-major: row r = t * B + b has position pos0 + r / B. Angles
+// in double like the reference: positions reach thousands, where a float angle loses the low bits.
 
 template <typename E>
-__global__ void k_rope(E *x, int64_t BT, int T, int H, int hd, int pos0, float theta, int inverse) {
+__global__ void k_rope(E *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
   const int half = hd / 2;
-  GRID_STRIDE(idx, BT * half) {
-    const int64_t bt = idx / half;
+  GRID_STRIDE(idx, rows * half) {
+    const int64_t r = idx / half;
     const int i = (int)(idx % half);
-    const double pos = (double)pos0 + (double)(bt % T);
+    const double pos = (double)pos0 + (double)(r / B);
     const double ang = pos * pow((double)theta, -2.0 * i / hd);
     double sd, cd;
     sincos(ang, &sd, &cd);
     const float c = (float)cd, sn = inverse ? (float)-sd : (float)sd;
     for (int h = 0; h < H; h++) {
-      E *xh = x + (bt * H + h) * hd;
+      E *xh = x + r * ld + (int64_t)h * hd;
       const float x0 = k_ld(xh[i]), x1 = k_ld(xh[half + i]);
       xh[i] = k_st<E>(x0 * c - x1 * sn);
       xh[half + i] = k_st<E>(x0 * sn + x1 * c);
@@ -207,67 +315,79 @@ __global__ void k_rope(E *x, int64_t BT, int T, int H, int hd, int pos0, float t
 }
 
 template <typename E>
-static void rope_run(void *x, int64_t BT, int T, int H, int hd, int pos0, float theta, int inverse) {
-  const int64_t n = BT * (hd / 2);
-  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((E *)x, BT, T, H, hd, pos0,
-                                                                                            theta, inverse);
+static void rope_run(void *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+  const int64_t n = rows * (hd / 2);
+  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((E *)x, rows, B, H, hd, ld,
+                                                                                            pos0, theta, inverse);
   CUDA_LAUNCH_CHECK("k_rope");
 }
 
-extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int pos0, float theta, int inverse) {
+extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
   CHECK(hd % 2 == 0, "rope needs an even head dim, got hd=%d", hd);
-  const int64_t BT = (int64_t)B * T, n = BT * (hd / 2);
+  CHECK(ld >= (int64_t)H * hd, "rope: row stride %lld < H*hd = %d", (long long)ld, H * hd);
+  const int64_t rows = (int64_t)B * T, n = rows * (hd / 2);
   if (n <= 0 || H <= 0) return;
-  if (k_cuda_act() == K_BF16) rope_run<k_bf16>(x, BT, T, H, hd, pos0, theta, inverse);
-  else rope_run<float>(x, BT, T, H, hd, pos0, theta, inverse);
+  if (k_cuda_act() == K_BF16) rope_run<k_bf16>(x, rows, B, H, hd, ld, pos0, theta, inverse);
+  else rope_run<float>(x, rows, B, H, hd, ld, pos0, theta, inverse);
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU
+// SwiGLU on the fused gate|up rows: element (r, j) reads gu[r][j] and gu[r][n + j].
+
+// Rows along grid y, columns along x: no index division per element.
+#define SWIGLU_LOOP(r, j)                                                        \
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)                        \
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
 
 template <typename E>
-__global__ void k_swiglu_fwd(const E *gate, const E *up, E *out, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float g = k_ld(gate[i]);
-    out[i] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(up[i]));
+__global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
+  SWIGLU_LOOP(r, j) {
+    const E *row = gu + r * 2 * n;
+    const float g = k_ld(row[j]);
+    out[r * n + j] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
   }
 }
 
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
 template <typename E>
-__global__ void k_swiglu_bwd(const E *dout, const E *gate, const E *up, E *dgate, E *dup, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float g = k_ld(gate[i]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[i]);
-    dgate[i] = k_st<E>(d * k_ld(up[i]) * sig * (1.0f + g * (1.0f - sig)));
-    dup[i] = k_st<E>(d * g * sig);
+__global__ void k_swiglu_bwd(const E *dout, const E *gu, E *dgu, int64_t rows, int n) {
+  SWIGLU_LOOP(r, j) {
+    const E *row = gu + r * 2 * n;
+    E *drow = dgu + r * 2 * n;
+    const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[r * n + j]);
+    drow[j] = k_st<E>(d * k_ld(row[n + j]) * sig * (1.0f + g * (1.0f - sig)));
+    drow[n + j] = k_st<E>(d * g * sig);
   }
 }
 
+static dim3 swiglu_grid(int64_t rows, int n) {
+  const int64_t bx = (n + K_CUDA_THREADS - 1) / K_CUDA_THREADS;
+  return dim3((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(rows < 65535 ? rows : 65535));
+}
+
 template <typename E>
-static void swiglu_fwd_run(const void *gate, const void *up, void *out, int64_t n) {
-  k_swiglu_fwd<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      (const E *)gate, (const E *)up, (E *)out, n);
+static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n) {
+  k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)gu, (E *)out, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
 template <typename E>
-static void swiglu_bwd_run(const void *dout, const void *gate, const void *up, void *dgate, void *dup, int64_t n) {
-  k_swiglu_bwd<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      (const E *)dout, (const E *)gate, (const E *)up, (E *)dgate, (E *)dup, n);
+static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)dout, (const E *)gu,
+                                                                                      (E *)dgu, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
 }
 
-extern "C" void k_cuda_swiglu_fwd(const void *gate, const void *up, void *out, int64_t n) {
-  if (n <= 0) return;
-  if (k_cuda_act() == K_BF16) swiglu_fwd_run<k_bf16>(gate, up, out, n);
-  else swiglu_fwd_run<float>(gate, up, out, n);
+extern "C" void k_cuda_swiglu_fwd(const void *gu, void *out, int64_t rows, int n) {
+  if (rows <= 0 || n <= 0) return;
+  if (k_cuda_act() == K_BF16) swiglu_fwd_run<k_bf16>(gu, out, rows, n);
+  else swiglu_fwd_run<float>(gu, out, rows, n);
 }
 
-extern "C" void k_cuda_swiglu_bwd(const void *dout, const void *gate, const void *up, void *dgate, void *dup,
-                                  int64_t n) {
-  if (n <= 0) return;
-  if (k_cuda_act() == K_BF16) swiglu_bwd_run<k_bf16>(dout, gate, up, dgate, dup, n);
-  else swiglu_bwd_run<float>(dout, gate, up, dgate, dup, n);
+extern "C" void k_cuda_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  if (rows <= 0 || n <= 0) return;
+  if (k_cuda_act() == K_BF16) swiglu_bwd_run<k_bf16>(dout, gu, dgu, rows, n);
+  else swiglu_bwd_run<float>(dout, gu, dgu, rows, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,6 +527,40 @@ extern "C" void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float 
   else
     k_ce_bwd<float><<<nb, th, 0, s>>>((float *)logits, targets, lse, n_vocab_local, v0, scale);
   CUDA_LAUNCH_CHECK("k_ce_bwd");
+}
+
+__global__ void k_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
+  GRID_STRIDE(r, rows) row_sumexp[r] *= expf(row_max[r] - gmax[r]);
+}
+
+// One block: lse per row, and the loss summed in double by a fixed tree (strided partial sums,
+// then the block reduction), so it is the same bits on every run.
+enum { CE_LOSS_THREADS = 1024 };
+__global__ void k_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+                          double *loss) {
+  __shared__ double sh[32];
+  double s = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const float l = gmax[r] + logf(sumexp[r]);
+    lse[r] = l;
+    s += (double)l - target_logit[r];
+  }
+  s = k_block_sum(s, sh);
+  if (threadIdx.x == 0) *loss = s;
+}
+
+extern "C" void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
+  if (rows <= 0) return;
+  k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(row_sumexp, row_max,
+                                                                                                 gmax, rows);
+  CUDA_LAUNCH_CHECK("k_ce_rescale");
+}
+
+extern "C" void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse,
+                               int64_t rows, double *loss) {
+  k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_cur()->stream>>>(gmax, sumexp, target_logit, lse, rows > 0 ? rows : 0,
+                                                             loss);
+  CUDA_LAUNCH_CHECK("k_ce_loss");
 }
 
 // ---------------------------------------------------------------------------------------------
