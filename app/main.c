@@ -81,11 +81,6 @@ int main(int argc, char **argv) {
     rc = 2;
     goto out;
   }
-  if (strcmp(c.train.recompute, "none") != 0) {
-    if (rank == 0) fprintf(stderr, "error: train.recompute=%s: activation recomputation is not implemented yet; set train.recompute=none\n", c.train.recompute);
-    rc = 2;
-    goto out;
-  }
   if (rank == 0) {
     size_t n = cfg_to_yaml(&c, NULL, 0) + 1;
     char *yaml = malloc(n);

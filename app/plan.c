@@ -59,7 +59,7 @@ int run_plan(const cfg *c, int world_size) {
         for (int k = 0; k < MODEL_N_KINDS; k++)
           if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
         if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
-        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes);
+        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, model_recompute_parse(c->train.recompute));
         if (a > act) act = a;
       }
       double w = (gpu ? 6.0 : 4.0) * n, gr = 4.0 * n, adam = 8.0 * n / (pc->distributed_optimizer ? dp : 1);

@@ -114,17 +114,22 @@ void model_work_free(model *m) {
   m->work = NULL;
 }
 
-static void carve_acts(const model_dims *dm, int has_head, model_acts *a, carve *c) {
+// Layers whose tensors a micro-batch keeps: all of them, or one slot reused by every layer for
+// the tensors that backward recomputes (model_recompute).
+static int64_t n_kept(int64_t nl, int kept) { return kept ? nl : 1; }
+
+static void carve_acts(const model_dims *dm, int has_head, model_recompute rc, model_acts *a, carve *c) {
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, nl = a->nl;
   int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
+  int64_t nk = n_kept(nl, rc != MODEL_RECOMPUTE_FULL), nc = n_kept(nl, rc == MODEL_RECOMPUTE_NONE);
   a->x = take(c, (nl + 1) * rs * d);
-  a->rstd1 = take(c, nl * rs); a->rstd2 = take(c, nl * rs);
-  a->hf = take_act(c, nl * rows * d); a->h2f = take_act(c, nl * rows * d);
-  a->qkv = take_act(c, nl * rows * (qd + 2 * kvd)); a->att = take_act(c, nl * rows * qd);
-  a->lse = take(c, nl * dm->B * dm->nh * dm->T);
-  a->x2 = take(c, nl * rs * d);
-  a->gu = take_act(c, nl * rows * 2 * dm->ffn);
-  a->act = take_act(c, nl * rows * dm->ffn);
+  a->rstd1 = take(c, nk * rs); a->rstd2 = take(c, nk * rs);
+  a->hf = take_act(c, nc * rows * d); a->h2f = take_act(c, nc * rows * d);
+  a->qkv = take_act(c, nk * rows * (qd + 2 * kvd)); a->att = take_act(c, nk * rows * qd);
+  a->lse = take(c, nk * dm->B * dm->nh * dm->T);
+  a->x2 = take(c, nk * rs * d);
+  a->gu = take_act(c, nk * rows * 2 * dm->ffn);
+  a->act = take_act(c, nc * rows * dm->ffn);
   if (has_head) {
     a->rstd_f = take(c, rs);
     a->hfin = take_act(c, rows * d);
@@ -135,10 +140,10 @@ static void carve_acts(const model_dims *dm, int has_head, model_acts *a, carve 
   a->dx_out = take(c, rs * d);
 }
 
-int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes) {
+int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc) {
   model_acts a = {.nl = n_layers};
   carve c = {.act_bytes = (size_t)act_bytes};
-  carve_acts(dm, has_head, &a, &c);
+  carve_acts(dm, has_head, rc, &a, &c);
   return (int64_t)c.off;
 }
 
@@ -148,11 +153,11 @@ model_acts *model_acts_create(model *m, int chunk) {
   a->nl = m->chunks[chunk].n_layers;
   int has_head = m->chunks[chunk].lm_head != NULL;
   carve c = {.act_bytes = m->act_bytes};
-  carve_acts(&m->dims, has_head, a, &c);
+  carve_acts(&m->dims, has_head, m->recompute, a, &c);
   a->block = m->be->alloc(m->be, c.off);
   c.base = a->block;
   c.off = 0;
-  carve_acts(&m->dims, has_head, a, &c);
+  carve_acts(&m->dims, has_head, m->recompute, a, &c);
   return a;
 }
 
@@ -169,9 +174,10 @@ float *model_acts_output_grad(model_acts *a) { return a->dx_out; }
 static float *acts_output(const model *m, model_acts *a) { return a->x + (int64_t)a->nl * m->dims.rows_s * m->dims.d; }
 float *model_acts_output(const model *m, model_acts *a) { return acts_output(m, a); }
 
-// Layer i's slice of a micro-batch's saved activations (shapes as in model_acts).
+// Layer i's slice of a micro-batch's saved activations (shapes as in model_acts); recomputed
+// tensors live in slot 0 (carve_acts).
 typedef struct layer_acts {
-  float *x, *x2, *lse;
+  float *x, *x2, *lse, *rstd1, *rstd2;
   void *hf, *h2f, *qkv, *att, *gu, *act;
 } layer_acts;
 
@@ -179,11 +185,13 @@ static layer_acts layer_view(const model *m, model_acts *a, int i) {
   const model_dims *dm = &m->dims;
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, ffn = dm->ffn;
   int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
+  int64_t k = m->recompute == MODEL_RECOMPUTE_FULL ? 0 : i, c = m->recompute == MODEL_RECOMPUTE_NONE ? i : 0;
   return (layer_acts){
-      .x = a->x + i * rs * d, .x2 = a->x2 + i * rs * d, .lse = a->lse + (int64_t)i * dm->B * dm->nh * dm->T,
-      .hf = at(m, a->hf, i * rows * d), .h2f = at(m, a->h2f, i * rows * d),
-      .qkv = at(m, a->qkv, i * rows * (qd + 2 * kvd)), .att = at(m, a->att, i * rows * qd),
-      .gu = at(m, a->gu, i * rows * 2 * ffn), .act = at(m, a->act, i * rows * ffn)};
+      .x = a->x + i * rs * d, .x2 = a->x2 + k * rs * d, .lse = a->lse + k * dm->B * dm->nh * dm->T,
+      .rstd1 = a->rstd1 + k * rs, .rstd2 = a->rstd2 + k * rs,
+      .hf = at(m, a->hf, c * rows * d), .h2f = at(m, a->h2f, c * rows * d),
+      .qkv = at(m, a->qkv, k * rows * (qd + 2 * kvd)), .att = at(m, a->att, k * rows * qd),
+      .gu = at(m, a->gu, k * rows * 2 * ffn), .act = at(m, a->act, c * rows * ffn)};
 }
 
 // Which tp_region calls are plain copies: entering a region (and leaving it backward) without
@@ -261,16 +269,30 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
 
-  norm_enter(m, xin, ly->attn_norm->p, a->rstd1 + i * rs, L.hf);
+  norm_enter(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
   be->gemm(0, 1, rows, qkvd, d, 1, L.hf, d, ly->wq->pc, d, 0, L.qkv, qkvd, A);
   be->rope(L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
   be->attn_fwd(L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
   proj_residual(m, L.att, qd, ly->wo->pc, xin, L.x2);
 
-  norm_enter(m, L.x2, ly->mlp_norm->p, a->rstd2 + i * rs, L.h2f);
+  norm_enter(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
   be->gemm(0, 1, rows, 2 * ffn, d, 1, L.h2f, d, ly->w_gate->pc, d, 0, L.gu, 2 * ffn, A);
   be->swiglu_fwd(L.gu, L.act, rows, ffn);
   proj_residual(m, L.act, ffn, ly->w_down->pc, L.x2, xout);
+}
+
+// Before layer i's backward: the tensors train.recompute did not keep, from the ones it did.
+// Same ops on the same inputs as layer_fwd, so the same bits. Leaves w->fa (the cast residual
+// gradient of grad_enter_norm) alone.
+static void layer_recompute(model *m, model_layer *ly, model_acts *a, int i) {
+  if (m->recompute == MODEL_RECOMPUTE_FULL) {
+    layer_fwd(m, ly, a, i);
+  } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
+    layer_acts L = layer_view(m, a, i);
+    norm_enter(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
+    m->be->swiglu_fwd(L.gu, L.act, m->dims.rows, m->dims.ffn);
+    norm_enter(m, L.x, ly->attn_norm->p, L.rstd1, L.hf);
+  }
 }
 
 // g: (rs, d) gradient of the layer output on entry, of the layer input on exit (in place).
@@ -280,7 +302,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
+  int64_t rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
 
@@ -291,7 +313,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   be->swiglu_bwd(w->ff1, L.gu, w->gu1, rows, ffn);
   be->gemm(0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
   be->gemm(1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
-  grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, a->rstd2 + i * rs, g);
+  grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   grad_exit(m, g);
@@ -302,7 +324,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   be->rope(w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
   be->gemm(0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
   be->gemm(1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
-  grad_enter_norm(m, w->f2, L.x, ly->attn_norm, a->rstd1 + i * rs, g);
+  grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
 
 // Vocab-parallel cross-entropy: combines each rank's row max, sum of exponentials and target
@@ -372,6 +394,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
     be->copy(be, g, a->dx_out, n_bytes);
   }
   for (int i = ch->n_layers - 1; i >= 0; i--) {
+    layer_recompute(m, &ch->layers[i], a, i);
     layer_bwd(m, &ch->layers[i], a, i, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, i);
   }

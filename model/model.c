@@ -87,6 +87,13 @@ static model_tensor *add_tensor(model *m, int *n, model_kind k, int layer, int c
   return t;
 }
 
+model_recompute model_recompute_parse(const char *name) {
+  if (strcmp(name, "full") == 0) return MODEL_RECOMPUTE_FULL;
+  if (strcmp(name, "selective") == 0) return MODEL_RECOMPUTE_SELECTIVE;
+  CHECK(strcmp(name, "none") == 0, "train.recompute = '%s' is not one of: none, selective, full", name);
+  return MODEL_RECOMPUTE_NONE;
+}
+
 void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   memset(m, 0, sizeof *m);
   m->cfg = c->model;
@@ -98,6 +105,7 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   m->pp_rank = g->pp_rank;
   m->vpp = c->parallel.vpp;
   m->sp = c->parallel.sequence_parallel && g->tp > 1;
+  m->recompute = model_recompute_parse(c->train.recompute);
   const cfg_model *mc = &c->model;
   int n_vstages = m->pp * m->vpp, per_chunk = mc->n_layers / n_vstages;
   CHECK(per_chunk * n_vstages == mc->n_layers, "n_layers %d not divisible by pp*vpp %d", mc->n_layers, n_vstages);

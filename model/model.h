@@ -76,9 +76,18 @@ typedef struct model_dims {
   int64_t rows_s;            // rows of the residual stream on this rank (T/tp * B with SP)
 } model_dims;
 
+// Activation recomputation (train.recompute), trading compute in backward for saved memory:
+// none keeps every layer's tensors; selective recomputes each layer's normed inputs and SwiGLU
+// output (cheap elementwise work, plus the SP all-gathers) and keeps the GEMM and attention
+// outputs; full keeps only each layer's input and reruns the layer's forward before its
+// backward. All three give bitwise the same gradients.
+typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute;
+model_recompute model_recompute_parse(const char *name);
+
 typedef struct model {
   cfg_model cfg;
   int tp, tp_rank, pp, pp_rank, vpp, sp;
+  model_recompute recompute;
   grid *g;
   k_backend *be;
   model_dims dims;
@@ -102,6 +111,7 @@ typedef struct model {
 
 enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 
+
 // Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
 // the activation sizes. dp pads the flat buffer to a multiple of dp.
 void model_init(model *m, const cfg *c, grid *g, k_backend *be);
@@ -123,7 +133,7 @@ float *model_acts_input_grad(model_acts *a);
 float *model_acts_output(const model *m, model_acts *a);
 float *model_acts_output_grad(model_acts *a);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
-int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes);
+int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc);
 // Tensor-parallel collective time is added to t (NULL: not timed).
 void model_set_timing(model *m, step_timing *t);
 // Refreshes the compute copy of the weights from the fp32 masters (after init, load, update).
