@@ -103,8 +103,8 @@ int main(int argc, char **argv) {
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
   }
   rc = run_train(&c, &g, be);
+  grid_free(&g);  // communicators first: NCCL's streams and events belong to the backend's device
   k_backend_free(&be);
-  grid_free(&g);
 out:
   free(over);
   MPI_Finalize();

@@ -28,6 +28,9 @@ typedef struct k_backend {
   double peak_tflops;     // dense peak for MFU (TRAINER_PEAK_TFLOPS overrides); 0 = unknown
   k_dtype act;            // activation dtype (see above)
   void *ctx;
+  // Frees what ctx holds (streams, library handles, workspaces) once the queued work is done;
+  // called by k_backend_free. NULL: nothing to free.
+  void (*release)(struct k_backend *b);
   // Memory.
   void *(*alloc)(struct k_backend *b, size_t n_bytes);  // zero-filled
   void (*free)(struct k_backend *b, void *p);
@@ -107,6 +110,7 @@ void k_backend_set_peak(k_backend *b);
 
 // The CPU reference backend (OpenMP threads of this rank).
 k_backend *k_backend_cpu_create(void);
+// Releases the context (b->release) and the table; safe twice (*b is NULL after).
 void k_backend_free(k_backend **b);
 #ifdef __cplusplus
 }

@@ -133,6 +133,7 @@ k_backend *k_backend_cpu_create(void) {
 
 void k_backend_free(k_backend **b) {
   if (!b || !*b) return;
+  if ((*b)->release) (*b)->release(*b);
   free(*b);
   *b = NULL;
 }

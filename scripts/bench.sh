@@ -2,6 +2,7 @@
 # Throughput benchmark on one GPU: the trainer on the 124m, 1b and 7b-layers shapes, then the
 # PyTorch baseline of the same model (eager and torch.compile) in the same run, on the same GPU.
 #   scripts/bench.sh [BIN_DIR (default build)] [STEPS (default 12)] [extra trainer overrides]
+# BENCH_TORCH=compile|eager|both|none picks the PyTorch modes (default both).
 # Trainer figures are the mean over the steps after the first two (warm-up excluded).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +24,5 @@ print(f"trainer {sys.argv[1]:10s} {tps:12.0f} tok/s  {tf:7.1f} TFLOP/s  MFU {100
       f"peak mem {rep['peak_mem_gib']:6.1f} GiB  loss {steps[-1]['loss']:.3f}")
 PY
 done
-python3 scripts/bench_torch.py --shape all --mode both --steps 10 --warmup 3
+mode=${BENCH_TORCH:-both}
+[ "$mode" = none ] || python3 scripts/bench_torch.py --shape all --mode "$mode" --steps 10 --warmup 3

@@ -175,6 +175,21 @@ static void attn_bwd(const void *dout, const void *q, const void *k, const void 
   k_cuda_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
 
+static void cuda_release(k_backend *b) {
+  k_cuda_ctx *c = ctx_of(b);
+  if (!c) return;
+  CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  k_cuda_linear_residual_free();
+  k_cudnn_attn_free();
+  CUBLAS_CHECK(cublasDestroy(c->cublas));
+  CUDA_CHECK(cudaFree(c->cublas_ws));
+  CUDA_CHECK(cudaFree(c->scratch));
+  CUDA_CHECK(cudaStreamDestroy(c->stream));
+  if (g_ctx == c) g_ctx = NULL;
+  free(c);
+  b->ctx = NULL;
+}
+
 extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
 
 extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
@@ -207,6 +222,7 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   k_backend *b = (k_backend *)XCALLOC(1, sizeof *b);
   b->name = "cuda";
   b->ctx = c;
+  b->release = cuda_release;
   b->alloc = cuda_alloc;
   b->free = cuda_free;
   b->to_host = cuda_to_host;
@@ -258,19 +274,4 @@ extern "C" k_backend *k_backend_cuda_create(int device) {
   return k_backend_cuda_create_dtype(device, act);
 }
 
-extern "C" void k_backend_cuda_free(k_backend **b) {
-  if (!b || !*b) return;
-  k_cuda_ctx *c = ctx_of(*b);
-  if (c) {
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    k_cuda_linear_residual_free();
-    CUBLAS_CHECK(cublasDestroy(c->cublas));
-    CUDA_CHECK(cudaFree(c->cublas_ws));
-    CUDA_CHECK(cudaFree(c->scratch));
-    CUDA_CHECK(cudaStreamDestroy(c->stream));
-    if (g_ctx == c) g_ctx = NULL;
-    free(c);
-  }
-  (*b)->ctx = NULL;
-  k_backend_free(b);
-}
+extern "C" void k_backend_cuda_free(k_backend **b) { k_backend_free(b); }

@@ -19,8 +19,8 @@ k_backend *k_backend_cuda_create(int device);
 // the table's signatures carry no backend), so when a process makes several (a test running
 // fp32 then bf16), it uses the ops of one only while it is the latest.
 k_backend *k_backend_cuda_create_dtype(int device, k_dtype act);
-// Frees the backend and its context (stream, cuBLAS handle, workspace, scratch); safe twice.
-// k_backend_free also works but leaves the context behind (harmless at exit).
+// Frees the backend and its context (stream, cuBLAS and cuDNN state, workspaces); safe twice.
+// The same as k_backend_free, which calls the table's release entry.
 void k_backend_cuda_free(k_backend **b);
 // The backend's compute stream (a cudaStream_t): collectives run on it so they are ordered
 // with the kernels without extra synchronisation.
