@@ -11,15 +11,19 @@ bin=${1:-build}; steps=${2:-8}
 out=runs/scaling; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 mpi="mpirun --allow-run-as-root -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
-run() {  # name np config overrides...
-  local name=$1 np=$2 config=$3; shift 3
-  echo "== $name: $np GPU(s), $config $*"
-  $mpi -np "$np" "$bin/trainer" "configs/$config.yaml" train.device=cuda "train.steps=$steps" train.warmup_steps=1 \
+run() {  # name np config overrides...; RUN_ENV="VAR=value ..." adds environment for that run
+  local name=$1 np=$2 config=$3 envs=""; shift 3
+  for kv in ${RUN_ENV:-}; do export "${kv?}"; envs="$envs -x ${kv%%=*}"; done
+  echo "== $name: $np GPU(s), $config $* ${RUN_ENV:-}"
+  $mpi $envs -np "$np" "$bin/trainer" "configs/$config.yaml" train.device=cuda "train.steps=$steps" train.warmup_steps=1 \
     log.every=1 "log.metrics=$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1 < /dev/null || { tail -5 "$out/$name.log"; return 0; }
   grep -E "run report|step time" "$out/$name.log" || true
 }
 run 1b_1gpu 1 1b
 run 1b_dp2 2 1b parallel.dp=2 train.global_batch=8
+# NCCL's CTA-efficiency policy: fewer SMs for the overlapped all-reduce, more for the GEMMs.
+RUN_ENV="NCCL_CTA_POLICY=1" run 1b_dp2_cta_eff 2 1b parallel.dp=2 train.global_batch=8
+unset NCCL_CTA_POLICY
 run 7b_1gpu 1 7b_layers train.global_batch=16
 run 7b_tp2_sp 2 7b_layers parallel.tp=2 parallel.sequence_parallel=true train.global_batch=16
 run 7b_pp2_1f1b 2 7b_layers parallel.pp=2 train.global_batch=16
@@ -35,7 +39,7 @@ def report(name):
     return rep[0] if rep else None
 print(f"\n{'run':14s} {'tok/s/GPU':>10s} {'vs 1 GPU':>8s} {'MFU':>6s} {'mem GiB':>8s} {'exposed comm':>12s} "
       f"{'bubble meas.':>12s} {'theory':>7s}   step split (ms)")
-for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2"]),
+for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2", "1b_dp2_cta_eff"]),
                     ("7b_1gpu", ["7b_1gpu", "7b_tp2_sp", "7b_pp2_1f1b", "7b_pp2_vpp2"])):
     b = report(base)
     for n in names:
