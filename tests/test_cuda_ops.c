@@ -722,6 +722,7 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   const int64_t n = rows * nvl;
   float *logits = rand_act(n, 5.0);
   if (inject && n > 3) logits[3] = NAN;
+  if (inject && n > 100) logits[n / 2 + 1] = NAN;  // inside a row's vector body
   int32_t *tgt = malloc(sizeof(int32_t) * rows);
   const int lo = v0 > 10 ? v0 - 10 : 0, span = v0 + nvl + 10 - lo;
   for (int64_t r = 0; r < rows; r++) tgt[r] = lo + (int32_t)((rng_uniform() * 0.5 + 0.5) * span) % span;
@@ -781,7 +782,14 @@ static void test_ce(void) {
   test_ce_case(16, 50257, 1000, 0);
   test_ce_case(7, 33, 0, 1);
   test_ce_case(3000, 17, 0, 0);  // ce_loss over more rows than its block has threads
-  printf("[%s] cross-entropy: 6 cases\n", ACT);
+  // The vector paths: rows of whole 16-byte vectors (32000), rows that start off a 16-byte
+  // boundary with a scalar head and tail (8k+3, 8k+5), rows longer than the registers hold.
+  test_ce_case(40, 32000, 0, 0);
+  test_ce_case(37, 8 * 1000 + 3, 11, 0);
+  test_ce_case(5, 8 * 4003 + 5, 0, 1);
+  test_ce_case(3, 70001, 100, 0);
+  test_ce_case(11, 4099, 0, 1);
+  printf("[%s] cross-entropy: 11 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // CUDA ops other than GEMM and attention: dtype cast, RMSNorm, rotary embedding, SwiGLU,
-// vocab-parallel embedding and cross-entropy, AdamW, sum of squares, scale, add and the
+// vocab-parallel embedding (cross-entropy is in ce_cuda.cu), AdamW, sum of squares, scale, add and the
 // (T,B) <-> (B,T) transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
 // written in the CPU reference's order so the two round alike. Memory-bound kernels are kept
 // plain. The act-typed ops (rope, SwiGLU, cross-entropy) are templates over the element type
@@ -459,108 +459,6 @@ extern "C" void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float
   const unsigned gy = (unsigned)((d + th - 1) / th);
   k_embed_bwd_rows<<<dim3((unsigned)ni, gy), th, 0, s>>>(keys_s, pos_s, dout, dtable, ni, d, n_vocab_local);
   CUDA_LAUNCH_CHECK("k_embed_bwd_rows");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Vocab-parallel cross-entropy: one block per row.
-
-template <typename E>
-__global__ void k_ce_local_stats(const E *logits, const int32_t *targets, int n_vocab_local, int v0,
-                                 float *row_max, float *row_sumexp, float *target_logit) {
-  __shared__ float shf[32];
-  __shared__ double shd[32];
-  const int64_t r = blockIdx.x;
-  const E *lr = logits + r * n_vocab_local;
-  float m = -FLT_MAX;
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) {
-    const float x = k_ld(lr[j]);
-    m = x > m ? x : m;
-  }
-  m = k_block_max(m, shf);
-  double sum = 0.0;  // in double: a vocabulary slice can be tens of thousands of terms
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) sum += (double)expf(k_ld(lr[j]) - m);
-  sum = k_block_sum(sum, shd);
-  if (threadIdx.x == 0) {
-    const int64_t tl = (int64_t)targets[r] - v0;
-    row_max[r] = m;
-    row_sumexp[r] = (float)sum;
-    target_logit[r] = tl >= 0 && tl < n_vocab_local ? k_ld(lr[tl]) : 0.0f;
-  }
-}
-
-template <typename E>
-__global__ void k_ce_bwd(E *logits, const int32_t *targets, const float *lse, int n_vocab_local, int v0,
-                         float scale) {
-  const int64_t r = blockIdx.x;
-  E *lr = logits + r * n_vocab_local;
-  const float l = lse[r];
-  const int64_t tl = (int64_t)targets[r] - v0;  // outside [0, n_vocab_local) when not local
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x)
-    lr[j] = k_st<E>(scale * (expf(k_ld(lr[j]) - l) - (j == tl ? 1.0f : 0.0f)));
-}
-
-extern "C" void k_cuda_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
-                                      int v0, float *row_max, float *row_sumexp, float *target_logit) {
-  if (rows <= 0 || n_vocab_local <= 0) return;
-  CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  const unsigned nb = (unsigned)rows;
-  const int th = row_threads(n_vocab_local);
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
-    k_ce_local_stats<k_bf16><<<nb, th, 0, s>>>((const k_bf16 *)logits, targets, n_vocab_local, v0, row_max,
-                                               row_sumexp, target_logit);
-  else
-    k_ce_local_stats<float><<<nb, th, 0, s>>>((const float *)logits, targets, n_vocab_local, v0, row_max,
-                                              row_sumexp, target_logit);
-  CUDA_LAUNCH_CHECK("k_ce_local_stats");
-}
-
-extern "C" void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
-                              int v0, float scale) {
-  if (rows <= 0 || n_vocab_local <= 0) return;
-  CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  const unsigned nb = (unsigned)rows;
-  const int th = row_threads(n_vocab_local);
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
-    k_ce_bwd<k_bf16><<<nb, th, 0, s>>>((k_bf16 *)logits, targets, lse, n_vocab_local, v0, scale);
-  else
-    k_ce_bwd<float><<<nb, th, 0, s>>>((float *)logits, targets, lse, n_vocab_local, v0, scale);
-  CUDA_LAUNCH_CHECK("k_ce_bwd");
-}
-
-__global__ void k_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
-  GRID_STRIDE(r, rows) row_sumexp[r] *= expf(row_max[r] - gmax[r]);
-}
-
-// One block: lse per row, and the loss summed in double by a fixed tree (strided partial sums,
-// then the block reduction), so it is the same bits on every run.
-enum { CE_LOSS_THREADS = 1024 };
-__global__ void k_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
-                          double *loss) {
-  __shared__ double sh[32];
-  double s = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const float l = gmax[r] + logf(sumexp[r]);
-    lse[r] = l;
-    s += (double)l - target_logit[r];
-  }
-  s = k_block_sum(s, sh);
-  if (threadIdx.x == 0) *loss = s;
-}
-
-extern "C" void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
-  if (rows <= 0) return;
-  k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(row_sumexp, row_max,
-                                                                                                 gmax, rows);
-  CUDA_LAUNCH_CHECK("k_ce_rescale");
-}
-
-extern "C" void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse,
-                               int64_t rows, double *loss) {
-  k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_cur()->stream>>>(gmax, sumexp, target_logit, lse, rows > 0 ? rows : 0,
-                                                             loss);
-  CUDA_LAUNCH_CHECK("k_ce_loss");
 }
 
 // ---------------------------------------------------------------------------------------------
