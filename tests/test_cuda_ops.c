@@ -669,7 +669,14 @@ static void test_swiglu(void) {
   test_swiglu_case(4, 1000, 1);
   test_swiglu_case(70001, 3, 0);    // more rows than the grid's y dimension
   test_swiglu_case(2, 300001, 0);   // more columns than the grid's x dimension covers
-  printf("[%s] swiglu: 7 cases\n", ACT);
+  // The vector path (n a multiple of 8: whole 16-byte vectors) and its edges; n = 2052 is
+  // vectorised for fp32 but not bf16, 8k+3 for neither.
+  test_swiglu_case(64, 2048, 1);
+  test_swiglu_case(64, 2052, 0);
+  test_swiglu_case(9, 8 * 100 + 3, 1);
+  test_swiglu_case(70001, 8, 0);        // vector rows past the grid's y dimension
+  test_swiglu_case(2, 8 * 262145, 0);   // vector columns past what the grid's x dimension covers
+  printf("[%s] swiglu: 12 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -335,13 +335,13 @@ extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, in
 // SwiGLU on the fused gate|up rows: element (r, j) reads gu[r][j] and gu[r][n + j].
 
 // Rows along grid y, columns along x: no index division per element.
-#define SWIGLU_LOOP(r, j)                                                        \
+#define SWIGLU_LOOP(r, j, n)                                                     \
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)                        \
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < (n); j += gridDim.x * blockDim.x)
 
 template <typename E>
 __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
-  SWIGLU_LOOP(r, j) {
+  SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
     const float g = k_ld(row[j]);
     out[r * n + j] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
@@ -351,12 +351,46 @@ __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
 template <typename E>
 __global__ void k_swiglu_bwd(const E *dout, const E *gu, E *dgu, int64_t rows, int n) {
-  SWIGLU_LOOP(r, j) {
+  SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
     E *drow = dgu + r * 2 * n;
     const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[r * n + j]);
     drow[j] = k_st<E>(d * k_ld(row[n + j]) * sig * (1.0f + g * (1.0f - sig)));
     drow[n + j] = k_st<E>(d * g * sig);
+  }
+}
+
+// The same on 16-byte vectors, when n is a multiple of the vector width and the buffers are
+// 16-byte aligned (so every row is): nv = n / W vectors per row, the expressions as above.
+template <typename E>
+__global__ void k_swiglu_fwd_vec(const uint4 *gu, uint4 *out, int64_t rows, int nv) {
+  constexpr int W = k_vec<E>::N;
+  SWIGLU_LOOP(r, j, nv) {
+    float g[W], u[W];
+    k_unpack<E>(gu[r * 2 * nv + j], g);
+    k_unpack<E>(gu[r * 2 * nv + nv + j], u);
+#pragma unroll
+    for (int e = 0; e < W; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    out[r * nv + j] = k_pack<E>(g);
+  }
+}
+
+template <typename E>
+__global__ void k_swiglu_bwd_vec(const uint4 *dout, const uint4 *gu, uint4 *dgu, int64_t rows, int nv) {
+  constexpr int W = k_vec<E>::N;
+  SWIGLU_LOOP(r, j, nv) {
+    float g[W], u[W], d[W];
+    k_unpack<E>(gu[r * 2 * nv + j], g);
+    k_unpack<E>(gu[r * 2 * nv + nv + j], u);
+    k_unpack<E>(dout[r * nv + j], d);
+#pragma unroll
+    for (int e = 0; e < W; e++) {
+      const float sig = 1.0f / (1.0f + expf(-g[e]));
+      u[e] = d[e] * u[e] * sig * (1.0f + g[e] * (1.0f - sig));  // dgate
+      g[e] = d[e] * g[e] * sig;                                 // dup
+    }
+    dgu[r * 2 * nv + j] = k_pack<E>(u);
+    dgu[r * 2 * nv + nv + j] = k_pack<E>(g);
   }
 }
 
@@ -367,12 +401,26 @@ static dim3 swiglu_grid(int64_t rows, int n) {
 
 template <typename E>
 static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n) {
+  constexpr int W = k_vec<E>::N;
+  if (n % W == 0 && k_aligned16((uintptr_t)gu | (uintptr_t)out)) {
+    k_swiglu_fwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+        (const uint4 *)gu, (uint4 *)out, rows, n / W);
+    CUDA_LAUNCH_CHECK("k_swiglu_fwd_vec");
+    return;
+  }
   k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)gu, (E *)out, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
 template <typename E>
 static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  constexpr int W = k_vec<E>::N;
+  if (n % W == 0 && k_aligned16((uintptr_t)dout | (uintptr_t)gu | (uintptr_t)dgu)) {
+    k_swiglu_bwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+        (const uint4 *)dout, (const uint4 *)gu, (uint4 *)dgu, rows, n / W);
+    CUDA_LAUNCH_CHECK("k_swiglu_bwd_vec");
+    return;
+  }
   k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)dout, (const E *)gu,
                                                                                       (E *)dgu, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
