@@ -549,7 +549,15 @@ static void test_rmsnorm(void) {
   const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int i = 0; i < n_shapes; i++) test_rmsnorm_case(shapes[i][0], (int)shapes[i][1], 0);
   test_rmsnorm_case(130, 257, 1);
-  printf("[%s] rmsnorm: %d shapes\n", ACT, n_shapes);
+  // The forward's vector paths (d a multiple of 4): a warp per row with 1, 2, 4, 8 float4 per
+  // lane and a partial last block of rows; a block per row; past the vector limit (d > 16384).
+  static const int64_t vshapes[][2] = {{3, 4},     {1001, 124}, {33, 252}, {9, 500},  {16389, 768},
+                                       {7, 1028},  {5, 3996},   {3, 8196}, {2, 16384}, {2, 16388}};
+  const int n_v = (int)(sizeof vshapes / sizeof vshapes[0]);
+  for (int i = 0; i < n_v; i++) test_rmsnorm_case(vshapes[i][0], (int)vshapes[i][1], 0);
+  test_rmsnorm_case(517, 768, 1);
+  test_rmsnorm_case(5, 4096, 1);
+  printf("[%s] rmsnorm: %d shapes\n", ACT, n_shapes + n_v);
 }
 
 // ---------------------------------------------------------------------------------------------

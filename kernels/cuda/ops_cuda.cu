@@ -108,6 +108,86 @@ __global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd,
   for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = k_st<Y>(xr[j] * rs * w[j]);
 }
 
+// The same on float4 vectors (d a multiple of 4, x, w, y 16-byte aligned; bf16 y needs 8), the
+// row kept in registers between its sum of squares and the output: NV vectors per thread, one
+// warp per row (WARP, rows of up to 32 * NV vectors: no block barrier, several rows per block)
+// or one block per row. Only the order of the sum of squares differs from k_rmsnorm_fwd.
+enum { RN_THREADS = 512 };
+
+template <typename Y>
+__device__ __forceinline__ void rn_store4(Y *y, int64_t i4, float a, float b, float c, float d);
+template <>
+__device__ __forceinline__ void rn_store4<float>(float *y, int64_t i4, float a, float b, float c, float d) {
+  ((float4 *)y)[i4] = make_float4(a, b, c, d);
+}
+template <>
+__device__ __forceinline__ void rn_store4<k_bf16>(k_bf16 *y, int64_t i4, float a, float b, float c, float d) {
+  ((uint2 *)y)[i4] = make_uint2((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+                                     (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16,
+                                 (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(c)) |
+                                     (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(d)) << 16);
+}
+
+template <typename Y, int NV, bool WARP>
+__global__ void __launch_bounds__(RN_THREADS)
+    k_rmsnorm_fwd_vec(const float4 *x, const float4 *w, Y *y, float *rstd, int64_t rows, int d4, float eps) {
+  __shared__ float sh[32];
+  const int lane = WARP ? threadIdx.x & 31 : threadIdx.x, T = WARP ? 32 : blockDim.x;
+  const int64_t r = WARP ? blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (WARP && r >= rows) return;  // whole warps: no barrier follows
+  const float4 *xr = x + r * d4;
+  float4 v[NV];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int i = lane + k * T;
+    if (i < d4) v[k] = xr[i];
+  }
+#pragma unroll
+  for (int k = 0; k < NV; k++)
+    if (lane + k * T < d4) ss += v[k].x * v[k].x, ss += v[k].y * v[k].y, ss += v[k].z * v[k].z, ss += v[k].w * v[k].w;
+  ss = WARP ? k_warp_sum(ss) : k_block_sum(ss, sh);
+  const float rs = 1.0f / sqrtf(ss / (float)(4 * d4) + eps);
+  if (lane == 0) rstd[r] = rs;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int i = lane + k * T;
+    if (i < d4) {
+      const float4 wv = __ldg(w + i);
+      rn_store4<Y>(y, r * d4 + i, v[k].x * rs * wv.x, v[k].y * rs * wv.y, v[k].z * rs * wv.z, v[k].w * rs * wv.w);
+    }
+  }
+}
+
+template <typename Y, int NV, bool WARP>
+static void rmsnorm_fwd_vec_go(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d4, float eps,
+                               int th) {
+  const int64_t nb = WARP ? (rows + th / 32 - 1) / (th / 32) : rows;
+  k_rmsnorm_fwd_vec<Y, NV, WARP><<<(unsigned)nb, th, 0, k_cuda_cur()->stream>>>((const float4 *)x, (const float4 *)w,
+                                                                                   y, rstd, rows, d4, eps);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_vec");
+}
+
+// Runs the vector kernel if the shape and pointers allow it; false otherwise.
+template <typename Y>
+static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps) {
+  const int d4 = d / 4;
+  if (d % 4 || !k_aligned16((uintptr_t)x | (uintptr_t)w) || (uintptr_t)y % (4 * sizeof(Y)) || d4 > 8 * RN_THREADS)
+    return false;
+  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else {
+    const int nv = d4 <= 2 * RN_THREADS ? 2 : d4 <= 4 * RN_THREADS ? 4 : 8;
+    const int th = ((d4 + nv - 1) / nv + 31) / 32 * 32;
+    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, th);
+    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, th);
+    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, th);
+  }
+  return true;
+}
+
 // dx_k += rstd w_k dy_k - x_k rstd^3 / d sum_j dy_j w_j x_j, one block per row.
 __global__ void k_rmsnorm_bwd_dx(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                                  int d) {
@@ -157,6 +237,7 @@ extern "C" void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, flo
                                    float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
+  if (rmsnorm_fwd_vec<float>(x, w, y, rstd, rows, d, eps)) return;
   cudaStream_t s = k_cuda_cur()->stream;
   k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps);
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd");
@@ -166,6 +247,9 @@ extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, 
                                        float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
+  if (k_cuda_act() == K_BF16 ? rmsnorm_fwd_vec<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps)
+                             : rmsnorm_fwd_vec<float>(x, w, (float *)y, rstd, rows, d, eps))
+    return;
   cudaStream_t s = k_cuda_cur()->stream;
   if (k_cuda_act() == K_BF16)
     k_rmsnorm_fwd<k_bf16><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (k_bf16 *)y, rstd, d, eps);
