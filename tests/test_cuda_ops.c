@@ -587,7 +587,14 @@ static void test_rope(void) {
   test_rope_case(3, 33, 5, 128, 6, 4000, 10000.0f, 1, 0);
   test_rope_case(2, 17, 3, 64, 0, 0, 10000.0f, 0, 1);
   test_rope_case(5, 7, 3, 10, 3, 2, 10000.0f, 0, 0);
-  printf("[%s] rope: 7 shapes\n", ACT);
+  // The vector path (half a multiple of 8 bf16 or 4 fp32, 16-byte row stride) and its fallbacks:
+  // hd 24 and a 36-element stride are vectorised for fp32 only.
+  test_rope_case(4, 33, 24, 64, 0, 5, 10000.0f, 0, 1);
+  test_rope_case(2, 9, 3, 64, 8, 3, 10000.0f, 1, 0);    // pad columns past the heads stay untouched
+  test_rope_case(3, 5, 2, 16, 4, 0, 10000.0f, 0, 0);
+  test_rope_case(2, 7, 3, 24, 0, 1000, 10000.0f, 1, 0);
+  test_rope_case(1, 300, 4, 128, 128, 0, 500000.0f, 0, 0);
+  printf("[%s] rope: 12 shapes\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------

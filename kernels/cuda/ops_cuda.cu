@@ -398,11 +398,68 @@ __global__ void k_rope(E *x, int64_t rows, int B, int H, int hd, int64_t ld, int
   }
 }
 
+// The vector path: the (T, half) table of (cos, sin) is computed once (the same expressions as
+// k_rope, so the same floats), then one thread per (row, head, W pairs) rotates W pairs with two
+// 16-byte loads and stores. Needs half a multiple of W and 16-byte aligned x and row stride.
+__global__ void k_rope_table(float2 *cs, int T, int hd, int pos0, float theta, int inverse) {
+  const int half = hd / 2;
+  GRID_STRIDE(idx, (int64_t)T * half) {
+    const int64_t t = idx / half;
+    const int i = (int)(idx % half);
+    const double pos = (double)pos0 + (double)t;
+    const double ang = pos * pow((double)theta, -2.0 * i / hd);
+    double sd, cd;
+    sincos(ang, &sd, &cd);
+    cs[idx] = make_float2((float)cd, inverse ? (float)-sd : (float)sd);
+  }
+}
+
+template <typename E>
+__global__ void k_rope_vec(E *x, const float2 *cs, int64_t rows, int B, int H, int hd, int64_t ld) {
+  constexpr int W = k_vec<E>::N;
+  const int half = hd / 2, G = half / W, hg = H * G;
+  GRID_STRIDE(idx, rows * hg) {
+    const int64_t r = idx / hg;
+    const int rem = (int)(idx - r * hg), h = rem / G, i0 = (rem - h * G) * W;
+    E *xh = x + r * ld + (int64_t)h * hd + i0;
+    const float4 *c4 = (const float4 *)(cs + (r / B) * half + i0);  // W (cos, sin) pairs
+    float x0[W], x1[W], t[2 * W];
+    k_unpack<E>(*(const uint4 *)xh, x0);
+    k_unpack<E>(*(const uint4 *)(xh + half), x1);
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) {
+      const float4 q = __ldg(c4 + k);
+      t[4 * k] = q.x, t[4 * k + 1] = q.y, t[4 * k + 2] = q.z, t[4 * k + 3] = q.w;
+    }
+#pragma unroll
+    for (int e = 0; e < W; e++) {
+      const float c = t[2 * e], sn = t[2 * e + 1], a = x0[e], b = x1[e];
+      x0[e] = a * c - b * sn;
+      x1[e] = a * sn + b * c;
+    }
+    *(uint4 *)xh = k_pack<E>(x0);
+    *(uint4 *)(xh + half) = k_pack<E>(x1);
+  }
+}
+
 template <typename E>
 static void rope_run(void *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+  constexpr int W = k_vec<E>::N;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if ((hd / 2) % W == 0 && k_aligned16((uintptr_t)x | (uint64_t)ld * sizeof(E))) {
+    const int T = (int)(rows / B), half = hd / 2;
+    float2 *cs = (float2 *)k_cuda_scratch(sizeof(float2) * (size_t)T * half);
+    k_rope_table<<<k_cuda_blocks((int64_t)T * half, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(cs, T, hd, pos0, theta,
+                                                                                            inverse);
+    CUDA_LAUNCH_CHECK("k_rope_table");
+    const int64_t nv = rows * H * (half / W);
+    k_rope_vec<E><<<k_cuda_blocks(nv, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((E *)x, cs, rows, B, H, hd, ld);
+    CUDA_LAUNCH_CHECK("k_rope_vec");
+    return;
+  }
   const int64_t n = rows * (hd / 2);
-  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((E *)x, rows, B, H, hd, ld,
-                                                                                            pos0, theta, inverse);
+  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((E *)x, rows, B, H, hd, ld, pos0, theta,
+                                                                         inverse);
   CUDA_LAUNCH_CHECK("k_rope");
 }
 
