@@ -1,10 +1,12 @@
-// CUDA ops other than GEMM and attention: dtype cast, RMSNorm, rotary embedding, SwiGLU,
-// vocab-parallel embedding (cross-entropy is in ce_cuda.cu), AdamW, sum of squares, scale, add and the
+// CUDA ops other than GEMM, attention and cross-entropy (ce_cuda.cu): dtype cast, RMSNorm,
+// rotary embedding, SwiGLU, vocab-parallel embedding, AdamW, sum of squares, scale, add and the
 // (T,B) <-> (B,T) transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
-// written in the CPU reference's order so the two round alike. Memory-bound kernels are kept
-// plain. The act-typed ops (rope, SwiGLU, cross-entropy) are templates over the element type
-// (float, bf16): loads widen to fp32, the math is fp32, stores round to nearest even; the
-// extern "C" launcher picks the instance from the current backend's activation dtype.
+// written in the CPU reference's order so the two round alike. The act-typed ops (rope, SwiGLU)
+// are templates over the element type (float, bf16): loads widen to fp32, the math is fp32,
+// stores round to nearest even; the extern "C" launcher picks the instance from the current
+// backend's activation dtype. The hot memory-bound ones (cast, RMSNorm forward, rope, SwiGLU)
+// move 16-byte vectors when the shape and pointers allow, with the same per-element
+// expressions, and fall back to the scalar kernels otherwise.
 //
 // Determinism (no float atomics): a row reduction is one block's fixed tree; the reductions over
 // rows (dw of RMSNorm) go through per-chunk partial sums added in chunk order by a second
