@@ -3,8 +3,8 @@
 // the logits are the heaviest memory traffic of a step, so both stream 16-byte vectors: a row is
 // a scalar head up to the first 16-byte boundary, whole vectors, and a scalar tail, which works
 // for any row length and base pointer. The stats keep the row in registers between the max and
-// the sum, so the logits are read once; the terms are exactly the old per-element ones
-// (expf(x - max), summed in double), only the order of the double sum differs.
+// the sum, so the logits are read once; the terms are the reference's expf(x - max), summed per
+// vector in fp32 and across vectors in double.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -13,31 +13,36 @@
 
 enum { CE_THREADS = 512 };  // at most, per block (one block per row)
 
-// Applies f to each element x (fp32) of row lr at its column j: head, cached body vectors v,
-// the body vectors past the cache (read again from memory), tail.
-template <typename E, int NV, typename F>
-__device__ __forceinline__ void ce_row_each(const E *lr, int n, const uint4 *v, F f) {
+// Applies fs to each scalar element (fp32) of row lr and fv to each body vector (W fp32): head,
+// cached body vectors v, the body vectors past the cache (read again from memory), tail.
+template <typename E, int NV, typename FS, typename FV>
+__device__ __forceinline__ void ce_row_each(const E *lr, int n, const uint4 *v, FS fs, FV fv) {
   constexpr int W = k_vec<E>::N;
   const int h = k_vec_head(lr, n), nvec = (n - h) / W, t0 = h + nvec * W;
   const int t = threadIdx.x, T = blockDim.x;
   const uint4 *body = (const uint4 *)(lr + h);
-  if (t < h) f(k_ld(lr[t]), t);
-  if (t < n - t0) f(k_ld(lr[t0 + t]), t0 + t);
+  if (t < h) fs(k_ld(lr[t]));
+  if (t < n - t0) fs(k_ld(lr[t0 + t]));
   float x[W];
 #pragma unroll
-  for (int k = 0; k < NV; k++) {
-    const int i = t + k * T;
-    if (i < nvec) {
-      k_unpack<E>(v[k], x);
+  for (int k = 0; k < NV; k++)
+    if (t + k * T < nvec) k_unpack<E>(v[k], x), fv(x);
+  for (int i = t + NV * T; i < nvec; i += T) k_unpack<E>(body[i], x), fv(x);
+}
+
+// exp(x_j - m) of one vector summed in fp32 by a fixed pairwise tree (terms <= 1, so within a
+// few fp32 ulps of the exact sum, far inside the reference's own fp32-lane error), then added
+// to the thread's double sum: one conversion and one double add per vector, not per element.
+template <int W>
+__device__ __forceinline__ float ce_vec_sumexp(const float *x, float m) {
+  float e[W];
 #pragma unroll
-      for (int e = 0; e < W; e++) f(x[e], h + i * W + e);
-    }
-  }
-  for (int i = t + NV * T; i < nvec; i += T) {
-    k_unpack<E>(body[i], x);
+  for (int i = 0; i < W; i++) e[i] = expf(x[i] - m);
 #pragma unroll
-    for (int e = 0; e < W; e++) f(x[e], h + i * W + e);
-  }
+  for (int w = W / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; i++) e[i] += e[i + w];
+  return e[0];
 }
 
 template <typename E, int NV>
@@ -58,10 +63,16 @@ __global__ void __launch_bounds__(CE_THREADS)
     if (i < nvec) v[k] = body[i];
   }
   float m = -FLT_MAX;  // NaN never wins, as in the reference
-  ce_row_each<E, NV>(lr, n, v, [&](float x, int) { m = x > m ? x : m; });
+  const auto max1 = [&](float x) { m = x > m ? x : m; };
+  ce_row_each<E, NV>(lr, n, v, max1, [&](const float *x) {
+#pragma unroll
+    for (int i = 0; i < W; i++) max1(x[i]);
+  });
   m = k_block_max(m, shf);
   double sum = 0.0;  // in double: a vocabulary slice can be tens of thousands of terms
-  ce_row_each<E, NV>(lr, n, v, [&](float x, int) { sum += (double)expf(x - m); });
+  ce_row_each<E, NV>(
+      lr, n, v, [&](float x) { sum += (double)expf(x - m); },
+      [&](const float *x) { sum += (double)ce_vec_sumexp<W>(x, m); });
   sum = k_block_sum(sum, shd);
   if (threadIdx.x == 0) {
     const int64_t tl = (int64_t)targets[r] - v0;
