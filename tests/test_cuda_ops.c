@@ -549,7 +549,15 @@ static void test_rmsnorm(void) {
   const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int i = 0; i < n_shapes; i++) test_rmsnorm_case(shapes[i][0], (int)shapes[i][1], 0);
   test_rmsnorm_case(130, 257, 1);
-  printf("[%s] rmsnorm: %d shapes\n", ACT, n_shapes);
+  // The forward's vector paths (d a multiple of 4): a warp per row with 1, 2, 4, 8 float4 per
+  // lane and a partial last block of rows; a block per row; past the vector limit (d > 16384).
+  static const int64_t vshapes[][2] = {{3, 4},     {1001, 124}, {33, 252}, {9, 500},  {16389, 768},
+                                       {7, 1028},  {5, 3996},   {3, 8196}, {2, 16384}, {2, 16388}};
+  const int n_v = (int)(sizeof vshapes / sizeof vshapes[0]);
+  for (int i = 0; i < n_v; i++) test_rmsnorm_case(vshapes[i][0], (int)vshapes[i][1], 0);
+  test_rmsnorm_case(517, 768, 1);
+  test_rmsnorm_case(5, 4096, 1);
+  printf("[%s] rmsnorm: %d shapes\n", ACT, n_shapes + n_v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,7 +587,14 @@ static void test_rope(void) {
   test_rope_case(3, 33, 5, 128, 6, 4000, 10000.0f, 1, 0);
   test_rope_case(2, 17, 3, 64, 0, 0, 10000.0f, 0, 1);
   test_rope_case(5, 7, 3, 10, 3, 2, 10000.0f, 0, 0);
-  printf("[%s] rope: 7 shapes\n", ACT);
+  // The vector path (half a multiple of 8 bf16 or 4 fp32, 16-byte row stride) and its fallbacks:
+  // hd 24 and a 36-element stride are vectorised for fp32 only.
+  test_rope_case(4, 33, 24, 64, 0, 5, 10000.0f, 0, 1);
+  test_rope_case(2, 9, 3, 64, 8, 3, 10000.0f, 1, 0);    // pad columns past the heads stay untouched
+  test_rope_case(3, 5, 2, 16, 4, 0, 10000.0f, 0, 0);
+  test_rope_case(2, 7, 3, 24, 0, 1000, 10000.0f, 1, 0);
+  test_rope_case(1, 300, 4, 128, 128, 0, 500000.0f, 0, 0);
+  printf("[%s] rope: 12 shapes\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -669,7 +684,14 @@ static void test_swiglu(void) {
   test_swiglu_case(4, 1000, 1);
   test_swiglu_case(70001, 3, 0);    // more rows than the grid's y dimension
   test_swiglu_case(2, 300001, 0);   // more columns than the grid's x dimension covers
-  printf("[%s] swiglu: 7 cases\n", ACT);
+  // The vector path (n a multiple of 8: whole 16-byte vectors) and its edges; n = 2052 is
+  // vectorised for fp32 but not bf16, 8k+3 for neither.
+  test_swiglu_case(64, 2048, 1);
+  test_swiglu_case(64, 2052, 0);
+  test_swiglu_case(9, 8 * 100 + 3, 1);
+  test_swiglu_case(70001, 8, 0);        // vector rows past the grid's y dimension
+  test_swiglu_case(2, 8 * 262145, 0);   // vector columns past what the grid's x dimension covers
+  printf("[%s] swiglu: 12 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -722,6 +744,7 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   const int64_t n = rows * nvl;
   float *logits = rand_act(n, 5.0);
   if (inject && n > 3) logits[3] = NAN;
+  if (inject && n > 100) logits[n / 2 + 1] = NAN;  // inside a row's vector body
   int32_t *tgt = malloc(sizeof(int32_t) * rows);
   const int lo = v0 > 10 ? v0 - 10 : 0, span = v0 + nvl + 10 - lo;
   for (int64_t r = 0; r < rows; r++) tgt[r] = lo + (int32_t)((rng_uniform() * 0.5 + 0.5) * span) % span;
@@ -781,7 +804,14 @@ static void test_ce(void) {
   test_ce_case(16, 50257, 1000, 0);
   test_ce_case(7, 33, 0, 1);
   test_ce_case(3000, 17, 0, 0);  // ce_loss over more rows than its block has threads
-  printf("[%s] cross-entropy: 6 cases\n", ACT);
+  // The vector paths: rows of whole 16-byte vectors (32000), rows that start off a 16-byte
+  // boundary with a scalar head and tail (8k+3, 8k+5), rows longer than the registers hold.
+  test_ce_case(40, 32000, 0, 0);
+  test_ce_case(37, 8 * 1000 + 3, 11, 0);
+  test_ce_case(5, 8 * 4003 + 5, 0, 1);
+  test_ce_case(3, 70001, 100, 0);
+  test_ce_case(11, 4099, 0, 1);
+  printf("[%s] cross-entropy: 11 cases\n", ACT);
 }
 
 // ---------------------------------------------------------------------------------------------

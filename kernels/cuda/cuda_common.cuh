@@ -45,6 +45,51 @@ __device__ __forceinline__ float k_st<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ k_bf16 k_st<k_bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// 16-byte vectors of act elements (8 bf16 or 4 fp32): one access per vector, widened to fp32
+// exactly on load (bf16 is the high half of an fp32) and rounded on store like k_st.
+template <typename E>
+struct k_vec {
+  enum { N = 16 / (int)sizeof(E) };
+};
+template <typename E>
+__device__ __forceinline__ void k_unpack(uint4 u, float *f);
+template <>
+__device__ __forceinline__ void k_unpack<float>(uint4 u, float *f) {
+  f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+}
+template <>
+__device__ __forceinline__ void k_unpack<k_bf16>(uint4 u, float *f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+template <typename E>
+__device__ __forceinline__ uint4 k_pack(const float *f);
+template <>
+__device__ __forceinline__ uint4 k_pack<float>(const float *f) {
+  return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+template <>
+__device__ __forceinline__ uint4 k_pack<k_bf16>(const float *f) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    w[i] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i])) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1])) << 16;
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Elements of E before the first 16-byte boundary at or after p (at most n): a row's scalar head,
+// after which its body is whole vectors.
+template <typename E>
+__device__ __forceinline__ int k_vec_head(const E *p, int n) {
+  const int h = (int)((16 - (uintptr_t)p % 16) % 16 / sizeof(E));
+  return h < n ? h : n;
+}
+
+// Whether every pointer or byte count in a is a multiple of 16 (the vector paths' precondition).
+static inline bool k_aligned16(uint64_t a) { return a % 16 == 0; }
+
 enum { K_CUDA_THREADS = 256 };
 
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, no more.

@@ -1,10 +1,12 @@
-// CUDA ops other than GEMM and attention: dtype cast, RMSNorm, rotary embedding, SwiGLU,
-// vocab-parallel embedding and cross-entropy, AdamW, sum of squares, scale, add and the
+// CUDA ops other than GEMM, attention and cross-entropy (ce_cuda.cu): dtype cast, RMSNorm,
+// rotary embedding, SwiGLU, vocab-parallel embedding, AdamW, sum of squares, scale, add and the
 // (T,B) <-> (B,T) transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
-// written in the CPU reference's order so the two round alike. Memory-bound kernels are kept
-// plain. The act-typed ops (rope, SwiGLU, cross-entropy) are templates over the element type
-// (float, bf16): loads widen to fp32, the math is fp32, stores round to nearest even; the
-// extern "C" launcher picks the instance from the current backend's activation dtype.
+// written in the CPU reference's order so the two round alike. The act-typed ops (rope, SwiGLU)
+// are templates over the element type (float, bf16): loads widen to fp32, the math is fp32,
+// stores round to nearest even; the extern "C" launcher picks the instance from the current
+// backend's activation dtype. The hot memory-bound ones (cast, RMSNorm forward, rope, SwiGLU)
+// move 16-byte vectors when the shape and pointers allow, with the same per-element
+// expressions, and fall back to the scalar kernels otherwise.
 //
 // Determinism (no float atomics): a row reduction is one block's fixed tree; the reductions over
 // rows (dw of RMSNorm) go through per-chunk partial sums added in chunk order by a second
@@ -108,6 +110,86 @@ __global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd,
   for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = k_st<Y>(xr[j] * rs * w[j]);
 }
 
+// The same on float4 vectors (d a multiple of 4, x, w, y 16-byte aligned; bf16 y needs 8), the
+// row kept in registers between its sum of squares and the output: NV vectors per thread, one
+// warp per row (WARP, rows of up to 32 * NV vectors: no block barrier, several rows per block)
+// or one block per row. Only the order of the sum of squares differs from k_rmsnorm_fwd.
+enum { RN_THREADS = 512 };
+
+template <typename Y>
+__device__ __forceinline__ void rn_store4(Y *y, int64_t i4, float a, float b, float c, float d);
+template <>
+__device__ __forceinline__ void rn_store4<float>(float *y, int64_t i4, float a, float b, float c, float d) {
+  ((float4 *)y)[i4] = make_float4(a, b, c, d);
+}
+template <>
+__device__ __forceinline__ void rn_store4<k_bf16>(k_bf16 *y, int64_t i4, float a, float b, float c, float d) {
+  ((uint2 *)y)[i4] = make_uint2((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+                                     (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16,
+                                 (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(c)) |
+                                     (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(d)) << 16);
+}
+
+template <typename Y, int NV, bool WARP>
+__global__ void __launch_bounds__(RN_THREADS)
+    k_rmsnorm_fwd_vec(const float4 *x, const float4 *w, Y *y, float *rstd, int64_t rows, int d4, float eps) {
+  __shared__ float sh[32];
+  const int lane = WARP ? threadIdx.x & 31 : threadIdx.x, T = WARP ? 32 : blockDim.x;
+  const int64_t r = WARP ? blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  if (WARP && r >= rows) return;  // whole warps: no barrier follows
+  const float4 *xr = x + r * d4;
+  float4 v[NV];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int i = lane + k * T;
+    if (i < d4) v[k] = xr[i];
+  }
+#pragma unroll
+  for (int k = 0; k < NV; k++)
+    if (lane + k * T < d4) ss += v[k].x * v[k].x, ss += v[k].y * v[k].y, ss += v[k].z * v[k].z, ss += v[k].w * v[k].w;
+  ss = WARP ? k_warp_sum(ss) : k_block_sum(ss, sh);
+  const float rs = 1.0f / sqrtf(ss / (float)(4 * d4) + eps);
+  if (lane == 0) rstd[r] = rs;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int i = lane + k * T;
+    if (i < d4) {
+      const float4 wv = __ldg(w + i);
+      rn_store4<Y>(y, r * d4 + i, v[k].x * rs * wv.x, v[k].y * rs * wv.y, v[k].z * rs * wv.z, v[k].w * rs * wv.w);
+    }
+  }
+}
+
+template <typename Y, int NV, bool WARP>
+static void rmsnorm_fwd_vec_go(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d4, float eps,
+                               int th) {
+  const int64_t nb = WARP ? (rows + th / 32 - 1) / (th / 32) : rows;
+  k_rmsnorm_fwd_vec<Y, NV, WARP><<<(unsigned)nb, th, 0, k_cuda_cur()->stream>>>((const float4 *)x, (const float4 *)w,
+                                                                                   y, rstd, rows, d4, eps);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_vec");
+}
+
+// Runs the vector kernel if the shape and pointers allow it; false otherwise.
+template <typename Y>
+static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps) {
+  const int d4 = d / 4;
+  if (d % 4 || !k_aligned16((uintptr_t)x | (uintptr_t)w) || (uintptr_t)y % (4 * sizeof(Y)) || d4 > 8 * RN_THREADS)
+    return false;
+  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, 256);
+  else {
+    const int nv = d4 <= 2 * RN_THREADS ? 2 : d4 <= 4 * RN_THREADS ? 4 : 8;
+    const int th = ((d4 + nv - 1) / nv + 31) / 32 * 32;
+    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, th);
+    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, th);
+    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, th);
+  }
+  return true;
+}
+
 // dx_k += rstd w_k dy_k - x_k rstd^3 / d sum_j dy_j w_j x_j, one block per row.
 __global__ void k_rmsnorm_bwd_dx(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                                  int d) {
@@ -157,6 +239,7 @@ extern "C" void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, flo
                                    float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
+  if (rmsnorm_fwd_vec<float>(x, w, y, rstd, rows, d, eps)) return;
   cudaStream_t s = k_cuda_cur()->stream;
   k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps);
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd");
@@ -166,6 +249,9 @@ extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, 
                                        float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
+  if (k_cuda_act() == K_BF16 ? rmsnorm_fwd_vec<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps)
+                             : rmsnorm_fwd_vec<float>(x, w, (float *)y, rstd, rows, d, eps))
+    return;
   cudaStream_t s = k_cuda_cur()->stream;
   if (k_cuda_act() == K_BF16)
     k_rmsnorm_fwd<k_bf16><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (k_bf16 *)y, rstd, d, eps);
@@ -314,11 +400,68 @@ __global__ void k_rope(E *x, int64_t rows, int B, int H, int hd, int64_t ld, int
   }
 }
 
+// The vector path: the (T, half) table of (cos, sin) is computed once (the same expressions as
+// k_rope, so the same floats), then one thread per (row, head, W pairs) rotates W pairs with two
+// 16-byte loads and stores. Needs half a multiple of W and 16-byte aligned x and row stride.
+__global__ void k_rope_table(float2 *cs, int T, int hd, int pos0, float theta, int inverse) {
+  const int half = hd / 2;
+  GRID_STRIDE(idx, (int64_t)T * half) {
+    const int64_t t = idx / half;
+    const int i = (int)(idx % half);
+    const double pos = (double)pos0 + (double)t;
+    const double ang = pos * pow((double)theta, -2.0 * i / hd);
+    double sd, cd;
+    sincos(ang, &sd, &cd);
+    cs[idx] = make_float2((float)cd, inverse ? (float)-sd : (float)sd);
+  }
+}
+
+template <typename E>
+__global__ void k_rope_vec(E *x, const float2 *cs, int64_t rows, int B, int H, int hd, int64_t ld) {
+  constexpr int W = k_vec<E>::N;
+  const int half = hd / 2, G = half / W, hg = H * G;
+  GRID_STRIDE(idx, rows * hg) {
+    const int64_t r = idx / hg;
+    const int rem = (int)(idx - r * hg), h = rem / G, i0 = (rem - h * G) * W;
+    E *xh = x + r * ld + (int64_t)h * hd + i0;
+    const float4 *c4 = (const float4 *)(cs + (r / B) * half + i0);  // W (cos, sin) pairs
+    float x0[W], x1[W], t[2 * W];
+    k_unpack<E>(*(const uint4 *)xh, x0);
+    k_unpack<E>(*(const uint4 *)(xh + half), x1);
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) {
+      const float4 q = __ldg(c4 + k);
+      t[4 * k] = q.x, t[4 * k + 1] = q.y, t[4 * k + 2] = q.z, t[4 * k + 3] = q.w;
+    }
+#pragma unroll
+    for (int e = 0; e < W; e++) {
+      const float c = t[2 * e], sn = t[2 * e + 1], a = x0[e], b = x1[e];
+      x0[e] = a * c - b * sn;
+      x1[e] = a * sn + b * c;
+    }
+    *(uint4 *)xh = k_pack<E>(x0);
+    *(uint4 *)(xh + half) = k_pack<E>(x1);
+  }
+}
+
 template <typename E>
 static void rope_run(void *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+  constexpr int W = k_vec<E>::N;
+  cudaStream_t s = k_cuda_cur()->stream;
+  if ((hd / 2) % W == 0 && k_aligned16((uintptr_t)x | (uint64_t)ld * sizeof(E))) {
+    const int T = (int)(rows / B), half = hd / 2;
+    float2 *cs = (float2 *)k_cuda_scratch(sizeof(float2) * (size_t)T * half);
+    k_rope_table<<<k_cuda_blocks((int64_t)T * half, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(cs, T, hd, pos0, theta,
+                                                                                            inverse);
+    CUDA_LAUNCH_CHECK("k_rope_table");
+    const int64_t nv = rows * H * (half / W);
+    k_rope_vec<E><<<k_cuda_blocks(nv, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((E *)x, cs, rows, B, H, hd, ld);
+    CUDA_LAUNCH_CHECK("k_rope_vec");
+    return;
+  }
   const int64_t n = rows * (hd / 2);
-  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((E *)x, rows, B, H, hd, ld,
-                                                                                            pos0, theta, inverse);
+  k_rope<E><<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((E *)x, rows, B, H, hd, ld, pos0, theta,
+                                                                         inverse);
   CUDA_LAUNCH_CHECK("k_rope");
 }
 
@@ -335,13 +478,13 @@ extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, in
 // SwiGLU on the fused gate|up rows: element (r, j) reads gu[r][j] and gu[r][n + j].
 
 // Rows along grid y, columns along x: no index division per element.
-#define SWIGLU_LOOP(r, j)                                                        \
+#define SWIGLU_LOOP(r, j, n)                                                     \
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)                        \
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < (n); j += gridDim.x * blockDim.x)
 
 template <typename E>
 __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
-  SWIGLU_LOOP(r, j) {
+  SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
     const float g = k_ld(row[j]);
     out[r * n + j] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
@@ -351,12 +494,46 @@ __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
 template <typename E>
 __global__ void k_swiglu_bwd(const E *dout, const E *gu, E *dgu, int64_t rows, int n) {
-  SWIGLU_LOOP(r, j) {
+  SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
     E *drow = dgu + r * 2 * n;
     const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[r * n + j]);
     drow[j] = k_st<E>(d * k_ld(row[n + j]) * sig * (1.0f + g * (1.0f - sig)));
     drow[n + j] = k_st<E>(d * g * sig);
+  }
+}
+
+// The same on 16-byte vectors, when n is a multiple of the vector width and the buffers are
+// 16-byte aligned (so every row is): nv = n / W vectors per row, the expressions as above.
+template <typename E>
+__global__ void k_swiglu_fwd_vec(const uint4 *gu, uint4 *out, int64_t rows, int nv) {
+  constexpr int W = k_vec<E>::N;
+  SWIGLU_LOOP(r, j, nv) {
+    float g[W], u[W];
+    k_unpack<E>(gu[r * 2 * nv + j], g);
+    k_unpack<E>(gu[r * 2 * nv + nv + j], u);
+#pragma unroll
+    for (int e = 0; e < W; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    out[r * nv + j] = k_pack<E>(g);
+  }
+}
+
+template <typename E>
+__global__ void k_swiglu_bwd_vec(const uint4 *dout, const uint4 *gu, uint4 *dgu, int64_t rows, int nv) {
+  constexpr int W = k_vec<E>::N;
+  SWIGLU_LOOP(r, j, nv) {
+    float g[W], u[W], d[W];
+    k_unpack<E>(gu[r * 2 * nv + j], g);
+    k_unpack<E>(gu[r * 2 * nv + nv + j], u);
+    k_unpack<E>(dout[r * nv + j], d);
+#pragma unroll
+    for (int e = 0; e < W; e++) {
+      const float sig = 1.0f / (1.0f + expf(-g[e]));
+      u[e] = d[e] * u[e] * sig * (1.0f + g[e] * (1.0f - sig));  // dgate
+      g[e] = d[e] * g[e] * sig;                                 // dup
+    }
+    dgu[r * 2 * nv + j] = k_pack<E>(u);
+    dgu[r * 2 * nv + nv + j] = k_pack<E>(g);
   }
 }
 
@@ -367,12 +544,26 @@ static dim3 swiglu_grid(int64_t rows, int n) {
 
 template <typename E>
 static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n) {
+  constexpr int W = k_vec<E>::N;
+  if (n % W == 0 && k_aligned16((uintptr_t)gu | (uintptr_t)out)) {
+    k_swiglu_fwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+        (const uint4 *)gu, (uint4 *)out, rows, n / W);
+    CUDA_LAUNCH_CHECK("k_swiglu_fwd_vec");
+    return;
+  }
   k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)gu, (E *)out, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
 template <typename E>
 static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+  constexpr int W = k_vec<E>::N;
+  if (n % W == 0 && k_aligned16((uintptr_t)dout | (uintptr_t)gu | (uintptr_t)dgu)) {
+    k_swiglu_bwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+        (const uint4 *)dout, (const uint4 *)gu, (uint4 *)dgu, rows, n / W);
+    CUDA_LAUNCH_CHECK("k_swiglu_bwd_vec");
+    return;
+  }
   k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)dout, (const E *)gu,
                                                                                       (E *)dgu, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
@@ -459,108 +650,6 @@ extern "C" void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float
   const unsigned gy = (unsigned)((d + th - 1) / th);
   k_embed_bwd_rows<<<dim3((unsigned)ni, gy), th, 0, s>>>(keys_s, pos_s, dout, dtable, ni, d, n_vocab_local);
   CUDA_LAUNCH_CHECK("k_embed_bwd_rows");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Vocab-parallel cross-entropy: one block per row.
-
-template <typename E>
-__global__ void k_ce_local_stats(const E *logits, const int32_t *targets, int n_vocab_local, int v0,
-                                 float *row_max, float *row_sumexp, float *target_logit) {
-  __shared__ float shf[32];
-  __shared__ double shd[32];
-  const int64_t r = blockIdx.x;
-  const E *lr = logits + r * n_vocab_local;
-  float m = -FLT_MAX;
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) {
-    const float x = k_ld(lr[j]);
-    m = x > m ? x : m;
-  }
-  m = k_block_max(m, shf);
-  double sum = 0.0;  // in double: a vocabulary slice can be tens of thousands of terms
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x) sum += (double)expf(k_ld(lr[j]) - m);
-  sum = k_block_sum(sum, shd);
-  if (threadIdx.x == 0) {
-    const int64_t tl = (int64_t)targets[r] - v0;
-    row_max[r] = m;
-    row_sumexp[r] = (float)sum;
-    target_logit[r] = tl >= 0 && tl < n_vocab_local ? k_ld(lr[tl]) : 0.0f;
-  }
-}
-
-template <typename E>
-__global__ void k_ce_bwd(E *logits, const int32_t *targets, const float *lse, int n_vocab_local, int v0,
-                         float scale) {
-  const int64_t r = blockIdx.x;
-  E *lr = logits + r * n_vocab_local;
-  const float l = lse[r];
-  const int64_t tl = (int64_t)targets[r] - v0;  // outside [0, n_vocab_local) when not local
-  for (int j = threadIdx.x; j < n_vocab_local; j += blockDim.x)
-    lr[j] = k_st<E>(scale * (expf(k_ld(lr[j]) - l) - (j == tl ? 1.0f : 0.0f)));
-}
-
-extern "C" void k_cuda_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
-                                      int v0, float *row_max, float *row_sumexp, float *target_logit) {
-  if (rows <= 0 || n_vocab_local <= 0) return;
-  CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  const unsigned nb = (unsigned)rows;
-  const int th = row_threads(n_vocab_local);
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
-    k_ce_local_stats<k_bf16><<<nb, th, 0, s>>>((const k_bf16 *)logits, targets, n_vocab_local, v0, row_max,
-                                               row_sumexp, target_logit);
-  else
-    k_ce_local_stats<float><<<nb, th, 0, s>>>((const float *)logits, targets, n_vocab_local, v0, row_max,
-                                              row_sumexp, target_logit);
-  CUDA_LAUNCH_CHECK("k_ce_local_stats");
-}
-
-extern "C" void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
-                              int v0, float scale) {
-  if (rows <= 0 || n_vocab_local <= 0) return;
-  CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  const unsigned nb = (unsigned)rows;
-  const int th = row_threads(n_vocab_local);
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
-    k_ce_bwd<k_bf16><<<nb, th, 0, s>>>((k_bf16 *)logits, targets, lse, n_vocab_local, v0, scale);
-  else
-    k_ce_bwd<float><<<nb, th, 0, s>>>((float *)logits, targets, lse, n_vocab_local, v0, scale);
-  CUDA_LAUNCH_CHECK("k_ce_bwd");
-}
-
-__global__ void k_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
-  GRID_STRIDE(r, rows) row_sumexp[r] *= expf(row_max[r] - gmax[r]);
-}
-
-// One block: lse per row, and the loss summed in double by a fixed tree (strided partial sums,
-// then the block reduction), so it is the same bits on every run.
-enum { CE_LOSS_THREADS = 1024 };
-__global__ void k_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
-                          double *loss) {
-  __shared__ double sh[32];
-  double s = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    const float l = gmax[r] + logf(sumexp[r]);
-    lse[r] = l;
-    s += (double)l - target_logit[r];
-  }
-  s = k_block_sum(s, sh);
-  if (threadIdx.x == 0) *loss = s;
-}
-
-extern "C" void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
-  if (rows <= 0) return;
-  k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(row_sumexp, row_max,
-                                                                                                 gmax, rows);
-  CUDA_LAUNCH_CHECK("k_ce_rescale");
-}
-
-extern "C" void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse,
-                               int64_t rows, double *loss) {
-  k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_cur()->stream>>>(gmax, sumexp, target_logit, lse, rows > 0 ? rows : 0,
-                                                             loss);
-  CUDA_LAUNCH_CHECK("k_ce_loss");
 }
 
 // ---------------------------------------------------------------------------------------------
