@@ -82,18 +82,12 @@ typedef struct k_backend {
   void (*ce_rescale)(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
   void (*ce_loss)(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                   double *loss);
-  void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                float eps, float weight_decay, float bc1, float bc2);
-  double (*sumsq)(const float *x, int64_t n);
-  void (*scale)(float *x, int64_t n, float s);
   void (*add)(float *y, const float *x, int64_t n);
-  // (T, B, inner) <-> (B, T, inner) layout change of act-dtype rows; dst and src do not overlap.
-  void (*transpose_tb)(void *dst, const void *src, int T, int B, int64_t inner);
   // Multi-tensor optimizer ops: one pass over a list of ranges, with no host round trip per
   // range (kernels/cpu/optim_cpu.c is the reference). Sum of squares of x over the ranges: each
-  // range as sumsq sums it, the range sums added in list order in fp64; one read by the host.
+  // range as k_cpu_sumsq sums it, the range sums added in list order in fp64; one read by the host.
   double (*sumsq_ranges)(const float *x, const k_range *r, int n_ranges);
-  // AdamW as adamw does it, over the ranges, on g * g_scale (clipping folded in), weight_decay
+  // AdamW as k_cpu_adamw does it, over the ranges, on g * g_scale (clipping folded in), weight_decay
   // where the range's decay is set; offsets index p, g, m, v and pc alike. pc (NULL: none) gets
   // the updated p rounded to pc_type, the compute copy of the weights.
   void (*adamw_ranges)(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,

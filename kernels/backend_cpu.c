@@ -80,15 +80,6 @@ static void cpu_ce_bwd(void *logits, const int32_t *targets, const float *lse, i
 }
 
 // Rows of `inner` floats: src row (t, b) goes to dst row (b, t).
-static void cpu_transpose_tb(void *dst_v, const void *src_v, int T, int B, int64_t inner) {
-  float *dst = dst_v;
-  const float *src = src_v;
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < T; t++)
-    for (int b = 0; b < B; b++)
-      memcpy(dst + ((int64_t)b * T + t) * inner, src + ((int64_t)t * B + b) * inner, (size_t)inner * sizeof(float));
-}
-
 k_backend *k_backend_cpu_create(void) {
   k_backend *b = XCALLOC(1, sizeof *b);
   b->name = "cpu";
@@ -121,11 +112,7 @@ k_backend *k_backend_cpu_create(void) {
   b->ce_bwd = cpu_ce_bwd;
   b->ce_rescale = k_cpu_ce_rescale;
   b->ce_loss = k_cpu_ce_loss;
-  b->adamw = k_cpu_adamw;
-  b->sumsq = k_cpu_sumsq;
-  b->scale = k_cpu_scale;
   b->add = k_cpu_add;
-  b->transpose_tb = cpu_transpose_tb;
   b->sumsq_ranges = k_cpu_sumsq_ranges;
   b->adamw_ranges = k_cpu_adamw_ranges;
   return b;

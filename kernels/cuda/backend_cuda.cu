@@ -254,11 +254,7 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->ce_bwd = k_cuda_ce_bwd;
   b->ce_rescale = k_cuda_ce_rescale;
   b->ce_loss = k_cuda_ce_loss;
-  b->adamw = k_cuda_adamw;
-  b->sumsq = k_cuda_sumsq;
-  b->scale = k_cuda_scale;
   b->add = k_cuda_add;
-  b->transpose_tb = k_cuda_transpose_tb;
   b->sumsq_ranges = k_cuda_sumsq_ranges;
   b->adamw_ranges = k_cuda_adamw_ranges;
   return b;

@@ -653,113 +653,14 @@ extern "C" void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float
 }
 
 // ---------------------------------------------------------------------------------------------
-// AdamW and vector helpers
-
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                        float eps, float weight_decay, float bc1, float bc2) {
-  GRID_STRIDE(i, n) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + weight_decay * p[i]);
-  }
-}
-
-extern "C" void k_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
-                             float beta2, float eps, float weight_decay, float bc1, float bc2) {
-  if (n <= 0) return;
-  k_adamw<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-  CUDA_LAUNCH_CHECK("k_adamw");
-}
-
-// Sum of squares in two fixed stages: SUMSQ_MAX_BLOCKS (or fewer, by n alone) blocks each sum a
-// strided share in double and reduce it by the block tree; one block then reduces the partials.
-enum { SUMSQ_THREADS = 256, SUMSQ_MAX_BLOCKS = 1024 };
-
-__global__ void k_sumsq_part(const float *x, int64_t n, double *part) {
-  __shared__ double sh[32];
-  double s = 0.0;
-  GRID_STRIDE(i, n) s += (double)x[i] * x[i];
-  s = k_block_sum(s, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-__global__ void k_sumsq_total(const double *part, int n_part, double *total) {
-  __shared__ double sh[32];
-  double s = 0.0;
-  for (int i = threadIdx.x; i < n_part; i += blockDim.x) s += part[i];
-  s = k_block_sum(s, sh);
-  if (threadIdx.x == 0) *total = s;
-}
-
-extern "C" double k_cuda_sumsq(const float *x, int64_t n) {
-  if (n <= 0) return 0.0;
-  cudaStream_t s = k_cuda_cur()->stream;
-  int64_t nb = (n + SUMSQ_THREADS * 16 - 1) / (SUMSQ_THREADS * 16);
-  if (nb > SUMSQ_MAX_BLOCKS) nb = SUMSQ_MAX_BLOCKS;
-  double *part = (double *)k_cuda_scratch(sizeof(double) * (SUMSQ_MAX_BLOCKS + 1)), *total = part + SUMSQ_MAX_BLOCKS;
-  k_sumsq_part<<<(unsigned)nb, SUMSQ_THREADS, 0, s>>>(x, n, part);
-  CUDA_LAUNCH_CHECK("k_sumsq_part");
-  k_sumsq_total<<<1, 1024, 0, s>>>(part, (int)nb, total);
-  CUDA_LAUNCH_CHECK("k_sumsq_total");
-  double h = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&h, total, sizeof h, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  return h;
-}
-
-__global__ void k_scale(float *x, int64_t n, float s) {
-  GRID_STRIDE(i, n) x[i] *= s;
-}
+// Residual add
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
   GRID_STRIDE(i, n) y[i] += x[i];
-}
-
-extern "C" void k_cuda_scale(float *x, int64_t n, float s) {
-  if (n <= 0) return;
-  k_scale<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(x, n, s);
-  CUDA_LAUNCH_CHECK("k_scale");
 }
 
 extern "C" void k_cuda_add(float *y, const float *x, int64_t n) {
   if (n <= 0) return;
   k_add<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(y, x, n);
   CUDA_LAUNCH_CHECK("k_add");
-}
-
-// Rows of `inner` act elements: src row (t, b) goes to dst row (b, t). Only the row's bytes
-// matter, so the rows move as words of W (16, 8, 4 or 2 bytes: the widest that the row length
-// and both pointers allow), one block per dst row (grid-strided): both sides contiguous.
-template <typename W>
-__global__ void k_transpose_tb(W *dst, const W *src, int T, int B, int64_t inner_w) {
-  const int64_t rows = (int64_t)T * B;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t b = r / T, t = r % T;
-    const W *s = src + (t * B + b) * inner_w;
-    W *d = dst + r * inner_w;
-    for (int64_t c = threadIdx.x; c < inner_w; c += blockDim.x) d[c] = s[c];
-  }
-}
-
-template <typename W>
-static void transpose_run(void *dst, const void *src, int T, int B, int64_t row_bytes) {
-  const int64_t rows = (int64_t)T * B, cap = 1 << 20;
-  k_transpose_tb<W><<<(unsigned)(rows < cap ? rows : cap), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
-      (W *)dst, (const W *)src, T, B, row_bytes / (int64_t)sizeof(W));
-  CUDA_LAUNCH_CHECK("k_transpose_tb");
-}
-
-extern "C" void k_cuda_transpose_tb(void *dst, const void *src, int T, int B, int64_t inner) {
-  const int64_t rows = (int64_t)T * B;
-  if (rows <= 0 || inner <= 0) return;
-  const int64_t row_bytes = inner * (int64_t)k_dtype_bytes(k_cuda_act());
-  const uint64_t al = (uint64_t)row_bytes | (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src;
-  if (al % 16 == 0) transpose_run<uint4>(dst, src, T, B, row_bytes);
-  else if (al % 8 == 0) transpose_run<uint2>(dst, src, T, B, row_bytes);
-  else if (al % 4 == 0) transpose_run<uint32_t>(dst, src, T, B, row_bytes);
-  else transpose_run<uint16_t>(dst, src, T, B, row_bytes);
 }

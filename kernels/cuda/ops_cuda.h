@@ -52,13 +52,8 @@ void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64
 void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
 void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                     double *loss);
-void k_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, float bc1, float bc2);
 // Synchronises the stream: the sum comes back to the host.
-double k_cuda_sumsq(const float *x, int64_t n);
-void k_cuda_scale(float *x, int64_t n, float s);
 void k_cuda_add(float *y, const float *x, int64_t n);
-void k_cuda_transpose_tb(void *dst, const void *src, int T, int B, int64_t inner);
 
 // kernels/cuda/attention.cu. Head dims: a multiple of 4, at most 256. q/k/v/o/dout/dq/dk/dv in
 // act dtype, lse fp32; sequence-major, q/k/v/dq/dk/dv rows at stride ld (see k_cpu_attn_fwd).
