@@ -267,6 +267,16 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     }
   }
   g->world->ops->all_reduce(g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
+  // The pipeline's idle share on each rank: the schedule's bubble, the transfers, and waiting
+  // for a slower stage (the last one also runs the head). The mean over ranks is the share of
+  // GPU time the pipeline loses (what (p-1)/(v*m+p-1) predicts for equal stages); the minimum
+  // is the busiest stage's.
+  double pipe_rank = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
+  double idle = pipe_rank > 0 ? tm_total.pp_comm / pipe_rank : 0.0, idle_mean = idle, idle_min = -idle;
+  g->world->ops->all_reduce(g->world, &idle_mean, 1, COMM_F64, COMM_SUM);
+  g->world->ops->all_reduce(g->world, &idle_min, 1, COMM_F64, COMM_MAX);  // min(x) = -max(-x)
+  idle_mean /= g->world_size;
+  idle_min = -idle_min;
   if (r0) {
     double wall = MPI_Wtime() - t_start;
     // Steady state: without the first step, which builds plans, caches and allocations.
@@ -289,7 +299,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
     double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;
     double exposed_pct = all > 0 ? 100 * comm / all : 0.0;
-    double bubble_pct = pipe > 0 ? 100 * tm_total.pp_comm / pipe : 0.0;
+    double bubble_pct = 100 * idle_mean, bubble_min_pct = 100 * idle_min, bubble_rank0_pct = 100 * idle;
     double bubble_theory_pct = 100 * pp_bubble_theory(g->pp, c->parallel.vpp, n_micro);
     double mfu = be->peak_tflops > 0 ? mean_tflops / be->peak_tflops : 0.0;
     if (n_timed > 0) {
@@ -299,13 +309,15 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
              g->tp > 1 && !(tp_timing && strcmp(tp_timing, "1") == 0) ? " (in compute; TRAINER_TIMING_TP=1 measures it)" : "",
              tm_total.pp_comm * k, tm_total.dp_comm * k, tm_total.optimizer * k, tm_total.data * k, exposed_pct);
       if (g->pp > 1)
-        printf("; pipeline bubble %.1f%% measured, %.1f%% in theory ((p-1)/(v*m+p-1))", bubble_pct, bubble_theory_pct);
+        printf("; pipeline bubble %.1f%% measured (mean over ranks; busiest stage %.1f%%, rank 0 %.1f%%), %.1f%% in "
+               "theory ((p-1)/(v*m+p-1))", bubble_pct, bubble_min_pct, bubble_rank0_pct, bubble_theory_pct);
       printf("\n");
     }
     if (metrics) {
-      char bubble_s[32] = "null", theory_s[32] = "null";
+      char bubble_s[32] = "null", bubble_min_s[32] = "null", theory_s[32] = "null";
       if (g->pp > 1) {
         snprintf(bubble_s, sizeof bubble_s, "%.3f", bubble_pct);
+        snprintf(bubble_min_s, sizeof bubble_min_s, "%.3f", bubble_min_pct);
         snprintf(theory_s, sizeof theory_s, "%.3f", bubble_theory_pct);
       }
       fprintf(metrics,
@@ -314,11 +326,11 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
               "\"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
               "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
               "\"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
-              "\"bubble_theory_pct\": %s}\n",
+              "\"bubble_busiest_pct\": %s, \"bubble_theory_pct\": %s}\n",
               (long long)step, (long long)tokens_seen, wall, g->world_size, mean_tps, mean_tps / g->world_size,
               mean_tflops, mfu, mem_peak / 1073741824.0, last_loss, val_s, tm_total.compute * k, tm_total.tp_comm * k,
               tm_total.pp_comm * k, tm_total.dp_comm * k, tm_total.optimizer * k, tm_total.data * k, exposed_pct,
-              bubble_s, theory_s);
+              bubble_s, bubble_min_s, theory_s);
     }
   }
 

@@ -3,7 +3,8 @@
 # (same micro-batch per GPU), and TP2 with SP, PP2 1F1B and PP2 interleaved (vpp 2) on the
 # 7b-layers shape (same global batch of 16 sequences, 8 micro-batches of 2 through the pipeline).
 # Prints tokens/s per GPU, efficiency against 1 GPU, MFU, peak memory, the step split and the
-# pipeline bubble (measured and theoretical), all read from each run's metrics report.
+# pipeline bubble (measured: mean over ranks and on the busiest stage; and theoretical), all
+# read from each run's metrics report.
 #   scripts/bench_scaling.sh [BIN_DIR (default build)] [STEPS (default 8)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ def report(name):
     rep = [r for r in rows if r.get("report")]
     return rep[0] if rep else None
 print(f"\n{'run':14s} {'tok/s/GPU':>10s} {'vs 1 GPU':>8s} {'MFU':>6s} {'mem GiB':>8s} {'exposed comm':>12s} "
-      f"{'bubble meas.':>12s} {'theory':>7s}   step split (ms)")
+      f"{'bubble mean':>11s} {'busiest':>7s} {'theory':>7s}   step split (ms)")
 for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2", "1b_dp2_cta_eff"]),
                     ("7b_1gpu", ["7b_1gpu", "7b_tp2_sp", "7b_pp2_1f1b", "7b_pp2_vpp2"])):
     b = report(base)
@@ -48,7 +49,8 @@ for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2", "1b_dp2_cta_eff"]),
             print(f"{n:14s} (no report: see {out}/{n}.log)"); continue
         eff = f"{100 * r['tokens_per_s_per_rank'] / b['tokens_per_s_per_rank']:7.1f}%" if b else "      -"
         split = " ".join(f"{k} {v:.1f}" for k, v in r["step_ms"].items())
-        bub = f"{r['bubble_pct']:11.1f}%" if r.get("bubble_pct") is not None else "           -"
+        bub = (f"{r['bubble_pct']:10.1f}% {r['bubble_busiest_pct']:6.1f}%" if r.get("bubble_pct") is not None
+               else f"{'-':>11s} {'-':>7s}")
         th = f"{r['bubble_theory_pct']:6.1f}%" if r.get("bubble_theory_pct") is not None else "      -"
         print(f"{n:14s} {r['tokens_per_s_per_rank']:10.0f} {eff:>8s} {100 * r.get('mfu', 0):5.1f}% "
               f"{r['peak_mem_gib']:8.1f} {r['exposed_comm_pct']:11.1f}% {bub} {th}   {split}")
