@@ -106,12 +106,14 @@ static int resume_path(const cfg *c, char *path, size_t n, char *err, size_t n_e
 static volatile sig_atomic_t run_stop_signal;
 static void run_on_stop_signal(int sig) { run_stop_signal = sig; }
 
+// One write for the whole line: mpirun forwards each write of a rank separately, so a line
+// written in pieces can come out with other output in between.
 #define RUN_FAIL(...)                                  \
   do {                                                 \
     if (g->world_rank == 0) {                          \
-      fprintf(stderr, "error: ");                      \
-      fprintf(stderr, __VA_ARGS__);                    \
-      fprintf(stderr, "\n");                           \
+      char fail_msg_[2048];                            \
+      snprintf(fail_msg_, sizeof fail_msg_, __VA_ARGS__); \
+      fprintf(stderr, "error: %s\n", fail_msg_);       \
     }                                                  \
     rc = 1;                                            \
     goto done;                                         \
