@@ -60,6 +60,8 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, pp, 1, 1024, 1, "pipeline stages"),
   CFG_INT(parallel, dp, 0, 1048576, 0, "data-parallel replicas; 0 = world size / (tp * pp)"),
   CFG_INT(parallel, vpp, 1, 64, 1, "virtual pipeline chunks per rank (1 = plain 1F1B; > 1 needs pp > 1)"),
+  CFG_INT(parallel, last_stage_layers, 0, 4096, 0,
+          "layers of the last pipeline stage, which also runs the LM head and loss; 0 = an even split"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_INT(parallel, bucket_mb, 1, 4096, 25, "DP gradient bucket size in MiB"),
@@ -617,10 +619,17 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(m->vocab_size % p->tp == 0,
            "model.vocab_size = %d is not divisible by parallel.tp = %d: pad vocab_size to a multiple of tp",
            m->vocab_size, p->tp);
-  CFG_RULE(m->n_layers % (p->pp * p->vpp) == 0,
+  int n_vstages = p->pp * p->vpp, last = p->last_stage_layers;
+  CFG_RULE(last > 0 || m->n_layers % n_vstages == 0,
            "model.n_layers = %d is not divisible by parallel.pp * parallel.vpp = %d * %d = %d: "
-           "change n_layers, pp or vpp",
-           m->n_layers, p->pp, p->vpp, p->pp * p->vpp);
+           "change n_layers, pp or vpp (or give the last stage its own count with parallel.last_stage_layers)",
+           m->n_layers, p->pp, p->vpp, n_vstages);
+  CFG_RULE(last == 0 || n_vstages > 1,
+           "parallel.last_stage_layers = %d needs a pipeline (parallel.pp * parallel.vpp > 1): set it to 0", last);
+  CFG_RULE(last == 0 || n_vstages == 1 || (last < m->n_layers && (m->n_layers - last) % (n_vstages - 1) == 0),
+           "parallel.last_stage_layers = %d: the other %d pipeline stages must split the remaining %d of model.n_layers "
+           "= %d evenly (and at least one layer each): pick a count that leaves a multiple of %d, or 0 for an even split",
+           last, n_vstages - 1, m->n_layers - last, m->n_layers, n_vstages - 1);
   CFG_RULE(p->vpp == 1 || p->pp > 1,
            "parallel.vpp = %d needs parallel.pp > 1 (virtual chunks interleave pipeline stages): set vpp=1", p->vpp);
   CFG_RULE(!p->sequence_parallel || p->tp > 1,

@@ -23,7 +23,6 @@ int run_plan(const cfg *c, int world_size) {
   int tp = pc->tp, pp = pc->pp, dp = pc->dp, vpp = pc->vpp;
   int sp = pc->sequence_parallel && tp > 1;
   int n_micro = c->train.global_batch / (dp * c->train.micro_batch);
-  int per_chunk = mc->n_layers / (pp * vpp);
   int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
   int hd = mc->dim / mc->n_heads;
   printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
@@ -53,7 +52,8 @@ int run_plan(const cfg *c, int world_size) {
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
-        int vs = ci * pp + pr, l0 = vs * per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
+        int vs = ci * pp + pr, l0, per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
+        model_stage_layers(c, vs, &l0, &per_chunk);
         len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
         if (first) n += local_elems(mc, tp, MODEL_EMBED);
         for (int k = 0; k < MODEL_N_KINDS; k++)

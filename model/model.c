@@ -94,6 +94,20 @@ model_recompute model_recompute_parse(const char *name) {
   return MODEL_RECOMPUTE_NONE;
 }
 
+void model_stage_layers(const cfg *c, int vstage, int *layer0, int *n_layers) {
+  int n_vstages = c->parallel.pp * c->parallel.vpp, last = c->parallel.last_stage_layers, total = c->model.n_layers;
+  if (last == 0 || n_vstages == 1) {
+    *n_layers = total / n_vstages;
+    *layer0 = vstage * *n_layers;
+    return;
+  }
+  int other = (total - last) / (n_vstages - 1);
+  CHECK(last < total && other * (n_vstages - 1) + last == total, "parallel.last_stage_layers = %d does not split %d layers",
+        last, total);
+  *layer0 = vstage * other;
+  *n_layers = vstage == n_vstages - 1 ? last : other;
+}
+
 void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   memset(m, 0, sizeof *m);
   m->cfg = c->model;
@@ -107,23 +121,26 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   m->sp = c->parallel.sequence_parallel && g->tp > 1;
   m->recompute = model_recompute_parse(c->train.recompute);
   const cfg_model *mc = &c->model;
-  int n_vstages = m->pp * m->vpp, per_chunk = mc->n_layers / n_vstages;
-  CHECK(per_chunk * n_vstages == mc->n_layers, "n_layers %d not divisible by pp*vpp %d", mc->n_layers, n_vstages);
+  int n_vstages = m->pp * m->vpp, max_chunk = 0;
+  for (int vs = 0; vs < n_vstages; vs++) {
+    int l0, nl;
+    model_stage_layers(c, vs, &l0, &nl);
+    if (nl > max_chunk) max_chunk = nl;
+  }
 
   model_dims_compute(&m->dims, c, m->tp, m->tp_rank, m->sp);
 
-  int max_tensors = m->vpp * (per_chunk * 9 + 3);
+  int max_tensors = m->vpp * (max_chunk * 9 + 3);
   m->tensors = XCALLOC(max_tensors, sizeof(model_tensor));
   m->chunks = XCALLOC(m->vpp, sizeof(model_chunk));
   int n = 0;
   for (int ci = 0; ci < m->vpp; ci++) {
     model_chunk *ch = &m->chunks[ci];
     ch->vstage = ci * m->pp + m->pp_rank;
-    ch->layer0 = ch->vstage * per_chunk;
-    ch->n_layers = per_chunk;
-    ch->layers = XCALLOC(per_chunk, sizeof(model_layer));
+    model_stage_layers(c, ch->vstage, &ch->layer0, &ch->n_layers);
+    ch->layers = XCALLOC(ch->n_layers, sizeof(model_layer));
     if (ch->vstage == 0) ch->embed = add_tensor(m, &n, MODEL_EMBED, -1, ci);
-    for (int i = 0; i < per_chunk; i++) {
+    for (int i = 0; i < ch->n_layers; i++) {
       int l = ch->layer0 + i;
       model_layer *ly = &ch->layers[i];
       ly->attn_norm = add_tensor(m, &n, MODEL_ATTN_NORM, l, ci);

@@ -112,6 +112,11 @@ typedef struct model {
 enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 
 
+// Layers [*layer0, *layer0 + *n_layers) of virtual pipeline stage vstage (of pp * vpp): an even
+// split, or parallel.last_stage_layers for the last stage (it also runs the head and the loss)
+// and an even split of the rest for the others.
+void model_stage_layers(const cfg *c, int vstage, int *layer0, int *n_layers);
+
 // Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
 // the activation sizes. dp pads the flat buffer to a multiple of dp.
 void model_init(model *m, const cfg *c, grid *g, k_backend *be);

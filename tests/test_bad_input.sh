@@ -48,6 +48,9 @@ expect_error "world size not divisible" "world size 3" 3 "$T" "$D" parallel.tp=2
 expect_error "n_heads not divisible by tp" "n_heads" 8 "$T" "$D" parallel.tp=8
 expect_error "n_kv_heads not divisible by tp" "n_kv_heads" 4 "$T" "$D" parallel.tp=4
 expect_error "n_layers not divisible by pp*vpp" "n_layers" 2 "$T" "$D" parallel.pp=2 parallel.vpp=4
+expect_error "last stage layers that leave an uneven rest" "last_stage_layers = 2" 2 "$T" "$D" parallel.pp=2 \
+  parallel.vpp=2 parallel.last_stage_layers=2
+expect_error "last stage layers without a pipeline" "needs a pipeline" 1 "$T" "$D" parallel.last_stage_layers=1
 expect_error "micro-batches not a multiple of pp for interleaving" "parallel.vpp" 2 "$T" "$D" parallel.pp=2 \
   parallel.vpp=2 train.global_batch=6
 expect_error "sequence parallel without tp" "sequence_parallel" 1 "$T" "$D" parallel.sequence_parallel=true
