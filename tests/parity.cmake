@@ -16,3 +16,8 @@ trainer_add_parity(dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=tr
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
+# The 8-GPU layouts of configs/7b_*.yaml on 8 CPU ranks with the tiny model (tp2_pp2_dp2 above).
+trainer_add_parity(tp2_dp4_sp 8 parallel.tp=2 parallel.dp=4 parallel.sequence_parallel=true)
+trainer_add_parity(tp4_dp2_sp 8 parallel.tp=4 parallel.dp=2 parallel.sequence_parallel=true model.n_kv_heads=4)
+trainer_add_parity(dp8_distopt 8 parallel.dp=8 parallel.distributed_optimizer=true train.micro_batch=1)
+trainer_add_parity(pp4_vpp2_dp2 8 parallel.pp=4 parallel.vpp=2 parallel.dp=2 model.n_layers=8 train.micro_batch=1)
