@@ -37,16 +37,20 @@ static void fill_batch(run_batch *rb, data_loader *dl, int64_t first, int n_micr
 }
 
 // The loss term of this rank counts only where the last virtual stage lives, once per tp group.
+static double loss_term(const grid *g, double local) {
+  return (g->pp_rank == g->pp - 1 && g->tp_rank == 0) ? local : 0;
+}
+
 static double world_loss_sum(const grid *g, double local) {
-  double v = (g->pp_rank == g->pp - 1 && g->tp_rank == 0) ? local : 0;
+  double v = loss_term(g, local);
   g->world->ops->all_reduce(g->world, &v, 1, COMM_F64, COMM_SUM);
   return v;
 }
 
-// The one world all-reduce of a step: this rank's loss term (as world_loss_sum) and whether
-// it got a stop signal, so every rank stops after the same step. SIGTERM wins over SIGINT.
+// The one world all-reduce of a step: the loss as world_loss_sum and whether any rank got a
+// stop signal, so every rank stops after the same step. SIGTERM wins over SIGINT.
 static double world_loss_and_signal(const grid *g, double local, int sig, int *stop_sig) {
-  double v[3] = {(g->pp_rank == g->pp - 1 && g->tp_rank == 0) ? local : 0, sig == SIGTERM, sig == SIGINT};
+  double v[3] = {loss_term(g, local), sig == SIGTERM, sig == SIGINT};
   g->world->ops->all_reduce(g->world, v, 3, COMM_F64, COMM_SUM);
   *stop_sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : 0;
   return v[0];
@@ -146,7 +150,8 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   model_init_weights(&m, hp->seed);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
   const char *tp_timing = getenv("TRAINER_TIMING_TP");
-  model_set_timing(&m, tp_timing && strcmp(tp_timing, "1") == 0 ? &tm : NULL);
+  int time_tp = tp_timing && strcmp(tp_timing, "1") == 0;
+  model_set_timing(&m, time_tp ? &tm : NULL);
   opt_init(&o, &m, c);
   o.timing = &tm;
   if (pp_exec_init(&e, &m, n_micro, err, sizeof err) != 0) RUN_FAIL("%s", err);
@@ -273,8 +278,8 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   // for a slower stage (the last one also runs the head). The mean over ranks is the share of
   // GPU time the pipeline loses (what (p-1)/(v*m+p-1) predicts for equal stages); the minimum
   // is the busiest stage's.
-  double pipe_rank = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
-  double idle = pipe_rank > 0 ? tm_total.pp_comm / pipe_rank : 0.0, idle_mean = idle, idle_min = -idle;
+  double pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
+  double idle = pipe > 0 ? tm_total.pp_comm / pipe : 0.0, idle_mean = idle, idle_min = -idle;
   g->world->ops->all_reduce(g->world, &idle_mean, 1, COMM_F64, COMM_SUM);
   g->world->ops->all_reduce(g->world, &idle_min, 1, COMM_F64, COMM_MAX);  // min(x) = -max(-x)
   idle_mean /= g->world_size;
@@ -297,7 +302,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
            last_loss, last_val);
     // The step split (what each figure is: parallel/timing.h; dp comm is the exposed part only).
-    double k = n_timed > 0 ? 1e3 / n_timed : 0, pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
+    double k = n_timed > 0 ? 1e3 / n_timed : 0;
     double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
     double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;
     double exposed_pct = all > 0 ? 100 * comm / all : 0.0;
@@ -308,7 +313,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
       printf("step time on rank 0 (ms, mean of %lld steps): compute %.2f | tp comm %.2f%s | pipeline comm and bubble %.2f "
              "| exposed dp comm %.2f | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
              (long long)n_timed, tm_total.compute * k, tm_total.tp_comm * k,
-             g->tp > 1 && !(tp_timing && strcmp(tp_timing, "1") == 0) ? " (in compute; TRAINER_TIMING_TP=1 measures it)" : "",
+             g->tp > 1 && !time_tp ? " (in compute; TRAINER_TIMING_TP=1 measures it)" : "",
              tm_total.pp_comm * k, tm_total.dp_comm * k, tm_total.optimizer * k, tm_total.data * k, exposed_pct);
       if (g->pp > 1)
         printf("; pipeline bubble %.1f%% measured (mean over ranks; busiest stage %.1f%%, rank 0 %.1f%%), %.1f%% in "
