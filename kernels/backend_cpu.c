@@ -79,7 +79,6 @@ static void cpu_ce_bwd(void *logits, const int32_t *targets, const float *lse, i
   k_cpu_ce_bwd(logits, targets, lse, rows, n_vocab_local, v0, scale);
 }
 
-// Rows of `inner` floats: src row (t, b) goes to dst row (b, t).
 k_backend *k_backend_cpu_create(void) {
   k_backend *b = XCALLOC(1, sizeof *b);
   b->name = "cpu";

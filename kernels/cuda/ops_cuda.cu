@@ -1,6 +1,6 @@
-// CUDA ops other than GEMM, attention and cross-entropy (ce_cuda.cu): dtype cast, RMSNorm,
-// rotary embedding, SwiGLU, vocab-parallel embedding, AdamW, sum of squares, scale, add and the
-// (T,B) <-> (B,T) transpose. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
+// CUDA ops other than GEMM, attention, cross-entropy (ce_cuda.cu) and the optimizer
+// (optim_cuda.cu): dtype cast, RMSNorm, rotary embedding, SwiGLU, vocab-parallel embedding and
+// the residual add. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
 // written in the CPU reference's order so the two round alike. The act-typed ops (rope, SwiGLU)
 // are templates over the element type (float, bf16): loads widen to fp32, the math is fp32,
 // stores round to nearest even; the extern "C" launcher picks the instance from the current
