@@ -10,19 +10,23 @@ static int opt_group(int chunk, int layer) { return chunk * 4096 + layer + 2; }
 
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
 
-// Ranges of this rank's shard (shard-relative offsets): the parts counted in the gradient norm,
-// and the parts updated, in flat order (the order the per-tensor calls had).
+// Each tensor's part of this rank's shard (shard-relative offsets), in flat order: all of them
+// are updated; those this rank counts are in the gradient norm. Each element is counted once
+// over the world: tp-replicated tensors by tp rank 0 only, and without ZeRO (every dp replica
+// holds all gradients) by dp rank 0 only.
 static void opt_build_ranges(opt_state *o) {
-  o->norm_ranges = XCALLOC(o->n_ranges, sizeof(k_range));
-  o->upd_ranges = XCALLOC(o->n_ranges, sizeof(k_range));
-  for (int i = 0; i < o->n_ranges; i++) {
-    const opt_range *r = &o->ranges[i];
-    int64_t lo = r->offset > o->shard_lo ? r->offset : o->shard_lo;
-    int64_t hi = r->offset + r->n_elem < o->shard_lo + o->shard_n ? r->offset + r->n_elem : o->shard_lo + o->shard_n;
+  const model *m = o->m;
+  o->norm_ranges = XCALLOC(m->n_tensors, sizeof(k_range));
+  o->upd_ranges = XCALLOC(m->n_tensors, sizeof(k_range));
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    int64_t lo = t->offset > o->shard_lo ? t->offset : o->shard_lo;
+    int64_t hi = t->offset + t->n_elem < o->shard_lo + o->shard_n ? t->offset + t->n_elem : o->shard_lo + o->shard_n;
     if (hi <= lo) continue;
-    k_range k = {lo - o->shard_lo, hi - lo, r->decay};
+    k_range k = {lo - o->shard_lo, hi - lo, model_specs[t->kind].decay};
     o->upd_ranges[o->n_upd_ranges++] = k;
-    if (r->in_norm) o->norm_ranges[o->n_norm_ranges++] = k;
+    int in_norm = (!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0);
+    if (in_norm) o->norm_ranges[o->n_norm_ranges++] = k;
   }
 }
 
@@ -64,17 +68,6 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  o->ranges = XCALLOC(m->n_tensors, sizeof(opt_range));
-  for (int i = 0; i < m->n_tensors; i++) {
-    model_tensor *t = &m->tensors[i];
-    opt_range *r = &o->ranges[o->n_ranges++];
-    r->offset = t->offset;
-    r->n_elem = t->n_elem;
-    r->decay = model_specs[t->kind].decay;
-    // Each element is counted once over the world: tp-replicated tensors by tp rank 0 only,
-    // and without ZeRO (every dp replica holds all gradients) by dp rank 0 only.
-    r->in_norm = (!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0);
-  }
   opt_build_ranges(o);
 
   int dp = m->g->dp;
@@ -112,7 +105,6 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg);
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
-  free(o->ranges);
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->t_group);

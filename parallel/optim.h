@@ -11,12 +11,6 @@
 #include "model/model.h"
 #include "parallel/timing.h"
 
-typedef struct opt_range {
-  int64_t offset, n_elem;  // a tensor's span in the flat buffer
-  int decay;               // weight decay applies
-  int in_norm;             // counted in the global gradient norm by this rank
-} opt_range;
-
 // A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi).
 typedef struct opt_bucket {
   int64_t lo, hi;
@@ -32,8 +26,6 @@ typedef struct opt_state {
   int64_t shard_lo, shard_n;  // this rank's slice of the flat buffer (all of it without ZeRO)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
-  opt_range *ranges;
-  int n_ranges;
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
   // Overlap of the DP reduction with backward (model.grads_ready): a tensor's gradient is final
   // once its group was reported n_micro times in a step; a bucket is started once every tensor
