@@ -121,16 +121,11 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   m->sp = c->parallel.sequence_parallel && g->tp > 1;
   m->recompute = model_recompute_parse(c->train.recompute);
   const cfg_model *mc = &c->model;
-  int n_vstages = m->pp * m->vpp, max_chunk = 0;
-  for (int vs = 0; vs < n_vstages; vs++) {
-    int l0, nl;
-    model_stage_layers(c, vs, &l0, &nl);
-    if (nl > max_chunk) max_chunk = nl;
-  }
+  int n_vstages = m->pp * m->vpp;
 
   model_dims_compute(&m->dims, c, m->tp, m->tp_rank, m->sp);
 
-  int max_tensors = m->vpp * (max_chunk * 9 + 3);
+  int max_tensors = mc->n_layers * 9 + m->vpp * 3;  // at most every layer, and 3 non-layer tensors per chunk
   m->tensors = XCALLOC(max_tensors, sizeof(model_tensor));
   m->chunks = XCALLOC(m->vpp, sizeof(model_chunk));
   int n = 0;
