@@ -114,14 +114,17 @@ void model_work_free(model *m) {
   m->work = NULL;
 }
 
-// Layers whose tensors a micro-batch keeps: all of them, or one slot reused by every layer for
-// the tensors that backward recomputes (model_recompute).
-static int64_t n_kept(int64_t nl, int kept) { return kept ? nl : 1; }
+// Whether a micro-batch keeps a tensor for every layer; if not, one slot (layer 0's) serves
+// every layer and backward recomputes it (model_recompute). The GEMM and attention outputs are
+// dropped by full only; the cheap ones (normed inputs, SwiGLU output) by selective too.
+static int kept_per_layer(model_recompute rc, int cheap) {
+  return cheap ? rc == MODEL_RECOMPUTE_NONE : rc != MODEL_RECOMPUTE_FULL;
+}
 
 static void carve_acts(const model_dims *dm, int has_head, model_recompute rc, model_acts *a, carve *c) {
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, nl = a->nl;
   int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
-  int64_t nk = n_kept(nl, rc != MODEL_RECOMPUTE_FULL), nc = n_kept(nl, rc == MODEL_RECOMPUTE_NONE);
+  int64_t nk = kept_per_layer(rc, 0) ? nl : 1, nc = kept_per_layer(rc, 1) ? nl : 1;
   a->x = take(c, (nl + 1) * rs * d);
   a->rstd1 = take(c, nk * rs); a->rstd2 = take(c, nk * rs);
   a->hf = take_act(c, nc * rows * d); a->h2f = take_act(c, nc * rows * d);
@@ -185,7 +188,7 @@ static layer_acts layer_view(const model *m, model_acts *a, int i) {
   const model_dims *dm = &m->dims;
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, ffn = dm->ffn;
   int64_t qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
-  int64_t k = m->recompute == MODEL_RECOMPUTE_FULL ? 0 : i, c = m->recompute == MODEL_RECOMPUTE_NONE ? i : 0;
+  int64_t k = kept_per_layer(m->recompute, 0) ? i : 0, c = kept_per_layer(m->recompute, 1) ? i : 0;
   return (layer_acts){
       .x = a->x + i * rs * d, .x2 = a->x2 + k * rs * d, .lse = a->lse + k * dm->B * dm->nh * dm->T,
       .rstd1 = a->rstd1 + k * rs, .rstd2 = a->rstd2 + k * rs,
