@@ -1,0 +1,14 @@
+#!/bin/bash
+# The GEMM + attention floor of a training step on one GPU for the 124m, 1b and 7b-layers shapes:
+# each GEMM and attention call of one layer and of the head timed through the CUDA backend, the
+# sum as a step-time floor, and the tokens/s and MFU ceilings it gives (tests/bench_ceiling.c).
+#   scripts/bench_ceiling.sh [BIN_DIR (default build)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-build}
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}  # one GPU
+for shape in 124m 1b 7b-layers; do
+  echo "== $shape"
+  "$bin/bench_ceiling" "$shape"
+done

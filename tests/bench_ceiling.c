@@ -1,0 +1,271 @@
+// GEMM + attention ceiling of one training step on one GPU: times, through the CUDA backend's op
+// table (bf16 activations), exactly the GEMMs and attention calls model/block.c makes for one
+// layer (forward and backward; tp 1, no recomputation, as in the benchmark configs) and for the
+// LM head, with block.c's shapes, transposes, leading dimensions, beta and output dtypes, then
+// prints their sum as a floor for the step time and the tokens/s and MFU that floor allows.
+// Norms, RoPE, SwiGLU, cross-entropy, the embedding and the optimizer are left out, so a real
+// step is slower. Prints numbers only; it is not a test. Built by tests/cuda.cmake when CUDA is
+// enabled; run `build/bench_ceiling 124m|1b|7b-layers`, or scripts/bench_ceiling.sh for all three.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/config.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/attn_cudnn.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_check.h"
+#include "model/model.h"
+
+// The benchmark shapes, as configs/124m.yaml, configs/1b.yaml and configs/7b_layers.yaml set them
+// (global_batch = micro_batch in all three: one micro-batch per step).
+typedef struct shape {
+  const char *name, *config;
+  int d, n_layers, nh, nkv, ffn, vocab, T, micro_batch, global_batch, tied;
+} shape;
+static const shape shapes[] = {
+    {"124m", "configs/124m.yaml", 768, 12, 12, 12, 2048, 32000, 1024, 16, 16, 0},
+    {"1b", "configs/1b.yaml", 2048, 16, 32, 8, 8192, 128256, 2048, 4, 4, 1},
+    {"7b-layers", "configs/7b_layers.yaml", 4096, 8, 32, 32, 11008, 32000, 4096, 2, 2, 0},
+};
+
+typedef enum op_kind { OP_GEMM, OP_LINEAR_RESIDUAL, OP_ATTN_FWD, OP_ATTN_BWD } op_kind;
+
+// One call as block.c makes it. GEMMs: C (M,N) = op(A) op(B) + beta C, alpha 1, every leading
+// dimension the packed one (block.c's are: lda = ta ? M : K, ldb = tb ? K : N, ldc = N).
+typedef struct op {
+  const char *name;
+  op_kind kind;
+  int ta, tb, M, N, K;
+  float beta;
+  k_dtype c_type;
+} op;
+
+typedef struct attn_bufs {
+  void *qkv, *o, *dout, *dqkv;  // (rows, qkvd), (rows, qd), (rows, qd), (rows, qkvd) act
+  float *lse;                   // (B, nh, T)
+  int B, T, nh, nkv, hd;
+  int64_t ld;                   // qkvd: q, k, v are column blocks of the fused projection's rows
+} attn_bufs;
+
+enum { N_WARM = 3, N_RUNS = 20, POOL = 1 << 22 };
+
+static k_backend *G;
+static void *pool_act, *pool_f32;  // (POOL) random values that fill every operand
+static cudaEvent_t ev[N_RUNS + 1];
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float rng_uniform(void) {  // [-1, 1), a fixed xorshift
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+// Random operands rather than the zeros of alloc: tensor cores draw less power (and may clock
+// higher) on zeros, which would flatter the timings.
+static void *alloc_filled(k_dtype t, int64_t n) {
+  const size_t eb = k_dtype_bytes(t);
+  char *p = G->alloc(G, (size_t)n * eb);
+  for (int64_t i = 0; i < n; i += POOL)
+    G->copy(G, p + i * (int64_t)eb, t == K_F32 ? pool_f32 : pool_act, (size_t)(n - i < POOL ? n - i : POOL) * eb);
+  return p;
+}
+
+static void op_run(const op *o, void *a, void *b, void *c, void *d, const attn_bufs *x) {
+  const size_t eb = k_dtype_bytes(G->act);
+  const int64_t qd = (int64_t)x->nh * x->hd, kvd = (int64_t)x->nkv * x->hd;
+  char *qkv = x->qkv, *dqkv = x->dqkv;
+  switch (o->kind) {
+    case OP_GEMM:
+      G->gemm(o->ta, o->tb, o->M, o->N, o->K, 1.0f, a, o->ta ? o->M : o->K, b, o->tb ? o->K : o->N, o->beta, c, o->N,
+              o->c_type);
+      break;
+    case OP_LINEAR_RESIDUAL: G->linear_residual(o->M, o->N, o->K, a, b, c, d); break;
+    case OP_ATTN_FWD:
+      G->attn_fwd(qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, x->B, x->T, x->nh, x->nkv, x->hd);
+      break;
+    case OP_ATTN_BWD:
+      G->attn_bwd(x->dout, qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, dqkv, dqkv + qd * eb,
+                  dqkv + (qd + kvd) * eb, x->B, x->T, x->nh, x->nkv, x->hd);
+      break;
+  }
+}
+
+static int cmp_float(const void *p, const void *q) {
+  const float a = *(const float *)p, b = *(const float *)q;
+  return (a > b) - (a < b);
+}
+
+// Times o: N_WARM calls (cuBLASLt and cuDNN plan on the first), then N_RUNS calls back to back
+// on the backend's stream, each between two events. Best and median in ms.
+static void op_time(const op *o, const attn_bufs *x, double *best, double *median) {
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  const int attn = o->kind == OP_ATTN_FWD || o->kind == OP_ATTN_BWD;
+  if (!attn) {  // A (M,K) or (K,M); B (K,N) or (N,K) (linear_residual: W (N,K)); C (M,N)
+    a = alloc_filled(G->act, (int64_t)o->M * o->K);
+    b = alloc_filled(G->act, (int64_t)o->K * o->N);
+    c = alloc_filled(o->kind == OP_GEMM ? o->c_type : K_F32, (int64_t)o->M * o->N);
+    if (o->kind == OP_LINEAR_RESIDUAL) d = alloc_filled(K_F32, (int64_t)o->M * o->N);  // D != C, as block.c
+  }
+  cudaStream_t s = (cudaStream_t)k_cuda_stream();
+  for (int i = 0; i < N_WARM; i++) op_run(o, a, b, c, d, x);
+  CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < N_RUNS; i++) {
+    op_run(o, a, b, c, d, x);
+    CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
+  }
+  CUDA_CHECK(cudaEventSynchronize(ev[N_RUNS]));
+  float ms[N_RUNS];
+  for (int i = 0; i < N_RUNS; i++) CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+  qsort(ms, N_RUNS, sizeof ms[0], cmp_float);
+  *best = ms[0];
+  *median = 0.5 * (ms[(N_RUNS - 1) / 2] + ms[N_RUNS / 2]);
+  G->free(G, a), G->free(G, b), G->free(G, c), G->free(G, d);
+}
+
+// Causal attention flops: forward 2 matmuls of 2 B nh T^2 hd each, halved by the mask;
+// backward 2.5 x forward (5 matmuls against 2).
+static double op_flops(const op *o, const attn_bufs *x) {
+  const double fwd = 4.0 * x->B * (double)x->T * x->T * x->nh * x->hd / 2.0;
+  if (o->kind == OP_ATTN_FWD) return fwd;
+  if (o->kind == OP_ATTN_BWD) return 2.5 * fwd;
+  return 2.0 * o->M * (double)o->N * o->K;
+}
+
+// Times a list of ops, prints one line each; returns the summed best and median ms and flops.
+static void ops_bench(const op *ops, int n, const attn_bufs *x, double peak, double *sum_best, double *sum_med,
+                      double *sum_flops) {
+  *sum_best = *sum_med = *sum_flops = 0;
+  for (int i = 0; i < n; i++) {
+    const op *o = &ops[i];
+    double best, med, fl = op_flops(o, x);
+    op_time(o, x, &best, &med);
+    const double tf = fl / (best * 1e-3) / 1e12;
+    if (o->kind == OP_GEMM || o->kind == OP_LINEAR_RESIDUAL)
+      printf("  %-14s %-15s M=%6d N=%6d K=%6d ta=%d tb=%d beta=%g C=%-4s", o->name,
+             o->kind == OP_GEMM ? "gemm" : "linear_residual", o->M, o->N, o->K, o->ta, o->tb, o->beta,
+             o->kind == OP_LINEAR_RESIDUAL || o->c_type == K_F32 ? "f32" : "bf16");
+    else
+      printf("  %-14s %-15s B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld causal", o->name,
+             o->kind == OP_ATTN_FWD ? "attn_fwd" : "attn_bwd", x->B, x->T, x->nh, x->nkv, x->hd, (long long)x->ld);
+    printf("  %8.3f ms (median %8.3f)  %6.1f TFLOP/s  %5.1f%% of peak\n", best, med, tf, 100.0 * tf / peak);
+    *sum_best += best, *sum_med += med, *sum_flops += fl;
+  }
+}
+
+int main(int argc, char **argv) {
+  const shape *sh = NULL;
+  for (size_t i = 0; argc == 2 && i < sizeof shapes / sizeof shapes[0]; i++)
+    if (strcmp(argv[1], shapes[i].name) == 0) sh = &shapes[i];
+  if (!sh) {
+    fprintf(stderr, "usage: %s 124m|1b|7b-layers\n", argv[0]);
+    return 2;
+  }
+  if (k_cuda_device_count() == 0) {
+    fprintf(stderr, "bench_ceiling: no GPU visible\n");
+    return 1;
+  }
+  G = k_backend_cuda_create_dtype(0, K_BF16);
+  struct cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double peak = G->peak_tflops > 0 ? G->peak_tflops : 989.4;
+
+  const int B = sh->micro_batch, T = sh->T, d = sh->d, hd = sh->d / sh->nh, F = sh->ffn, V = sh->vocab;
+  const int R = B * T, qd = sh->nh * hd, kvd = sh->nkv * hd, qkvd = qd + 2 * kvd;
+  const int n_micro = sh->global_batch / sh->micro_batch;
+  printf("bench_ceiling: GEMM + attention floor of one training step through the CUDA backend (bf16 act)\n");
+  printf("device: %s (%d SMs), dense bf16 peak %.1f TFLOP/s%s\n", prop.name, prop.multiProcessorCount, peak,
+         G->peak_tflops > 0 ? "" : " (assumed: device not recognised)");
+  printf("shape %s (%s): d %d, %d layers, %d heads, %d kv heads, hd %d, ffn %d, vocab %d%s, seq %d, micro-batch %d, "
+         "global batch %d (%d micro-batch%s per step), tp 1, no recomputation\n",
+         sh->name, sh->config, d, sh->n_layers, sh->nh, sh->nkv, hd, F, V, sh->tied ? " (tied head)" : "", T, B,
+         sh->global_batch, n_micro, n_micro > 1 ? "es" : "");
+  printf("timing: %d warm-up + %d timed calls per op, cudaEvents on the backend stream; ms = best, median beside it\n",
+         N_WARM, N_RUNS);
+  printf("flops: GEMM 2*M*N*K; causal attention fwd 4*B*T^2*nh*hd/2 (the causal half), bwd 2.5 x fwd\n");
+
+  float *host = XMALLOC(sizeof(float) * POOL);
+  for (int i = 0; i < POOL; i++) host[i] = rng_uniform();
+  pool_f32 = G->alloc(G, sizeof(float) * POOL);
+  pool_act = G->alloc(G, k_dtype_bytes(G->act) * POOL);
+  G->from_host(G, pool_f32, host, sizeof(float) * POOL);
+  G->cast(pool_act, G->act, pool_f32, K_F32, POOL);
+  free(host);
+  for (int i = 0; i <= N_RUNS; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
+
+  attn_bufs x = {.B = B, .T = T, .nh = sh->nh, .nkv = sh->nkv, .hd = hd, .ld = qkvd};
+  x.qkv = alloc_filled(G->act, (int64_t)R * qkvd);
+  x.dout = alloc_filled(G->act, (int64_t)R * qd);
+  x.o = G->alloc(G, k_dtype_bytes(G->act) * (size_t)R * qd);  // written by attn_fwd, read by attn_bwd
+  x.dqkv = G->alloc(G, k_dtype_bytes(G->act) * (size_t)R * qkvd);
+  x.lse = G->alloc(G, sizeof(float) * (size_t)B * sh->nh * T);
+
+  // layer_fwd then layer_bwd of block.c, in call order (wo and down add into the residual
+  // stream through linear_residual: D = A W^T + C, fp32 C and D).
+  const k_dtype A = G->act;
+  const op layer[] = {
+      {"qkv fwd", OP_GEMM, 0, 1, R, qkvd, d, 0, A},
+      {"attn fwd", OP_ATTN_FWD, 0, 0, 0, 0, 0, 0, A},
+      {"wo fwd", OP_LINEAR_RESIDUAL, 0, 1, R, d, qd, 1, K_F32},
+      {"gate|up fwd", OP_GEMM, 0, 1, R, 2 * F, d, 0, A},
+      {"down fwd", OP_LINEAR_RESIDUAL, 0, 1, R, d, F, 1, K_F32},
+      {"down dX", OP_GEMM, 0, 0, R, F, d, 0, A},
+      {"down dW", OP_GEMM, 1, 0, d, F, R, 1, K_F32},
+      {"gate|up dX", OP_GEMM, 0, 0, R, d, 2 * F, 0, K_F32},
+      {"gate|up dW", OP_GEMM, 1, 0, 2 * F, d, R, 1, K_F32},
+      {"wo dX", OP_GEMM, 0, 0, R, qd, d, 0, A},
+      {"wo dW", OP_GEMM, 1, 0, d, qd, R, 1, K_F32},
+      {"attn bwd", OP_ATTN_BWD, 0, 0, 0, 0, 0, 0, A},
+      {"qkv dX", OP_GEMM, 0, 0, R, d, qkvd, 0, K_F32},
+      {"qkv dW", OP_GEMM, 1, 0, qkvd, d, R, 1, K_F32},
+  };
+  // model_chunk_fwd / model_chunk_bwd's head: logits, then dX and dW from the logits' gradient.
+  const op head[] = {
+      {"head fwd", OP_GEMM, 0, 1, R, V, d, 0, A},
+      {"head dX", OP_GEMM, 0, 0, R, d, V, 0, K_F32},
+      {"head dW", OP_GEMM, 1, 0, V, d, R, 1, K_F32},
+  };
+  double l_best, l_med, l_fl, h_best, h_med, h_fl;
+  printf("one layer (rows = B*T = %d):\n", R);
+  ops_bench(layer, (int)(sizeof layer / sizeof layer[0]), &x, peak, &l_best, &l_med, &l_fl);
+  printf("  %-14s %8.3f ms (median %8.3f)  %6.1f TFLOP/s  %5.1f%% of peak\n", "layer total", l_best, l_med,
+         l_fl / (l_best * 1e-3) / 1e12, 100.0 * l_fl / (l_best * 1e-3) / 1e12 / peak);
+  k_cudnn_attn_info fi, bi;
+  if (k_cudnn_attn_info_get(0, B, T, sh->nh, sh->nkv, hd, qkvd, &fi) == 0 &&
+      k_cudnn_attn_info_get(1, B, T, sh->nh, sh->nkv, hd, qkvd, &bi) == 0)
+    printf("  attention ran on cuDNN's fused engines (fwd engine %lld, bwd engine %lld, %s backward)\n",
+           (long long)fi.engine, (long long)bi.engine, bi.deterministic ? "deterministic" : "nondeterministic");
+  else
+    printf("  attention ran on the backend's own kernel (cuDNN refused the shape, or TRAINER_CUDA_ATTN=own)\n");
+  printf("head:\n");
+  ops_bench(head, (int)(sizeof head / sizeof head[0]), &x, peak, &h_best, &h_med, &h_fl);
+
+  // The step: every micro-batch runs every layer and the head once (forward and backward).
+  const double floor_ms = n_micro * (sh->n_layers * l_best + h_best);
+  const double floor_med = n_micro * (sh->n_layers * l_med + h_med);
+  const double step_flops = n_micro * (sh->n_layers * l_fl + h_fl);
+  const double tokens = (double)sh->global_batch * T;
+  // The MFU convention of app/train.c and docs/benchmarks.md: 6 N + 12 L d T flops per token,
+  // N the parameters without the embedding table (the head counts unless tied).
+  cfg_model mc = {.dim = d, .n_layers = sh->n_layers, .n_heads = sh->nh, .n_kv_heads = sh->nkv, .ffn_dim = F,
+                  .vocab_size = V, .seq_len = T, .tie_embeddings = sh->tied};
+  int64_t n_no_embed = 0;
+  model_count_params(&mc, &n_no_embed);
+  const double model_fpt = 6.0 * n_no_embed + 12.0 * sh->n_layers * (double)d * T;
+  const double tps = tokens / (floor_ms * 1e-3);
+  printf("step (%d x (%d layers x layer + head)):\n", n_micro, sh->n_layers);
+  printf("  GEMM + attention floor per step (ms): %.3f (from medians %.3f)\n", floor_ms, floor_med);
+  const double exec_tf = step_flops / (floor_ms * 1e-3) / 1e12;
+  printf("  executed GEMM + attention flops: %.3f TFLOP per step, %.1f TFLOP/s at the floor (%.1f%% of peak)\n",
+         step_flops / 1e12, exec_tf, 100.0 * exec_tf / peak);
+  printf("  tokens per step %.0f -> tokens/s ceiling %.0f\n", tokens, tps);
+  printf("  model flops per token 6N + 12*L*d*T = %.4g (N = %.2fM without the embedding) -> MFU ceiling %.1f%% "
+         "(%.1f TFLOP/s of %.1f)\n",
+         model_fpt, n_no_embed / 1e6, 100.0 * tps * model_fpt / 1e12 / peak, tps * model_fpt / 1e12, peak);
+
+  for (int i = 0; i <= N_RUNS; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
+  G->free(G, x.qkv), G->free(G, x.dout), G->free(G, x.o), G->free(G, x.dqkv), G->free(G, x.lse);
+  G->free(G, pool_act), G->free(G, pool_f32);
+  k_backend_free(&G);
+  return 0;
+}
