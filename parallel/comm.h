@@ -14,7 +14,8 @@ typedef enum comm_redop { COMM_SUM, COMM_MAX } comm_redop;
 typedef struct comm comm;
 typedef struct comm_ops {
   void (*all_reduce)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
-  // recv holds size * n_elem, rank r's send lands at recv + r * n_elem.
+  // recv holds size * n_elem, rank r's send lands at recv + r * n_elem. In place when send is
+  // recv + rank * n_elem.
   void (*all_gather)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // send holds size * n_elem; rank r gets the reduction of everyone's block r in recv (n_elem).
   void (*reduce_scatter)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
@@ -40,7 +41,8 @@ typedef struct comm_ops {
   // order. MPI (host buffers): each start runs to completion before returning, so CPU results are
   // those of the blocking calls, bit for bit. NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
-  void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  // The reduction of everyone's send lands in recv on root only (recv is not touched elsewhere).
+  void (*reduce_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op, int root);
   void (*all_gather_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // Work queued after wait (compute stream) sees the results of every collective started
   // before it. Never blocks the host.

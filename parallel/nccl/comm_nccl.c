@@ -347,9 +347,14 @@ static void comm_nccl_all_gather_start(comm *c, const void *send, void *recv, in
   comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_side_ready(c, "all_gather_start"), " (started)");
 }
 
-static void comm_nccl_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
-                                           comm_redop op) {
-  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_side_ready(c, "reduce_scatter_start"), " (started)");
+static void comm_nccl_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                   comm_redop op, int root) {
+  CHECK(n_elem >= 0, "comm %s: reduce of %lld elements", c->name, (long long)n_elem);
+  CHECK(root >= 0 && root < c->size, "comm %s: reduce root %d outside [0, %d)", c->name, root, c->size);
+  cudaStream_t s = comm_nccl_side_ready(c, "reduce_start");
+  comm_nccl_note(c, "reduce of %lld %s to rank %d (started)", (long long)n_elem, comm_nccl_dtype_name(t), root);
+  COMM_NCCL_CALL(c, ncclReduce(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), root,
+                               comm_nccl_live_impl(c, "reduce_start")->nccl, s));
 }
 
 // The main stream waits for everything started so far; the host does not.
@@ -503,7 +508,7 @@ static const comm_ops comm_nccl_ops = {
     .barrier = comm_nccl_barrier,
     .free = comm_nccl_free,
     .all_reduce_start = comm_nccl_all_reduce_start,
-    .reduce_scatter_start = comm_nccl_reduce_scatter_start,
+    .reduce_start = comm_nccl_reduce_start,
     .all_gather_start = comm_nccl_all_gather_start,
     .wait = comm_nccl_wait_started,
     .drain = comm_nccl_drain_started,
