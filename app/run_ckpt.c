@@ -55,7 +55,7 @@ static void alloc_host(const model *m, float *host[3]) {
 int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, char *err, size_t n_err) {
   float *host[3];
   alloc_host(m, host);
-  m->be->to_host(m->be, host[0], m->params, (size_t)m->n_params * sizeof(float));
+  opt_get_params(o, host[0]);
   opt_get_moments(o, host[1], host[2]);
   int n = 0;
   ckpt_tensor *list = build_list(m, host, &n);

@@ -68,7 +68,9 @@ typedef struct k_backend {
   // gu (rows, 2n): gate columns then up columns (one fused projection); out (rows, n).
   void (*swiglu_fwd)(const void *gu, void *out, int64_t rows, int n);
   void (*swiglu_bwd)(const void *dout, const void *gu, void *dgu, int64_t rows, int n);
-  void (*embed_fwd)(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+  // table in the act dtype (the compute copy): out is the same on every rank that holds it,
+  // whoever updated the fp32 master.
+  void (*embed_fwd)(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                     int n_vocab_local);
   void (*embed_bwd)(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                     int n_vocab_local);

@@ -363,9 +363,9 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   int d = dm->d;
   if (ch->embed) {
     if (exit_is_copy(&w->region)) {
-      be->embed_fwd(tokens, ch->embed->p, a->x, dm->rows, d, dm->v0, dm->vocab);
+      be->embed_fwd(tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
     } else {
-      be->embed_fwd(tokens, ch->embed->p, w->f1, dm->rows, d, dm->v0, dm->vocab);
+      be->embed_fwd(tokens, ch->embed->pc, w->f1, dm->rows, d, dm->v0, dm->vocab);
       tp_exit_fwd(&w->region, w->f1, a->x, d);
     }
   }

@@ -164,9 +164,10 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
     m->tensors[i].offset = off;
     off += m->tensors[i].n_elem;
   }
-  int dp = g->dp;
+  // Padded to whole ZeRO shards of whole 128-element blocks, so every shard starts aligned.
+  int64_t unit = (int64_t)g->dp * 128;
   m->n_params_used = off;
-  m->n_params = (off + dp - 1) / dp * dp;
+  m->n_params = (off + unit - 1) / unit * unit;
   m->params = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);

@@ -31,16 +31,21 @@ static void opt_build_ranges(opt_state *o) {
 }
 
 // Buckets of bucket_elem from the end of the flat buffer (backward fills it from the end), each
-// with the tensors it overlaps.
+// with the tensors it overlaps. With ZeRO they also end at shard boundaries, so that each lies
+// in one rank's shard: that rank is the root its bucket is reduced to.
 static void opt_build_buckets(opt_state *o) {
   model *m = o->m;
-  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
+  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem) + (o->zero ? m->g->dp : 0);
   o->buckets = XCALLOC(o->n_buckets ? o->n_buckets : 1, sizeof(opt_bucket));
   int b = 0;
-  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++) {
+  for (int64_t end = m->n_params, lo; end > 0; end = lo, b++) {
+    lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
+    int root = o->zero ? (int)((end - 1) / o->shard_n) : 0;
+    if (o->zero && lo < root * o->shard_n) lo = root * o->shard_n;
     opt_bucket *k = &o->buckets[b];
     k->hi = end;
-    k->lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
+    k->lo = lo;
+    k->root = root;
     k->t_lo = m->n_tensors;
     k->t_hi = 0;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -52,6 +57,7 @@ static void opt_build_buckets(opt_state *o) {
     }
     if (k->t_hi < k->t_lo) k->t_lo = k->t_hi = 0;  // padding only
   }
+  o->n_buckets = b;
 }
 
 void opt_init(opt_state *o, model *m, const cfg *c) {
@@ -68,6 +74,11 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
+  if (o->zero && m->params_c != (void *)m->params) {
+    for (int i = 0; i < m->n_tensors; i++)
+      if (m->tensors[i].tp_replicated) o->norm_pack_n += m->tensors[i].n_elem;
+    o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
+  }
   opt_build_ranges(o);
 
   int dp = m->g->dp;
@@ -89,7 +100,6 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
     if (ch->lm_head && ch->lm_head != ch->embed) o->t_group[ch->lm_head - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
     if (ch->embed) o->t_group[ch->embed - m->tensors] = opt_group(ci, MODEL_GRADS_EMBED);
   }
-  o->overlap = dp > 1 && !o->zero;
   opt_build_buckets(o);
   m->grads_ready = opt_on_grads_ready;
   m->grads_ready_ctx = o;
@@ -105,6 +115,7 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg);
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
+  if (o->norm_pack) be->free(be, o->norm_pack);
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->t_group);
@@ -134,17 +145,22 @@ static void opt_tensor_final(opt_state *o, int i) {
   o->t_final[i] = 1;
 }
 
-// Starts, in bucket order, every bucket whose tensors are all final. Gradients are already
-// scaled by 1 / (tokens of the global batch), so the DP sum is the mean.
+// Starts, in bucket order, every bucket whose tensors are all final: all-reduced, or with ZeRO
+// reduced to the rank whose shard holds it (into its grad_shard). Gradients are already scaled
+// by 1 / (tokens of the global batch), so the DP sum is the mean.
 static void opt_start_buckets(opt_state *o) {
-  if (!o->overlap) return;
   comm *dc = o->m->g->dp_c;
+  if (dc->size == 1) return;
   for (; o->next_bucket < o->n_buckets; o->next_bucket++) {
     const opt_bucket *b = &o->buckets[o->next_bucket];
     for (int i = b->t_lo; i < b->t_hi; i++)
       if (!o->t_final[i]) return;
     trace_push_range("dp bucket start");
-    dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
+    if (o->zero)
+      dc->ops->reduce_start(dc, o->m->grads + b->lo, o->grad_shard + (b->lo - b->root * o->shard_n), b->hi - b->lo,
+                            COMM_F32, COMM_SUM, b->root);
+    else
+      dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
     trace_pop_range();
   }
 }
@@ -159,6 +175,34 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
   opt_start_buckets(o);
 }
 
+// With ZeRO and a separate compute copy, the fp32 master weights outside this rank's shard are
+// stale; but the norms (the tp-replicated tensors) are read in fp32 by forward and backward.
+// Every rank packs the norm elements it owns, zeros elsewhere, and the dp sum (exact: one
+// term per element is not zero) gives every rank, owner included, the same values.
+static void opt_share_norms(opt_state *o) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  be->zero(be, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
+  int64_t at = 0;
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    if (!t->tp_replicated) continue;
+    int64_t lo = t->offset > o->shard_lo ? t->offset : o->shard_lo;
+    int64_t hi = t->offset + t->n_elem < o->shard_lo + o->shard_n ? t->offset + t->n_elem : o->shard_lo + o->shard_n;
+    if (hi > lo) be->copy(be, o->norm_pack + at + (lo - t->offset), m->params + lo, (size_t)(hi - lo) * sizeof(float));
+    at += t->n_elem;
+  }
+  comm *dc = m->g->dp_c;
+  dc->ops->all_reduce(dc, o->norm_pack, at, COMM_F32, COMM_SUM);
+  at = 0;
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    if (!t->tp_replicated) continue;
+    be->copy(be, t->p, o->norm_pack + at, (size_t)t->n_elem * sizeof(float));
+    at += t->n_elem;
+  }
+}
+
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
@@ -171,8 +215,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   for (int i = m->n_tensors - 1; i >= 0; i--)
     if (!o->t_final[i]) opt_tensor_final(o, i);
   if (dc->size > 1) {
-    if (o->zero) dc->ops->reduce_scatter_start(dc, m->grads, o->grad_shard, o->shard_n, COMM_F32, COMM_SUM);
-    else opt_start_buckets(o);
+    opt_start_buckets(o);
     if (o->timing) dc->ops->drain(dc);  // bounded host wait: a dead peer ends the job here
     dc->ops->wait(dc);
   }
@@ -190,23 +233,18 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   const cfg_train *hp = &o->hp;
   float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);
-  // Without ZeRO the update also writes the compute copy; with it, the copy is made after the
-  // all-gather brings the other shards.
-  int fused_copy = !o->zero && m->params_c != (void *)m->params;
-  void *pc = fused_copy ? (char *)m->params_c + o->shard_lo * (int64_t)m->act_bytes : NULL;
-  be->adamw_ranges(m->params + o->shard_lo, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges,
-                   o->n_upd_ranges, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
-  if (o->zero) {
-    be->copy(be, o->grad_shard, m->params + o->shard_lo, (size_t)o->shard_n * sizeof(float));
-    dc->ops->all_gather_start(dc, o->grad_shard, m->params, o->shard_n, COMM_F32);
-    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gather
-    dc->ops->wait(dc);
-    be->zero(be, o->grad_shard, (size_t)o->shard_n * sizeof(float));
-    model_sync_compute_weights(m);
-  } else {
-    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
-    if (!fused_copy) model_sync_compute_weights(m);
-  }
+  // The update also writes this shard's compute copy (when the copy is not the master itself).
+  // With ZeRO the other shards' copies are then all-gathered: only the compute copy, so the
+  // master weights outside this rank's shard are stale (opt_get_params gathers them) except
+  // the norms, which forward reads in fp32 (opt_share_norms).
+  void *pc = (char *)m->params_c + o->shard_lo * (int64_t)m->act_bytes;
+  be->adamw_ranges(m->params + o->shard_lo, pc == (void *)(m->params + o->shard_lo) ? NULL : pc, be->act, grad,
+                   o->exp_avg, o->exp_avg_sq, o->upd_ranges, o->n_upd_ranges, lr, hp->beta1, hp->beta2, hp->eps,
+                   hp->weight_decay, bc1, bc2, g_scale);
+  if (o->norm_pack) opt_share_norms(o);
+  if (o->zero) dc->ops->all_gather_start(dc, pc, m->params_c, o->shard_n, be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+  be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gather
+  if (o->zero) dc->ops->wait(dc);
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;
@@ -215,7 +253,8 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   return norm;
 }
 
-static void gather_or_copy_moment(opt_state *o, const float *shard, float *host) {
+// This rank's shard of a flat fp32 array (all of it without ZeRO), whole into host memory.
+static void gather_or_copy(opt_state *o, const float *shard, float *host) {
   model *m = o->m;
   k_backend *be = m->be;
   size_t n_bytes = (size_t)m->n_params * sizeof(float);
@@ -229,9 +268,13 @@ static void gather_or_copy_moment(opt_state *o, const float *shard, float *host)
   be->free(be, full);
 }
 
+void opt_get_params(opt_state *o, float *params_host) {
+  gather_or_copy(o, o->m->params + o->shard_lo, params_host);
+}
+
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
-  gather_or_copy_moment(o, o->exp_avg, exp_avg_host);
-  gather_or_copy_moment(o, o->exp_avg_sq, exp_avg_sq_host);
+  gather_or_copy(o, o->exp_avg, exp_avg_host);
+  gather_or_copy(o, o->exp_avg_sq, exp_avg_sq_host);
 }
 
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {

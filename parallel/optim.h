@@ -1,7 +1,8 @@
 // AdamW over this rank's parameters, and the gradient synchronisation that precedes it:
-// sequence-parallel norm gradients reduced over tp, DP gradients averaged in buckets (or
-// reduce-scattered with the distributed optimizer, ZeRO-1), the global gradient norm, clipping,
-// the update, and (ZeRO-1) the all-gather of updated parameters.
+// sequence-parallel norm gradients reduced over tp, DP gradients averaged in buckets during
+// backward (with the distributed optimizer, ZeRO-1, each bucket reduced to the rank whose shard
+// holds it), the global gradient norm, clipping, the update, and (ZeRO-1) the all-gather of the
+// updated compute weights.
 // Parameters are fp32 and are the master weights; moments are fp32.
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
@@ -11,10 +12,12 @@
 #include "model/model.h"
 #include "parallel/timing.h"
 
-// A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi).
+// A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi); with ZeRO, inside the
+// shard of dp rank root.
 typedef struct opt_bucket {
   int64_t lo, hi;
   int t_lo, t_hi;
+  int root;
 } opt_bucket;
 
 typedef struct opt_state {
@@ -26,6 +29,8 @@ typedef struct opt_state {
   int64_t shard_lo, shard_n;  // this rank's slice of the flat buffer (all of it without ZeRO)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
+  float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
+  int64_t norm_pack_n;
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
   // Overlap of the DP reduction with backward (model.grads_ready): a tensor's gradient is final
   // once its group was reported n_micro times in a step; a bucket is started once every tensor
@@ -36,7 +41,6 @@ typedef struct opt_state {
   char *t_final;            // (n_tensors) final this step (tp-reduced under SP)
   opt_bucket *buckets;      // (n_buckets) from the end of the flat buffer to its start
   int n_buckets, next_bucket;
-  int overlap;              // dp > 1 without ZeRO: buckets are started from backward
   k_range *norm_ranges, *upd_ranges;  // shard-relative: counted in the norm; updated
   int n_norm_ranges, n_upd_ranges;
 } opt_state;
@@ -50,8 +54,9 @@ float opt_lr_at(const cfg_train *hp, int64_t step);
 // Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,
 // for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
 double opt_step(opt_state *o, float lr, int64_t t);
-// Moments for this rank's whole flat buffer (gathered over dp with ZeRO), into host arrays
-// of m->n_params elements; and back.
+// Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
+// into host arrays of m->n_params elements; and the moments back.
+void opt_get_params(opt_state *o, float *params_host);
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);
 

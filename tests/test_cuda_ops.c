@@ -704,11 +704,12 @@ static void test_embed_case(int64_t n, int d, int v0, int nvl) {
   const int lo = v0 > 20 ? v0 - 20 : 0, span = v0 + nvl + 20 - lo;
   for (int64_t i = 0; i < n; i++) tok[i] = lo + (int32_t)((rng_uniform() * 0.5 + 0.5) * span) % span;
   const int64_t nt = (int64_t)nvl * d, no = n * d;
-  float *table = rand_buf(nt, 1.0), *dout = rand_buf(no, 1.0), *dtab = rand_buf(nt, 1.0);
+  float *table = rand_act(nt, 1.0), *dout = rand_buf(no, 1.0), *dtab = rand_buf(nt, 1.0);  // table: the compute copy
   if (nvl > 2 && d > 1) table[2 * d + 1] = NAN;  // every token of row 2 carries it to out
   float *out = malloc(sizeof(float) * no);
   int32_t *d_tok = dev_puti(tok, n);
-  float *d_table = dev_putf(table, nt), *d_out = G->alloc(G, sizeof(float) * no), *d_dout = dev_putf(dout, no);
+  void *d_table = dev_put_act(table, nt);
+  float *d_out = G->alloc(G, sizeof(float) * no), *d_dout = dev_putf(dout, no);
   float *d_dtab = dev_putf(dtab, nt), *d_dtab2 = dev_putf(dtab, nt);
   k_cpu_embed_fwd(tok, table, out, n, d, v0, nvl);
   G->embed_fwd(d_tok, d_table, d_out, n, d, v0, nvl);

@@ -406,8 +406,9 @@ void k_cpu_swiglu_bwd(const float *dout, const float *gu, float *dgu, int64_t ro
 // ---------------------------------------------------------------------------------------------
 // Vocab-parallel embedding
 
-void k_cpu_embed_fwd(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+void k_cpu_embed_fwd(const int32_t *tokens, const void *table_f32, float *out, int64_t n, int d, int v0,
                      int n_vocab_local) {
+  const float *table = table_f32;
 #pragma omp parallel for schedule(static) if (n * d > OPS_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     const int64_t row = (int64_t)tokens[i] - v0;

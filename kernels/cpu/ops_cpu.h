@@ -49,7 +49,8 @@ void k_cpu_swiglu_bwd(const float *dout, const float *gu, float *dgu, int64_t ro
 
 // Vocab-parallel embedding: this rank holds rows [v0, v0 + n_vocab_local) of the table
 // (n_vocab_local, d). out (n, d): the row of each token, zeros where the token is not local.
-void k_cpu_embed_fwd(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+// table_f32 is fp32 (void for the backend table's act-dtype slot).
+void k_cpu_embed_fwd(const int32_t *tokens, const void *table_f32, float *out, int64_t n, int d, int v0,
                      int n_vocab_local);
 // dtable accumulate: dtable[tok - v0] += dout[i] for local tokens.
 void k_cpu_embed_bwd(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,

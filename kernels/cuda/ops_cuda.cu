@@ -584,12 +584,12 @@ extern "C" void k_cuda_swiglu_bwd(const void *dout, const void *gu, void *dgu, i
 // ---------------------------------------------------------------------------------------------
 // Vocab-parallel embedding
 
-__global__ void k_embed_fwd(const int32_t *tokens, const float *table, float *out, int d, int v0,
-                            int n_vocab_local) {
+template <typename T>
+__global__ void k_embed_fwd(const int32_t *tokens, const T *table, float *out, int d, int v0, int n_vocab_local) {
   const int64_t i = blockIdx.x;
   const int64_t row = (int64_t)tokens[i] - v0;
   const bool local = row >= 0 && row < n_vocab_local;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = local ? table[row * d + j] : 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = local ? k_ld(table[row * d + j]) : 0.0f;
 }
 
 // Sort keys, unsigned so the radix sort needs no sign handling: the local row, or n_vocab_local
@@ -619,11 +619,15 @@ __global__ void k_embed_bwd_rows(const uint32_t *keys, const int32_t *pos, const
   }
 }
 
-extern "C" void k_cuda_embed_fwd(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+extern "C" void k_cuda_embed_fwd(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                                  int n_vocab_local) {
   if (n <= 0 || d <= 0) return;
   CHECK(n <= INT_MAX, "embed: %lld tokens is more than one launch takes", (long long)n);
-  k_embed_fwd<<<(unsigned)n, row_threads(d), 0, k_cuda_cur()->stream>>>(tokens, table, out, d, v0, n_vocab_local);
+  cudaStream_t s = k_cuda_cur()->stream;
+  if (k_cuda_act() == K_BF16)
+    k_embed_fwd<<<(unsigned)n, row_threads(d), 0, s>>>(tokens, (const k_bf16 *)table, out, d, v0, n_vocab_local);
+  else
+    k_embed_fwd<<<(unsigned)n, row_threads(d), 0, s>>>(tokens, (const float *)table, out, d, v0, n_vocab_local);
   CUDA_LAUNCH_CHECK("k_embed_fwd");
 }
 

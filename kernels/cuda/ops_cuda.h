@@ -41,7 +41,7 @@ void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd
 void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
 void k_cuda_swiglu_fwd(const void *gu, void *out, int64_t rows, int n);
 void k_cuda_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n);
-void k_cuda_embed_fwd(const int32_t *tokens, const float *table, float *out, int64_t n, int d, int v0,
+void k_cuda_embed_fwd(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                       int n_vocab_local);
 void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                       int n_vocab_local);
