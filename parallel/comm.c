@@ -118,18 +118,14 @@ static MPI_Datatype comm_block_chunk_type(comm_dtype t, int n, int64_t block_ele
 static void comm_mpi_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
   const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
-  // In place, MPI takes this rank's block from where it lands in recv.
-  const int in_place = send == (const char *)recv + c->rank * n_elem * esz;
   if (n_elem <= step) {
-    MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n_elem, comm_mpi_type(t), recv, (int)n_elem,
-                            comm_mpi_type(t), c->mpi));
+    MPI_CHECK(MPI_Allgather(send, (int)n_elem, comm_mpi_type(t), recv, (int)n_elem, comm_mpi_type(t), c->mpi));
     return;
   }
   for (int64_t o = 0; o < n_elem; o += step) {
     int n = (int)(n_elem - o < step ? n_elem - o : step);
     MPI_Datatype rt = comm_block_chunk_type(t, n, n_elem);
-    MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : (const char *)send + o * esz, n, comm_mpi_type(t),
-                            (char *)recv + o * esz, 1, rt, c->mpi));
+    MPI_CHECK(MPI_Allgather((const char *)send + o * esz, n, comm_mpi_type(t), (char *)recv + o * esz, 1, rt, c->mpi));
     MPI_CHECK(MPI_Type_free(&rt));
   }
 }
@@ -154,6 +150,18 @@ static void comm_mpi_reduce_scatter(comm *c, const void *send, void *recv, int64
     MPI_CHECK(MPI_Reduce_scatter_block(pack, (char *)recv + o * esz, n, comm_mpi_type(t), comm_mpi_op(c, t, op), c->mpi));
   }
   free(pack);
+}
+
+static void comm_mpi_all_gather_blocks(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t) {
+  CHECK(n_elem >= 0 && stride >= n_elem, "comm %s: all_gather_blocks of %lld elements at stride %lld", c->name,
+        (long long)n_elem, (long long)stride);
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  for (int64_t o = 0; o < n_elem; o += step) {
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    MPI_Datatype rt = comm_block_chunk_type(t, n, stride);
+    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, (char *)buf + o * esz, 1, rt, c->mpi));
+    MPI_CHECK(MPI_Type_free(&rt));
+  }
 }
 
 static void comm_mpi_reduce(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op,
@@ -299,7 +307,7 @@ static const comm_ops comm_mpi_ops = {
     .free = comm_mpi_free,
     .all_reduce_start = comm_mpi_all_reduce,
     .reduce_start = comm_mpi_reduce,
-    .all_gather_start = comm_mpi_all_gather,
+    .all_gather_blocks_start = comm_mpi_all_gather_blocks,
     .wait = comm_mpi_wait,
     .drain = comm_mpi_wait,
 };

@@ -14,8 +14,7 @@ typedef enum comm_redop { COMM_SUM, COMM_MAX } comm_redop;
 typedef struct comm comm;
 typedef struct comm_ops {
   void (*all_reduce)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
-  // recv holds size * n_elem, rank r's send lands at recv + r * n_elem. In place when send is
-  // recv + rank * n_elem.
+  // recv holds size * n_elem, rank r's send lands at recv + r * n_elem.
   void (*all_gather)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // send holds size * n_elem; rank r gets the reduction of everyone's block r in recv (n_elem).
   void (*reduce_scatter)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
@@ -43,7 +42,9 @@ typedef struct comm_ops {
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   // The reduction of everyone's send lands in recv on root only (recv is not touched elsewhere).
   void (*reduce_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op, int root);
-  void (*all_gather_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
+  // In place, blocks at a stride: rank r's n_elem elements at buf + r * stride (stride >= n_elem)
+  // reach buf + r * stride on every rank (with stride = n_elem, an in-place all_gather).
+  void (*all_gather_blocks_start)(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t);
   // Work queued after wait (compute stream) sees the results of every collective started
   // before it. Never blocks the host.
   void (*wait)(comm *c);

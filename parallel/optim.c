@@ -8,26 +8,37 @@
 // What model_chunk_bwd reports when a tensor's gradient has this micro-batch's contribution.
 static int opt_group(int chunk, int layer) { return chunk * 4096 + layer + 2; }
 
+enum { OPT_PIECES = 8 };
+
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
 
 // Each tensor's part of this rank's shard (shard-relative offsets), in flat order: all of them
 // are updated; those this rank counts are in the gradient norm. Each element is counted once
 // over the world: tp-replicated tensors by tp rank 0 only, and without ZeRO (every dp replica
-// holds all gradients) by dp rank 0 only.
+// holds all gradients) by dp rank 0 only. The update ranges are also cut at piece boundaries:
+// piece k's are upd_ranges[piece_first[k] .. piece_first[k + 1]).
 static void opt_build_ranges(opt_state *o) {
   const model *m = o->m;
   o->norm_ranges = XCALLOC(m->n_tensors, sizeof(k_range));
-  o->upd_ranges = XCALLOC(m->n_tensors, sizeof(k_range));
+  o->upd_ranges = XCALLOC(m->n_tensors + o->n_pieces, sizeof(k_range));
+  o->piece_first = XCALLOC(o->n_pieces + 1, sizeof(int));
+  int piece = 0;
   for (int i = 0; i < m->n_tensors; i++) {
     const model_tensor *t = &m->tensors[i];
     int64_t lo = t->offset > o->shard_lo ? t->offset : o->shard_lo;
     int64_t hi = t->offset + t->n_elem < o->shard_lo + o->shard_n ? t->offset + t->n_elem : o->shard_lo + o->shard_n;
     if (hi <= lo) continue;
     k_range k = {lo - o->shard_lo, hi - lo, model_specs[t->kind].decay};
-    o->upd_ranges[o->n_upd_ranges++] = k;
     int in_norm = (!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0);
     if (in_norm) o->norm_ranges[o->n_norm_ranges++] = k;
+    for (int64_t a = k.offset, end = k.offset + k.n_elem; a < end;) {
+      while (a >= (piece + 1) * o->piece_n) o->piece_first[++piece] = o->n_upd_ranges;
+      int64_t b = end < (piece + 1) * o->piece_n ? end : (piece + 1) * o->piece_n;
+      o->upd_ranges[o->n_upd_ranges++] = (k_range){a, b - a, k.decay};
+      a = b;
+    }
   }
+  while (piece < o->n_pieces) o->piece_first[++piece] = o->n_upd_ranges;
 }
 
 // Buckets of bucket_elem from the end of the flat buffer (backward fills it from the end), each
@@ -71,6 +82,10 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   k_backend *be = m->be;
   o->shard_n = o->zero ? m->n_params / m->g->dp : m->n_params;
   o->shard_lo = o->zero ? o->shard_n * m->g->dp_rank : 0;
+  // With ZeRO the update runs piece by piece, each piece's all-gather starting as soon as it is
+  // updated, so that the all-gather overlaps the update of the next pieces.
+  o->n_pieces = o->zero ? OPT_PIECES : 1;
+  o->piece_n = ((o->shard_n + o->n_pieces - 1) / o->n_pieces + 127) / 128 * 128;  // aligned like the shards
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
@@ -118,6 +133,7 @@ void opt_free(opt_state *o) {
   if (o->norm_pack) be->free(be, o->norm_pack);
   free(o->norm_ranges);
   free(o->upd_ranges);
+  free(o->piece_first);
   free(o->t_group);
   free(o->t_count);
   free(o->t_final);
@@ -178,7 +194,8 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
 // With ZeRO and a separate compute copy, the fp32 master weights outside this rank's shard are
 // stale; but the norms (the tp-replicated tensors) are read in fp32 by forward and backward.
 // Every rank packs the norm elements it owns, zeros elsewhere, and the dp sum (exact: one
-// term per element is not zero) gives every rank, owner included, the same values.
+// term per element is not zero) gives every rank, owner included, the same values. Started
+// here; opt_unpack_norms takes the result after the wait.
 static void opt_share_norms(opt_state *o) {
   model *m = o->m;
   k_backend *be = m->be;
@@ -192,9 +209,13 @@ static void opt_share_norms(opt_state *o) {
     if (hi > lo) be->copy(be, o->norm_pack + at + (lo - t->offset), m->params + lo, (size_t)(hi - lo) * sizeof(float));
     at += t->n_elem;
   }
-  comm *dc = m->g->dp_c;
-  dc->ops->all_reduce(dc, o->norm_pack, at, COMM_F32, COMM_SUM);
-  at = 0;
+  m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, at, COMM_F32, COMM_SUM);
+}
+
+static void opt_unpack_norms(opt_state *o) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  int64_t at = 0;
   for (int i = 0; i < m->n_tensors; i++) {
     const model_tensor *t = &m->tensors[i];
     if (!t->tp_replicated) continue;
@@ -238,13 +259,21 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // master weights outside this rank's shard are stale (opt_get_params gathers them) except
   // the norms, which forward reads in fp32 (opt_share_norms).
   void *pc = (char *)m->params_c + o->shard_lo * (int64_t)m->act_bytes;
-  be->adamw_ranges(m->params + o->shard_lo, pc == (void *)(m->params + o->shard_lo) ? NULL : pc, be->act, grad,
-                   o->exp_avg, o->exp_avg_sq, o->upd_ranges, o->n_upd_ranges, lr, hp->beta1, hp->beta2, hp->eps,
-                   hp->weight_decay, bc1, bc2, g_scale);
+  if (pc == (void *)(m->params + o->shard_lo)) pc = NULL;
+  for (int k = 0; k < o->n_pieces; k++) {
+    int r0 = o->piece_first[k];
+    be->adamw_ranges(m->params + o->shard_lo, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
+                     o->piece_first[k + 1] - r0, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2,
+                     g_scale);
+    int64_t lo = k * o->piece_n, n = o->shard_n - lo < o->piece_n ? o->shard_n - lo : o->piece_n;
+    if (o->zero && n > 0)
+      dc->ops->all_gather_blocks_start(dc, (char *)m->params_c + lo * (int64_t)m->act_bytes, n, o->shard_n,
+                                       be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+  }
   if (o->norm_pack) opt_share_norms(o);
-  if (o->zero) dc->ops->all_gather_start(dc, pc, m->params_c, o->shard_n, be->act == K_BF16 ? COMM_BF16 : COMM_F32);
-  be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gather
+  be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
+  if (o->norm_pack) opt_unpack_norms(o);
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;

@@ -43,6 +43,9 @@ typedef struct opt_state {
   int n_buckets, next_bucket;
   k_range *norm_ranges, *upd_ranges;  // shard-relative: counted in the norm; updated
   int n_norm_ranges, n_upd_ranges;
+  int n_pieces;             // the update's pieces: 1, or with ZeRO a few (see opt_init)
+  int64_t piece_n;          // elements of shard per piece (the last may be shorter)
+  int *piece_first;         // (n_pieces + 1) piece k's update ranges start at upd_ranges[piece_first[k]]
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);

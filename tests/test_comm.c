@@ -133,14 +133,13 @@ static void test_comm_all(comm *c, int chunked) {
   c->ops->wait(c);
   c->ops->drain(c);
   EXPECT(v[0] == c->size * (c->size - 1) / 2 && v[1] == v[0] + c->size, "all_reduce_start: %d %d", v[0], v[1]);
-  int32_t g[4], gi[4] = {-1, -1, -1, -1}, rd = -1;
-  gi[c->rank] = 7 * c->rank;
-  c->ops->all_gather_start(c, &c->rank, g, 1, COMM_I32);
-  c->ops->all_gather_start(c, gi + c->rank, gi, 1, COMM_I32);  // in place
+  int32_t gb[8] = {-1, -1, -1, -1, -1, -1, -1, -1}, rd = -1;
+  gb[2 * c->rank] = 7 * c->rank;
+  c->ops->all_gather_blocks_start(c, gb, 1, 2, COMM_I32);  // one element per rank at stride 2
   c->ops->reduce_start(c, v + 4, &rd, 1, COMM_I32, COMM_SUM, c->size - 1);
   c->ops->wait(c);
-  EXPECT(g[0] == 0 && g[3] == 3, "all_gather_start: %d %d", g[0], g[3]);
-  EXPECT(gi[0] == 0 && gi[1] == 7 && gi[3] == 21, "all_gather_start in place: %d %d %d", gi[0], gi[1], gi[3]);
+  EXPECT(gb[0] == 0 && gb[2] == 7 && gb[6] == 21 && gb[1] == -1 && gb[7] == -1, "all_gather_blocks_start: %d %d %d %d %d",
+         gb[0], gb[2], gb[6], gb[1], gb[7]);
   int want = c->rank == c->size - 1 ? c->size * (c->size - 1) / 2 + 4 * c->size : -1;
   EXPECT(rd == want, "reduce_start to the last rank: %d on rank %d, want %d", rd, c->rank, want);
   // Empty transfers are legal and must not hang.

@@ -275,15 +275,16 @@ static void test_started(comm *c) {
   float *h = malloc((size_t)(n * N) * sizeof *h);
   float *da = dev_alloc((size_t)N * sizeof *h), *db = dev_alloc((size_t)(n * N) * sizeof *h);
   float *dc = dev_alloc((size_t)N * sizeof *h), *dg = dev_alloc((size_t)(n * N) * sizeof *h);
-  for (int64_t i = 0; i < N; i++) h[i] = (float)(r + i % 5);
-  CUDA_CHECK(cudaMemcpy(dg, h, (size_t)N * sizeof *h, cudaMemcpyHostToDevice));  // all_gather input
+  // all_gather_blocks input: the first half of block r (stride N) on rank r; -1 everywhere else.
+  for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r && i % N < N / 2 ? (float)(r + (i % N) % 5) : -1.0f;
+  CUDA_CHECK(cudaMemcpy(dg, h, (size_t)(n * N) * sizeof *h, cudaMemcpyHostToDevice));
   for (int64_t i = 0; i < n * N; i++) h[i] = (float)(r + (i / N) * 10);
   CUDA_CHECK(cudaMemcpyAsync(db, h, (size_t)(n * N) * sizeof *h, cudaMemcpyHostToDevice, S));
   for (int64_t i = 0; i < N; i++) h[i] = (float)(r + i % 5);
   CUDA_CHECK(cudaMemcpyAsync(da, h, (size_t)N * sizeof *h, cudaMemcpyHostToDevice, S));
   c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
   c->ops->reduce_start(c, db, dc, N, COMM_F32, COMM_SUM, n - 1);  // db's first block holds r everywhere
-  c->ops->all_gather_start(c, dg, db, N, COMM_F32);
+  c->ops->all_gather_blocks_start(c, dg, N / 2, N, COMM_F32);
   c->ops->wait(c);
   c->ops->wait(c);  // nothing new started: a no-op
   CUDA_CHECK(cudaMemcpyAsync(h, da, (size_t)N * sizeof *h, cudaMemcpyDeviceToHost, S));
@@ -297,11 +298,11 @@ static void test_started(comm *c) {
   if (r == n - 1)
     for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n - 1) / 2);
   EXPECT(bad == 0, "reduce_start + wait: %lld wrong of %lld on the root", (long long)bad, (long long)N);
-  CUDA_CHECK(cudaMemcpyAsync(h, db, (size_t)(n * N) * sizeof *h, cudaMemcpyDeviceToHost, S));
+  CUDA_CHECK(cudaMemcpyAsync(h, dg, (size_t)(n * N) * sizeof *h, cudaMemcpyDeviceToHost, S));
   CUDA_CHECK(cudaStreamSynchronize(S));
   bad = 0;
-  for (int64_t i = 0; i < n * N; i++) bad += h[i] != (float)(i / N + (i % N) % 5);
-  EXPECT(bad == 0, "all_gather_start + wait: %lld wrong of %lld", (long long)bad, (long long)(n * N));
+  for (int64_t i = 0; i < n * N; i++) bad += h[i] != (i % N < N / 2 ? (float)(i / N + (i % N) % 5) : -1.0f);
+  EXPECT(bad == 0, "all_gather_blocks_start + wait: %lld wrong of %lld", (long long)bad, (long long)(n * N));
   // drain: the host waits (bounded) for the side stream.
   c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
   c->ops->drain(c);

@@ -19,17 +19,37 @@ struct dev_range {
   int decay;
 };
 
-// A device copy of one host range list, refreshed when the list differs from the last one.
+// A device copy of one host range list, refreshed when the list differs from what was uploaded.
 struct range_table {
-  k_range *host;    // (n) what was uploaded
-  dev_range *dev;   // (n)
+  const k_range *key;  // the caller's list this copy is for
+  k_range *host;       // (n) what was uploaded
+  dev_range *dev;      // (n)
   int n, cap;
-  int64_t total;    // elements of all ranges
+  int64_t total;       // elements of all ranges
 };
 
-range_table g_sumsq_table, g_adamw_table;
+// One copy per caller list (the optimizer passes a few fixed lists every step, e.g. one per
+// piece of its shard); a list not seen before takes the least recently used slot.
+enum { RANGE_TABLES = 32 };
+struct range_cache {
+  range_table t[RANGE_TABLES];
+  unsigned long long used[RANGE_TABLES], clock;
+};
 
-const range_table *table_get(range_table *t, const k_range *r, int n) {
+range_cache g_sumsq_tables, g_adamw_tables;
+
+const range_table *table_get(range_cache *c, const k_range *r, int n) {
+  int slot = 0;
+  for (int i = 0; i < RANGE_TABLES; i++) {
+    if (c->t[i].key == r) {
+      slot = i;
+      break;
+    }
+    if (c->used[i] < c->used[slot]) slot = i;
+  }
+  c->used[slot] = ++c->clock;
+  range_table *t = &c->t[slot];
+  t->key = r;
   if (n == t->n && t->host && memcmp(t->host, r, sizeof(k_range) * (size_t)n) == 0) return t;
   cudaStream_t s = k_cuda_cur()->stream;
   CUDA_CHECK(cudaStreamSynchronize(s));  // earlier launches may still read the old table
@@ -129,7 +149,7 @@ double *g_total_host;    // pinned: the one read of the step
 
 extern "C" double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ranges) {
   if (n_ranges <= 0) return 0.0;
-  const range_table *t = table_get(&g_sumsq_table, r, n_ranges);
+  const range_table *t = table_get(&g_sumsq_tables, r, n_ranges);
   if (t->total == 0) return 0.0;
   cudaStream_t s = k_cuda_cur()->stream;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
@@ -154,7 +174,7 @@ extern "C" void k_cuda_adamw_ranges(float *p, void *pc, k_dtype pc_type, const f
                                     const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
                                     float weight_decay, float bc1, float bc2, float g_scale) {
   if (n_ranges <= 0) return;
-  const range_table *t = table_get(&g_adamw_table, r, n_ranges);
+  const range_table *t = table_get(&g_adamw_tables, r, n_ranges);
   if (t->total == 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;

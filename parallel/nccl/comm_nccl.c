@@ -276,8 +276,8 @@ static comm_nccl *comm_nccl_live_impl(const comm *c, const char *what) {
   return m;
 }
 
-// The three collectives on a given stream: the communicator's own (blocking forms) or its side
-// stream (the *_start forms). `how` is "" or " (started)", for the failure message.
+// all_reduce on a given stream: the communicator's own (blocking form) or its side stream
+// (all_reduce_start). `how` is "" or " (started)", for the failure message.
 static void comm_nccl_ar_on(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op, cudaStream_t s,
                             const char *how) {
   CHECK(n_elem >= 0, "comm %s: all_reduce of %lld elements", c->name, (long long)n_elem);
@@ -286,33 +286,24 @@ static void comm_nccl_ar_on(comm *c, void *buf, int64_t n_elem, comm_dtype t, co
   COMM_NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
 }
 
-static void comm_nccl_ag_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, cudaStream_t s,
-                            const char *how) {
-  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
-  comm_nccl_note(c, "all_gather of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
-  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, s));
-}
-
-static void comm_nccl_rs_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op,
-                            cudaStream_t s, const char *how) {
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
-  comm_nccl_note(c, "reduce_scatter of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
-  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
-}
-
 static void comm_nccl_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_live_impl(c, "all_reduce")->stream, "");
 }
 
 static void comm_nccl_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
-  comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_live_impl(c, "all_gather")->stream, "");
+  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
+  comm_nccl_note(c, "all_gather of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, m->stream));
 }
 
 static void comm_nccl_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                      comm_redop op) {
-  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_live_impl(c, "reduce_scatter")->stream, "");
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
+  comm_nccl_note(c, "reduce_scatter of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl,
+                                      m->stream));
 }
 
 // ---- asynchronous collectives ------------------------------------------------------------------
@@ -343,8 +334,20 @@ static void comm_nccl_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_
   comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_side_ready(c, "all_reduce_start"), " (started)");
 }
 
-static void comm_nccl_all_gather_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
-  comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_side_ready(c, "all_gather_start"), " (started)");
+// One broadcast per rank, from its block, grouped so that they all run at once.
+static void comm_nccl_all_gather_blocks_start(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t) {
+  CHECK(n_elem >= 0 && stride >= n_elem, "comm %s: all_gather_blocks of %lld elements at stride %lld", c->name,
+        (long long)n_elem, (long long)stride);
+  cudaStream_t s = comm_nccl_side_ready(c, "all_gather_blocks_start");
+  comm_nccl *m = c->impl;
+  comm_nccl_note(c, "all_gather_blocks of %lld %s per rank (started)", (long long)n_elem, comm_nccl_dtype_name(t));
+  const int64_t esz = comm_dtype_bytes(t);
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < c->size; r++) {
+    void *b = (char *)buf + r * stride * esz;
+    COMM_NCCL_CALL(c, ncclBroadcast(b, b, (size_t)n_elem, comm_nccl_type(c, t), r, m->nccl, s));
+  }
+  COMM_NCCL_CALL(c, ncclGroupEnd());
 }
 
 static void comm_nccl_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
@@ -509,7 +512,7 @@ static const comm_ops comm_nccl_ops = {
     .free = comm_nccl_free,
     .all_reduce_start = comm_nccl_all_reduce_start,
     .reduce_start = comm_nccl_reduce_start,
-    .all_gather_start = comm_nccl_all_gather_start,
+    .all_gather_blocks_start = comm_nccl_all_gather_blocks_start,
     .wait = comm_nccl_wait_started,
     .drain = comm_nccl_drain_started,
 };
