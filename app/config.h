@@ -31,7 +31,8 @@ typedef struct cfg_parallel {
   int last_stage_layers;      // layers of the last virtual stage; 0 = an even split
   int sequence_parallel;      // bool
   int distributed_optimizer;  // bool: ZeRO-1 over dp
-  int bucket_mb;              // DP gradient bucket size in MiB
+  float bucket_mb;            // DP gradient bucket size in MiB
+  int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
 } cfg_parallel;
 
 typedef struct cfg_train {

@@ -96,11 +96,20 @@ int main(int argc, char **argv) {
     be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
     comm_nccl_set_stream(k_cuda_stream());
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_nccl_create);
+    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) {
+      // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
+      // communicator of their own, slow the backward less (the rest keep NCCL's choice).
+      comm_nccl_set_max_ctas(c.parallel.dp_overlap_ctas);
+      grid_add_dp_overlap(&g, comm_nccl_create);
+      comm_nccl_set_max_ctas(0);
+    }
   }
 #endif
   if (!be) {
     be = k_backend_cpu_create();
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
+    // No SMs to spare on CPU ranks; the second communicator only exercises the same code path.
+    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) grid_add_dp_overlap(&g, comm_mpi_create);
   }
   rc = run_train(&c, &g, be);
   grid_free(&g);  // communicators first: NCCL's streams and events belong to the backend's device

@@ -15,11 +15,13 @@
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
 
-// A span of a flat fp32 buffer for the multi-tensor optimizer ops: elements
-// [offset, offset + n_elem); decay says whether weight decay applies to it.
+// A span for the multi-tensor optimizer ops: n_elem elements from offset in the gradient and
+// moments (the optimizer's shard), and from p_offset in the weights and their compute copy (the
+// flat parameter buffer); decay says whether weight decay applies to it.
 typedef struct k_range {
   int64_t offset, n_elem;
   int decay;
+  int64_t p_offset;
 } k_range;
 
 typedef struct k_backend {
@@ -90,8 +92,8 @@ typedef struct k_backend {
   // range as k_cpu_sumsq sums it, the range sums added in list order in fp64; one read by the host.
   double (*sumsq_ranges)(const float *x, const k_range *r, int n_ranges);
   // AdamW as k_cpu_adamw does it, over the ranges, on g * g_scale (clipping folded in), weight_decay
-  // where the range's decay is set; offsets index p, g, m, v and pc alike. pc (NULL: none) gets
-  // the updated p rounded to pc_type, the compute copy of the weights.
+  // where the range's decay is set; offset indexes g, m and v, p_offset p and pc. pc (NULL: none)
+  // gets the updated p rounded to pc_type, the compute copy of the weights.
   void (*adamw_ranges)(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
                        int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
                        float bc2, float g_scale);

@@ -152,27 +152,19 @@ static void comm_mpi_reduce_scatter(comm *c, const void *send, void *recv, int64
   free(pack);
 }
 
-static void comm_mpi_all_gather_blocks(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t) {
-  CHECK(n_elem >= 0 && stride >= n_elem, "comm %s: all_gather_blocks of %lld elements at stride %lld", c->name,
-        (long long)n_elem, (long long)stride);
+static void comm_mpi_all_gather_regions(comm *c, void *buf, const int64_t *at, const int64_t *n_elem, int n_regions,
+                                        comm_dtype t) {
   const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
-  for (int64_t o = 0; o < n_elem; o += step) {
-    int n = (int)(n_elem - o < step ? n_elem - o : step);
-    MPI_Datatype rt = comm_block_chunk_type(t, n, stride);
-    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, (char *)buf + o * esz, 1, rt, c->mpi));
-    MPI_CHECK(MPI_Type_free(&rt));
-  }
-}
-
-static void comm_mpi_reduce(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op,
-                            int root) {
-  CHECK(n_elem >= 0, "comm %s: reduce of %lld elements", c->name, (long long)n_elem);
-  CHECK(root >= 0 && root < c->size, "comm %s: reduce root %d outside [0, %d)", c->name, root, c->size);
-  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
-  for (int64_t o = 0; o < n_elem; o += step) {
-    int n = (int)(n_elem - o < step ? n_elem - o : step);
-    MPI_CHECK(MPI_Reduce((const char *)send + o * esz, (char *)recv + o * esz, n, comm_mpi_type(t),
-                         comm_mpi_op(c, t, op), root, c->mpi));
+  for (int i = 0; i < n_regions; i++) {
+    CHECK(n_elem[i] >= 0 && at[i] >= 0, "comm %s: all_gather_regions region %d: %lld elements at %lld", c->name, i,
+          (long long)n_elem[i], (long long)at[i]);
+    char *region = (char *)buf + at[i] * esz;
+    for (int64_t o = 0; o < n_elem[i]; o += step) {
+      int n = (int)(n_elem[i] - o < step ? n_elem[i] - o : step);
+      MPI_Datatype rt = comm_block_chunk_type(t, n, n_elem[i]);
+      MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, region + o * esz, 1, rt, c->mpi));
+      MPI_CHECK(MPI_Type_free(&rt));
+    }
   }
 }
 
@@ -306,8 +298,8 @@ static const comm_ops comm_mpi_ops = {
     .barrier = comm_mpi_barrier,
     .free = comm_mpi_free,
     .all_reduce_start = comm_mpi_all_reduce,
-    .reduce_start = comm_mpi_reduce,
-    .all_gather_blocks_start = comm_mpi_all_gather_blocks,
+    .reduce_scatter_start = comm_mpi_reduce_scatter,
+    .all_gather_regions_start = comm_mpi_all_gather_regions,
     .wait = comm_mpi_wait,
     .drain = comm_mpi_wait,
 };

@@ -40,11 +40,12 @@ typedef struct comm_ops {
   // order. MPI (host buffers): each start runs to completion before returning, so CPU results are
   // those of the blocking calls, bit for bit. NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
-  // The reduction of everyone's send lands in recv on root only (recv is not touched elsewhere).
-  void (*reduce_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op, int root);
-  // In place, blocks at a stride: rank r's n_elem elements at buf + r * stride (stride >= n_elem)
-  // reach buf + r * stride on every rank (with stride = n_elem, an in-place all_gather).
-  void (*all_gather_blocks_start)(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t);
+  void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  // In place, over regions: region i starts at element at[i] of buf and holds size blocks of
+  // n_elem[i] elements; rank r's block of every region reaches every rank. One operation (NCCL:
+  // one group) for all the regions.
+  void (*all_gather_regions_start)(comm *c, void *buf, const int64_t *at, const int64_t *n_elem, int n_regions,
+                                   comm_dtype t);
   // Work queued after wait (compute stream) sees the results of every collective started
   // before it. Never blocks the host.
   void (*wait)(comm *c);

@@ -44,8 +44,13 @@ void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mp
         g->tp_c->rank, g->dp_c->rank, g->pp_c->rank, g->tp_rank, g->dp_rank, g->pp_rank);
 }
 
+void grid_add_dp_overlap(grid *g, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
+  g->dp_overlap = grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, "dp-overlap", create_comm);
+}
+
 void grid_free(grid *g) {
   if (!g) return;
+  comm_free(&g->dp_overlap);
   comm_free(&g->pp_c);
   comm_free(&g->dp_c);
   comm_free(&g->tp_c);

@@ -13,6 +13,7 @@ typedef struct grid {
   comm *world;  // all ranks; always MPI over host buffers (loss, gradient norm)
   comm *tp_c;   // same dp_rank and pp_rank
   comm *dp_c;   // same tp_rank and pp_rank
+  comm *dp_overlap;  // NULL, or a second communicator over dp_c's ranks (grid_add_dp_overlap)
   comm *pp_c;   // same tp_rank and dp_rank; rank within it is pp_rank
 } grid;
 
@@ -23,6 +24,8 @@ typedef struct grid {
 // its MPI_Comm_split results right after the call. The group rank of tp_c/dp_c/pp_c equals
 // tp_rank/dp_rank/pp_rank (checked).
 void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name));
+// Adds dp_overlap, made by create_comm over the ranks of dp_c (collective over the world).
+void grid_add_dp_overlap(grid *g, comm *(*create_comm)(MPI_Comm mpi, const char *name));
 // Safe twice.
 void grid_free(grid *g);
 // World rank of the given coordinates.

@@ -12,51 +12,22 @@ enum { OPT_PIECES = 8 };
 
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
 
-// Each tensor's part of this rank's shard (shard-relative offsets), in flat order: all of them
-// are updated; those this rank counts are in the gradient norm. Each element is counted once
-// over the world: tp-replicated tensors by tp rank 0 only, and without ZeRO (every dp replica
-// holds all gradients) by dp rank 0 only. The update ranges are also cut at piece boundaries:
-// piece k's are upd_ranges[piece_first[k] .. piece_first[k + 1]).
-static void opt_build_ranges(opt_state *o) {
-  const model *m = o->m;
-  o->norm_ranges = XCALLOC(m->n_tensors, sizeof(k_range));
-  o->upd_ranges = XCALLOC(m->n_tensors + o->n_pieces, sizeof(k_range));
-  o->piece_first = XCALLOC(o->n_pieces + 1, sizeof(int));
-  int piece = 0;
-  for (int i = 0; i < m->n_tensors; i++) {
-    const model_tensor *t = &m->tensors[i];
-    int64_t lo = t->offset > o->shard_lo ? t->offset : o->shard_lo;
-    int64_t hi = t->offset + t->n_elem < o->shard_lo + o->shard_n ? t->offset + t->n_elem : o->shard_lo + o->shard_n;
-    if (hi <= lo) continue;
-    k_range k = {lo - o->shard_lo, hi - lo, model_specs[t->kind].decay};
-    int in_norm = (!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0);
-    if (in_norm) o->norm_ranges[o->n_norm_ranges++] = k;
-    for (int64_t a = k.offset, end = k.offset + k.n_elem; a < end;) {
-      while (a >= (piece + 1) * o->piece_n) o->piece_first[++piece] = o->n_upd_ranges;
-      int64_t b = end < (piece + 1) * o->piece_n ? end : (piece + 1) * o->piece_n;
-      o->upd_ranges[o->n_upd_ranges++] = (k_range){a, b - a, k.decay};
-      a = b;
-    }
-  }
-  while (piece < o->n_pieces) o->piece_first[++piece] = o->n_upd_ranges;
-}
-
-// Buckets of bucket_elem from the end of the flat buffer (backward fills it from the end), each
-// with the tensors it overlaps. With ZeRO they also end at shard boundaries, so that each lies
-// in one rank's shard: that rank is the root its bucket is reduced to.
+// Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
+// fills it from the end), each with the tensors it overlaps. Each bucket is cut into `parts`
+// equal parts (dp with ZeRO, otherwise 1): part r of bucket [lo, hi) is flat [lo + r * len,
+// + len), and this rank's shard is its part of every bucket, in flat order (at shard_off).
 static void opt_build_buckets(opt_state *o) {
   model *m = o->m;
-  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem) + (o->zero ? m->g->dp : 0);
+  const int64_t unit = (int64_t)o->parts * 128;  // n_params is a multiple of dp * 128
+  o->bucket_elem = (o->bucket_elem + unit - 1) / unit * unit;
+  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
   o->buckets = XCALLOC(o->n_buckets ? o->n_buckets : 1, sizeof(opt_bucket));
   int b = 0;
-  for (int64_t end = m->n_params, lo; end > 0; end = lo, b++) {
-    lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
-    int root = o->zero ? (int)((end - 1) / o->shard_n) : 0;
-    if (o->zero && lo < root * o->shard_n) lo = root * o->shard_n;
+  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++) {
     opt_bucket *k = &o->buckets[b];
     k->hi = end;
-    k->lo = lo;
-    k->root = root;
+    k->lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
+    k->len = (k->hi - k->lo) / o->parts;
     k->t_lo = m->n_tensors;
     k->t_hi = 0;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -68,7 +39,69 @@ static void opt_build_buckets(opt_state *o) {
     }
     if (k->t_hi < k->t_lo) k->t_lo = k->t_hi = 0;  // padding only
   }
-  o->n_buckets = b;
+  int64_t off = 0;
+  for (int i = o->n_buckets - 1; i >= 0; i--) {  // the last bucket is the lowest
+    o->buckets[i].shard_off = off;
+    off += o->buckets[i].len;
+  }
+}
+
+// This rank's part of bucket k, in flat elements.
+static int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+// Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
+// p_offset in the flat buffer. All of them are updated; those this rank counts are in the
+// gradient norm. Each element is counted once over the world: tp-replicated tensors by tp rank
+// 0 only, and without ZeRO (every dp replica holds all gradients) by dp rank 0 only. The buckets
+// are split into n_pieces runs in flat order: piece k's update ranges are upd_ranges[
+// piece_first[k] .. piece_first[k + 1]), its buckets (counted from the lowest, as in bucket_lo
+// and bucket_len) piece_bucket[k] .. piece_bucket[k + 1]. norm_own lists the norm elements this
+// rank updates, with offset in norm_pack (see opt_share_norms).
+static void opt_build_ranges(opt_state *o) {
+  const model *m = o->m;
+  int cap = 1;
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->norm_ranges = XCALLOC(cap, sizeof(k_range));
+  o->upd_ranges = XCALLOC(cap, sizeof(k_range));
+  o->norm_own = XCALLOC(cap, sizeof(k_range));
+  o->piece_first = XCALLOC(o->n_pieces + 1, sizeof(int));
+  o->piece_bucket = XCALLOC(o->n_pieces + 1, sizeof(int));
+  o->bucket_lo = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
+  o->bucket_len = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
+  int64_t *pack_at = XCALLOC(m->n_tensors, sizeof(int64_t));
+  for (int i = 0, at = 0; i < m->n_tensors; i++) {
+    pack_at[i] = at;
+    if (m->tensors[i].tp_replicated) at += (int)m->tensors[i].n_elem;
+  }
+  int piece = 0;
+  for (int asc = 0; asc < o->n_buckets; asc++) {
+    const opt_bucket *k = &o->buckets[o->n_buckets - 1 - asc];
+    for (int want = (int)((int64_t)asc * o->n_pieces / o->n_buckets); piece < want;) {
+      piece++;
+      o->piece_first[piece] = o->n_upd_ranges;
+      o->piece_bucket[piece] = asc;
+    }
+    o->bucket_lo[asc] = k->lo;
+    o->bucket_len[asc] = k->len;
+    const int64_t plo = opt_part_lo(o, k), phi = plo + k->len;
+    for (int i = k->t_lo; i < k->t_hi; i++) {
+      const model_tensor *t = &m->tensors[i];
+      int64_t lo = t->offset > plo ? t->offset : plo;
+      int64_t hi = t->offset + t->n_elem < phi ? t->offset + t->n_elem : phi;
+      if (hi <= lo) continue;
+      k_range r = {k->shard_off + (lo - plo), hi - lo, model_specs[t->kind].decay, lo};
+      o->upd_ranges[o->n_upd_ranges++] = r;
+      if ((!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0))
+        o->norm_ranges[o->n_norm_ranges++] = r;
+      if (t->tp_replicated) o->norm_own[o->n_norm_own++] = (k_range){pack_at[i] + (lo - t->offset), hi - lo, 0, lo};
+    }
+  }
+  while (piece < o->n_pieces) {
+    piece++;
+    o->piece_first[piece] = o->n_upd_ranges;
+    o->piece_bucket[piece] = o->n_buckets;
+  }
+  free(pack_at);
 }
 
 void opt_init(opt_state *o, model *m, const cfg *c) {
@@ -77,15 +110,15 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->g = m->g;
   o->hp = c->train;
   o->zero = c->parallel.distributed_optimizer && m->g->dp > 1;
-  o->bucket_elem = (int64_t)c->parallel.bucket_mb * (1 << 20) / (int64_t)sizeof(float);
+  o->bucket_elem = (int64_t)((double)c->parallel.bucket_mb * (1 << 20) / sizeof(float));
   if (o->bucket_elem < 1) o->bucket_elem = 1;
   k_backend *be = m->be;
-  o->shard_n = o->zero ? m->n_params / m->g->dp : m->n_params;
-  o->shard_lo = o->zero ? o->shard_n * m->g->dp_rank : 0;
-  // With ZeRO the update runs piece by piece, each piece's all-gather starting as soon as it is
-  // updated, so that the all-gather overlaps the update of the next pieces.
+  o->parts = o->zero ? m->g->dp : 1;
+  o->part_rank = o->zero ? m->g->dp_rank : 0;
+  o->shard_n = m->n_params / o->parts;
+  // With ZeRO the update runs piece by piece, each piece's all-gathers starting as soon as it is
+  // updated, so that they overlap the update of the next pieces.
   o->n_pieces = o->zero ? OPT_PIECES : 1;
-  o->piece_n = ((o->shard_n + o->n_pieces - 1) / o->n_pieces + 127) / 128 * 128;  // aligned like the shards
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
@@ -94,6 +127,7 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
       if (m->tensors[i].tp_replicated) o->norm_pack_n += m->tensors[i].n_elem;
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
   }
+  opt_build_buckets(o);
   opt_build_ranges(o);
 
   int dp = m->g->dp;
@@ -115,7 +149,6 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
     if (ch->lm_head && ch->lm_head != ch->embed) o->t_group[ch->lm_head - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
     if (ch->embed) o->t_group[ch->embed - m->tensors] = opt_group(ci, MODEL_GRADS_EMBED);
   }
-  opt_build_buckets(o);
   m->grads_ready = opt_on_grads_ready;
   m->grads_ready_ctx = o;
 }
@@ -134,6 +167,10 @@ void opt_free(opt_state *o) {
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->piece_first);
+  free(o->piece_bucket);
+  free(o->bucket_lo);
+  free(o->bucket_len);
+  free(o->norm_own);
   free(o->t_group);
   free(o->t_count);
   free(o->t_final);
@@ -162,10 +199,9 @@ static void opt_tensor_final(opt_state *o, int i) {
 }
 
 // Starts, in bucket order, every bucket whose tensors are all final: all-reduced, or with ZeRO
-// reduced to the rank whose shard holds it (into its grad_shard). Gradients are already scaled
-// by 1 / (tokens of the global batch), so the DP sum is the mean.
-static void opt_start_buckets(opt_state *o) {
-  comm *dc = o->m->g->dp_c;
+// reduce-scattered (each rank's part into its grad_shard). Gradients are already scaled by
+// 1 / (tokens of the global batch), so the DP sum is the mean.
+static void opt_start_buckets(opt_state *o, comm *dc) {
   if (dc->size == 1) return;
   for (; o->next_bucket < o->n_buckets; o->next_bucket++) {
     const opt_bucket *b = &o->buckets[o->next_bucket];
@@ -173,8 +209,7 @@ static void opt_start_buckets(opt_state *o) {
       if (!o->t_final[i]) return;
     trace_push_range("dp bucket start");
     if (o->zero)
-      dc->ops->reduce_start(dc, o->m->grads + b->lo, o->grad_shard + (b->lo - b->root * o->shard_n), b->hi - b->lo,
-                            COMM_F32, COMM_SUM, b->root);
+      dc->ops->reduce_scatter_start(dc, o->m->grads + b->lo, o->grad_shard + b->shard_off, b->len, COMM_F32, COMM_SUM);
     else
       dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
     trace_pop_range();
@@ -188,7 +223,8 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
   // out in the order the gradients were finished.
   for (int i = o->m->n_tensors - 1; i >= 0; i--)
     if (o->t_group[i] == grp && ++o->t_count[i] == o->n_micro && !o->t_final[i]) opt_tensor_final(o, i);
-  opt_start_buckets(o);
+  // While backward runs: on the overlap communicator when there is one (fewer SMs).
+  opt_start_buckets(o, o->m->g->dp_overlap ? o->m->g->dp_overlap : o->m->g->dp_c);
 }
 
 // With ZeRO and a separate compute copy, the fp32 master weights outside this rank's shard are
@@ -200,16 +236,11 @@ static void opt_share_norms(opt_state *o) {
   model *m = o->m;
   k_backend *be = m->be;
   be->zero(be, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
-  int64_t at = 0;
-  for (int i = 0; i < m->n_tensors; i++) {
-    const model_tensor *t = &m->tensors[i];
-    if (!t->tp_replicated) continue;
-    int64_t lo = t->offset > o->shard_lo ? t->offset : o->shard_lo;
-    int64_t hi = t->offset + t->n_elem < o->shard_lo + o->shard_n ? t->offset + t->n_elem : o->shard_lo + o->shard_n;
-    if (hi > lo) be->copy(be, o->norm_pack + at + (lo - t->offset), m->params + lo, (size_t)(hi - lo) * sizeof(float));
-    at += t->n_elem;
+  for (int k = 0; k < o->n_norm_own; k++) {
+    const k_range *r = &o->norm_own[k];
+    be->copy(be, o->norm_pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
   }
-  m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, at, COMM_F32, COMM_SUM);
+  m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
 }
 
 static void opt_unpack_norms(opt_state *o) {
@@ -236,8 +267,13 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   for (int i = m->n_tensors - 1; i >= 0; i--)
     if (!o->t_final[i]) opt_tensor_final(o, i);
   if (dc->size > 1) {
-    opt_start_buckets(o);
-    if (o->timing) dc->ops->drain(dc);  // bounded host wait: a dead peer ends the job here
+    opt_start_buckets(o, dc);  // backward is done: the rest with all of NCCL's SMs
+    comm *ovl = m->g->dp_overlap;
+    if (o->timing) {  // bounded host waits: a dead peer ends the job here
+      if (ovl) ovl->ops->drain(ovl);
+      dc->ops->drain(dc);
+    }
+    if (ovl) ovl->ops->wait(ovl);
     dc->ops->wait(dc);
   }
   memset(o->t_count, 0, (size_t)m->n_tensors * sizeof(int));
@@ -246,7 +282,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   double t1 = o->timing ? timing_now(be) : 0;
   trace_pop_range();
   trace_push_range("optimizer");
-  float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by flat offset - shard_lo
+  float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
   double sumsq = be->sumsq_ranges(grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
@@ -254,21 +290,21 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   const cfg_train *hp = &o->hp;
   float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);
-  // The update also writes this shard's compute copy (when the copy is not the master itself).
-  // With ZeRO the other shards' copies are then all-gathered: only the compute copy, so the
-  // master weights outside this rank's shard are stale (opt_get_params gathers them) except
-  // the norms, which forward reads in fp32 (opt_share_norms).
-  void *pc = (char *)m->params_c + o->shard_lo * (int64_t)m->act_bytes;
-  if (pc == (void *)(m->params + o->shard_lo)) pc = NULL;
+  // The update also writes the compute copy of this rank's elements (when the copy is not the
+  // master itself). With ZeRO the other ranks' parts of the copy are then all-gathered, bucket by
+  // bucket: only the compute copy, so the master weights outside this rank's shard are stale
+  // (opt_get_params gathers them) except the norms, which forward reads in fp32
+  // (opt_share_norms).
+  void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
   for (int k = 0; k < o->n_pieces; k++) {
     int r0 = o->piece_first[k];
-    be->adamw_ranges(m->params + o->shard_lo, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
+    be->adamw_ranges(m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
                      o->piece_first[k + 1] - r0, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2,
                      g_scale);
-    int64_t lo = k * o->piece_n, n = o->shard_n - lo < o->piece_n ? o->shard_n - lo : o->piece_n;
-    if (o->zero && n > 0)
-      dc->ops->all_gather_blocks_start(dc, (char *)m->params_c + lo * (int64_t)m->act_bytes, n, o->shard_n,
-                                       be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+    int b0 = o->piece_bucket[k], nb = o->piece_bucket[k + 1] - b0;
+    if (o->zero && nb > 0)
+      dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb,
+                                        be->act == K_BF16 ? COMM_BF16 : COMM_F32);
   }
   if (o->norm_pack) opt_share_norms(o);
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
@@ -282,7 +318,8 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   return norm;
 }
 
-// This rank's shard of a flat fp32 array (all of it without ZeRO), whole into host memory.
+// This rank's shard of a flat fp32 array (shard order; the whole array without ZeRO), whole
+// into host memory in flat order.
 static void gather_or_copy(opt_state *o, const float *shard, float *host) {
   model *m = o->m;
   k_backend *be = m->be;
@@ -291,14 +328,32 @@ static void gather_or_copy(opt_state *o, const float *shard, float *host) {
     be->to_host(be, host, shard, n_bytes);
     return;
   }
-  float *full = be->alloc(be, n_bytes);
+  float *full = be->alloc(be, n_bytes), *tmp = XMALLOC(n_bytes);
   m->g->dp_c->ops->all_gather(m->g->dp_c, shard, full, o->shard_n, COMM_F32);
-  be->to_host(be, host, full, n_bytes);
+  be->to_host(be, tmp, full, n_bytes);
   be->free(be, full);
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    for (int r = 0; r < o->parts; r++)
+      memcpy(host + k->lo + r * k->len, tmp + r * o->shard_n + k->shard_off, (size_t)k->len * sizeof(float));
+  }
+  free(tmp);
 }
 
 void opt_get_params(opt_state *o, float *params_host) {
-  gather_or_copy(o, o->m->params + o->shard_lo, params_host);
+  model *m = o->m;
+  k_backend *be = m->be;
+  if (!o->zero) {
+    gather_or_copy(o, m->params, params_host);
+    return;
+  }
+  float *shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    be->copy(be, shard + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
+  }
+  gather_or_copy(o, shard, params_host);
+  be->free(be, shard);
 }
 
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
@@ -306,9 +361,24 @@ void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) 
   gather_or_copy(o, o->exp_avg_sq, exp_avg_sq_host);
 }
 
-void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
+// This rank's shard of a whole flat host array, into backend memory.
+static void scatter_or_copy(opt_state *o, const float *host, float *shard) {
   k_backend *be = o->m->be;
   size_t n_bytes = (size_t)o->shard_n * sizeof(float);
-  be->from_host(be, o->exp_avg, exp_avg_host + o->shard_lo, n_bytes);
-  be->from_host(be, o->exp_avg_sq, exp_avg_sq_host + o->shard_lo, n_bytes);
+  if (!o->zero) {
+    be->from_host(be, shard, host, n_bytes);
+    return;
+  }
+  float *tmp = XMALLOC(n_bytes);
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    memcpy(tmp + k->shard_off, host + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
+  }
+  be->from_host(be, shard, tmp, n_bytes);
+  free(tmp);
+}
+
+void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
+  scatter_or_copy(o, exp_avg_host, o->exp_avg);
+  scatter_or_copy(o, exp_avg_sq_host, o->exp_avg_sq);
 }

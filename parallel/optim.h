@@ -1,8 +1,8 @@
 // AdamW over this rank's parameters, and the gradient synchronisation that precedes it:
 // sequence-parallel norm gradients reduced over tp, DP gradients averaged in buckets during
-// backward (with the distributed optimizer, ZeRO-1, each bucket reduced to the rank whose shard
-// holds it), the global gradient norm, clipping, the update, and (ZeRO-1) the all-gather of the
-// updated compute weights.
+// backward (with the distributed optimizer, ZeRO-1, each bucket reduce-scattered: every rank
+// updates its part of every bucket), the global gradient norm, clipping, the update, and (ZeRO-1)
+// the all-gather of the updated compute weights.
 // Parameters are fp32 and are the master weights; moments are fp32.
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
@@ -12,12 +12,11 @@
 #include "model/model.h"
 #include "parallel/timing.h"
 
-// A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi); with ZeRO, inside the
-// shard of dp rank root.
+// A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi); cut into parts of len
+// elements (one per dp rank with ZeRO), this rank's part at shard_off in its shard.
 typedef struct opt_bucket {
-  int64_t lo, hi;
+  int64_t lo, hi, len, shard_off;
   int t_lo, t_hi;
-  int root;
 } opt_bucket;
 
 typedef struct opt_state {
@@ -26,7 +25,8 @@ typedef struct opt_state {
   cfg_train hp;
   int zero;                 // distributed optimizer over dp
   int64_t bucket_elem;      // DP bucket size
-  int64_t shard_lo, shard_n;  // this rank's slice of the flat buffer (all of it without ZeRO)
+  int parts, part_rank;      // each bucket's parts (dp with ZeRO, else 1), and which is this rank's
+  int64_t shard_n;          // elements this rank updates: its part of every bucket (see opt_bucket)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
@@ -41,11 +41,14 @@ typedef struct opt_state {
   char *t_final;            // (n_tensors) final this step (tp-reduced under SP)
   opt_bucket *buckets;      // (n_buckets) from the end of the flat buffer to its start
   int n_buckets, next_bucket;
-  k_range *norm_ranges, *upd_ranges;  // shard-relative: counted in the norm; updated
+  k_range *norm_ranges, *upd_ranges;  // counted in the norm; updated (offset in the shard, p_offset flat)
   int n_norm_ranges, n_upd_ranges;
   int n_pieces;             // the update's pieces: 1, or with ZeRO a few (see opt_init)
-  int64_t piece_n;          // elements of shard per piece (the last may be shorter)
   int *piece_first;         // (n_pieces + 1) piece k's update ranges start at upd_ranges[piece_first[k]]
+  int *piece_bucket;        // (n_pieces + 1) and its buckets, counted from the lowest
+  int64_t *bucket_lo, *bucket_len;  // (n_buckets) each bucket's lo and part length, lowest first
+  k_range *norm_own;        // the norm elements this rank updates: offset in norm_pack, p_offset flat
+  int n_norm_own;
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);

@@ -28,6 +28,7 @@ pp2_1f1b parallel.pp=2
 pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2 parallel.dp=2
 dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
+dp2_distopt_buckets parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.dp_overlap_ctas=4
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 LAYOUTS
 step "kill a rank of a dp2 run on 2 GPUs: the job ends with a message" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"

@@ -13,6 +13,9 @@ trainer_add_parity(pp2_last1 2 parallel.pp=2 parallel.last_stage_layers=1)
 trainer_add_parity(pp2_vpp2_last1 2 parallel.pp=2 parallel.vpp=2 parallel.last_stage_layers=1 model.n_layers=7)
 trainer_add_parity(dp2 2 parallel.dp=2)
 trainer_add_parity(dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+# Many 10 KiB buckets, each reduce-scattered while backward runs, on a second dp communicator.
+trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+                   parallel.dp_overlap_ctas=4)
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)

@@ -133,15 +133,16 @@ static void test_comm_all(comm *c, int chunked) {
   c->ops->wait(c);
   c->ops->drain(c);
   EXPECT(v[0] == c->size * (c->size - 1) / 2 && v[1] == v[0] + c->size, "all_reduce_start: %d %d", v[0], v[1]);
-  int32_t gb[8] = {-1, -1, -1, -1, -1, -1, -1, -1}, rd = -1;
-  gb[2 * c->rank] = 7 * c->rank;
-  c->ops->all_gather_blocks_start(c, gb, 1, 2, COMM_I32);  // one element per rank at stride 2
-  c->ops->reduce_start(c, v + 4, &rd, 1, COMM_I32, COMM_SUM, c->size - 1);
+  int32_t ga[9] = {-1, -1, -1, -1, -1, -1, -1, -1, -1}, rs = -1;
+  const int64_t at[2] = {0, 4}, len[2] = {1, 1};  // two regions of one element per rank; ga[8] in neither
+  ga[c->rank] = 7 * c->rank;
+  ga[4 + c->rank] = 100 + c->rank;
+  c->ops->all_gather_regions_start(c, ga, at, len, 2, COMM_I32);
+  c->ops->reduce_scatter_start(c, v + 4, &rs, 1, COMM_I32, COMM_SUM);
   c->ops->wait(c);
-  EXPECT(gb[0] == 0 && gb[2] == 7 && gb[6] == 21 && gb[1] == -1 && gb[7] == -1, "all_gather_blocks_start: %d %d %d %d %d",
-         gb[0], gb[2], gb[6], gb[1], gb[7]);
-  int want = c->rank == c->size - 1 ? c->size * (c->size - 1) / 2 + 4 * c->size : -1;
-  EXPECT(rd == want, "reduce_start to the last rank: %d on rank %d, want %d", rd, c->rank, want);
+  EXPECT(ga[0] == 0 && ga[3] == 21 && ga[4] == 100 && ga[7] == 103 && ga[8] == -1,
+         "all_gather_regions_start: %d %d %d %d %d", ga[0], ga[3], ga[4], ga[7], ga[8]);
+  EXPECT(rs == c->size * (c->size - 1) / 2 + c->size * (4 + c->rank), "reduce_scatter_start: %d", rs);
   // Empty transfers are legal and must not hang.
   float dummy = 0;
   c->ops->all_reduce(c, &dummy, 0, COMM_F32, COMM_SUM);

@@ -269,22 +269,35 @@ static void test_bf16_rounding(comm *c) {
 // Started collectives run on the side stream: each takes the data queued on the main stream
 // before it (an unsynchronised upload here), several may be in flight, and after wait a copy
 // on the main stream alone sees every result, without a host wait in between.
+// Element i of test_started's all_gather_regions buffer: what rank `own` puts there before (-1
+// outside its blocks), or every rank's data after (own = -1).
+static float ag_want(int64_t i, int64_t N, int n, int own) {
+  int64_t region = i < n * N / 2 ? 0 : i < n * N / 2 + n * N / 4 ? 1 : 2, len = region == 0 ? N / 2 : N / 4;
+  if (region == 2) return -1.0f;
+  int64_t j = region == 0 ? i : i - n * N / 2;
+  int block = (int)(j / len);
+  if (own >= 0 && block != own) return -1.0f;
+  return (float)(100 * region + block + (j % len) % 5);
+}
+
 static void test_started(comm *c) {
   const int n = c->size, r = c->rank;
   const int64_t N = 1 << 21;  // 8 MiB per buffer: long enough to still run when the copy is queued
   float *h = malloc((size_t)(n * N) * sizeof *h);
   float *da = dev_alloc((size_t)N * sizeof *h), *db = dev_alloc((size_t)(n * N) * sizeof *h);
   float *dc = dev_alloc((size_t)N * sizeof *h), *dg = dev_alloc((size_t)(n * N) * sizeof *h);
-  // all_gather_blocks input: the first half of block r (stride N) on rank r; -1 everywhere else.
-  for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r && i % N < N / 2 ? (float)(r + (i % N) % 5) : -1.0f;
+  // all_gather_regions input: two regions, of n blocks of N/2 then n blocks of N/4 (the last
+  // quarter of dg is in neither); rank r fills its block of each, -1 everywhere else.
+  const int64_t at[2] = {0, n * N / 2}, len[2] = {N / 2, N / 4};
+  for (int64_t i = 0; i < n * N; i++) h[i] = ag_want(i, N, n, r);
   CUDA_CHECK(cudaMemcpy(dg, h, (size_t)(n * N) * sizeof *h, cudaMemcpyHostToDevice));
   for (int64_t i = 0; i < n * N; i++) h[i] = (float)(r + (i / N) * 10);
   CUDA_CHECK(cudaMemcpyAsync(db, h, (size_t)(n * N) * sizeof *h, cudaMemcpyHostToDevice, S));
   for (int64_t i = 0; i < N; i++) h[i] = (float)(r + i % 5);
   CUDA_CHECK(cudaMemcpyAsync(da, h, (size_t)N * sizeof *h, cudaMemcpyHostToDevice, S));
   c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
-  c->ops->reduce_start(c, db, dc, N, COMM_F32, COMM_SUM, n - 1);  // db's first block holds r everywhere
-  c->ops->all_gather_blocks_start(c, dg, N / 2, N, COMM_F32);
+  c->ops->reduce_scatter_start(c, db, dc, N, COMM_F32, COMM_SUM);
+  c->ops->all_gather_regions_start(c, dg, at, len, 2, COMM_F32);
   c->ops->wait(c);
   c->ops->wait(c);  // nothing new started: a no-op
   CUDA_CHECK(cudaMemcpyAsync(h, da, (size_t)N * sizeof *h, cudaMemcpyDeviceToHost, S));
@@ -295,14 +308,13 @@ static void test_started(comm *c) {
   CUDA_CHECK(cudaMemcpyAsync(h, dc, (size_t)N * sizeof *h, cudaMemcpyDeviceToHost, S));
   CUDA_CHECK(cudaStreamSynchronize(S));
   bad = 0;
-  if (r == n - 1)
-    for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n - 1) / 2);
-  EXPECT(bad == 0, "reduce_start + wait: %lld wrong of %lld on the root", (long long)bad, (long long)N);
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n - 1) / 2 + n * 10 * r);
+  EXPECT(bad == 0, "reduce_scatter_start + wait: %lld wrong of %lld", (long long)bad, (long long)N);
   CUDA_CHECK(cudaMemcpyAsync(h, dg, (size_t)(n * N) * sizeof *h, cudaMemcpyDeviceToHost, S));
   CUDA_CHECK(cudaStreamSynchronize(S));
   bad = 0;
-  for (int64_t i = 0; i < n * N; i++) bad += h[i] != (i % N < N / 2 ? (float)(i / N + (i % N) % 5) : -1.0f);
-  EXPECT(bad == 0, "all_gather_blocks_start + wait: %lld wrong of %lld", (long long)bad, (long long)(n * N));
+  for (int64_t i = 0; i < n * N; i++) bad += h[i] != ag_want(i, N, n, -1);
+  EXPECT(bad == 0, "all_gather_regions_start + wait: %lld wrong of %lld", (long long)bad, (long long)(n * N));
   // drain: the host waits (bounded) for the side stream.
   c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
   c->ops->drain(c);

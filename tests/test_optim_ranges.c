@@ -13,8 +13,9 @@
 #include "kernels/cuda/backend_cuda.h"
 #endif
 
-static const k_range R[] = {{0, 1000, 1}, {1500, 30000, 0}, {31500, 1, 1}, {40000, 2500000, 1}, {2600000, 123457, 0}};
-enum { NR = sizeof R / sizeof *R, N = 2800000 };
+static const k_range R[] = {{0, 1000, 1, 0},          {1500, 30000, 0, 1500},       {31500, 1, 1, 31500},
+                            {40000, 2500000, 1, 40000}, {2600000, 123457, 0, 2600000}};
+enum { NR = sizeof R / sizeof *R, N = 2800000, SHIFT = 77 };
 static const float LR = 1e-3f, B1 = 0.9f, B2 = 0.95f, EPS = 1e-8f, WD = 0.1f, BC1 = 0.19f, BC2 = 0.0975f, S = 0.37f;
 
 static float frand(uint64_t *s) {
@@ -42,6 +43,8 @@ static void test_cpu(void) {
   float *p = malloc((size_t)N * 4), *g = malloc((size_t)N * 4), *m = malloc((size_t)N * 4), *v = malloc((size_t)N * 4);
   fill(p, g, m, v);
   float *p2 = copy_of(p), *g2 = copy_of(g), *m2 = copy_of(m), *v2 = copy_of(v), *pc = calloc(N, 4);
+  float *m3 = copy_of(m), *v3 = copy_of(v), *p3 = calloc(N + SHIFT, 4);  // for the p_offset check below
+  memcpy(p3 + SHIFT, p, (size_t)N * 4);
   double want = 0;
   for (int k = 0; k < NR; k++) want += k_cpu_sumsq(g + R[k].offset, R[k].n_elem);
   double got = k_cpu_sumsq_ranges(g, R, NR);
@@ -60,7 +63,14 @@ static void test_cpu(void) {
     for (int64_t i = R[k].offset; i < R[k].offset + R[k].n_elem; i++) bad += pc[i] != p[i];
   EXPECT(bad == 0, "fp32 compute copy: %lld elements differ from p", (long long)bad);
   EXPECT(p[1200] == p0[1200] && pc[1200] == 0 && p[35000] == p0[35000], "elements between ranges were touched");
-  free(p), free(g), free(m), free(v), free(p2), free(g2), free(m2), free(v2), free(pc), free(p0);
+  // Weights at p_offset apart from the gradient and moments at offset: the same update.
+  k_range RS[NR];
+  for (int k = 0; k < NR; k++) RS[k] = R[k], RS[k].p_offset += SHIFT;
+  k_cpu_adamw_ranges(p3, NULL, K_F32, g, m3, v3, RS, NR, LR, B1, B2, EPS, WD, BC1, BC2, S);
+  EXPECT(!memcmp(p3 + SHIFT, p, (size_t)N * 4) && !memcmp(m3, m, (size_t)N * 4) && !memcmp(v3, v, (size_t)N * 4),
+         "adamw_ranges with p_offset = offset + %d differs", SHIFT);
+  free(p), free(g), free(m), free(v), free(p2), free(g2), free(m2), free(v2), free(pc), free(p0), free(m3), free(v3);
+  free(p3);
 }
 
 #ifdef TRAINER_HAVE_CUDA
@@ -99,7 +109,7 @@ static void test_gpu(void) {
              fabs(hv[i] - v[i]) <= 1e-5 * fabs(v[i]) + 1e-6 * scale[2]);
     // The copy is the GPU's own p rounded: compare with rounding the GPU p on the host.
     float one = hp[i];
-    k_range r1 = {0, 1, 0};
+    k_range r1 = {0, 1, 0, 0};
     uint16_t want1 = 0;
     float m1 = 0, v1 = 0, g1 = 0;
     k_cpu_adamw_ranges(&one, &want1, K_BF16, &g1, &m1, &v1, &r1, 1, 0, 0, 0, 1, 0, 1, 1, 1);

@@ -30,9 +30,9 @@ void k_cpu_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, flo
                         int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
                         float bc2, float g_scale) {
   for (int k = 0; k < n_ranges; k++) {
-    const int64_t o = r[k].offset, n = r[k].n_elem;
+    const int64_t o = r[k].offset, po = r[k].p_offset, n = r[k].n_elem;
     const float wd = r[k].decay ? weight_decay : 0.0f;
-    float *pk = p + o, *mk = m + o, *vk = v + o;
+    float *pk = p + po, *mk = m + o, *vk = v + o;
     const float *gk = g + o;
 #pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -45,11 +45,11 @@ void k_cpu_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, flo
     }
     if (!pc) continue;
     if (pc_type == K_BF16) {
-      uint16_t *h = (uint16_t *)pc + o;
+      uint16_t *h = (uint16_t *)pc + po;
       for (int64_t i = 0; i < n; i++) h[i] = optim_f32_to_bf16(pk[i]);
     } else {
       CHECK(pc_type == K_F32, "adamw_ranges: unknown compute-copy dtype %d", (int)pc_type);
-      memcpy((float *)pc + o, pk, (size_t)n * sizeof(float));
+      memcpy((float *)pc + po, pk, (size_t)n * sizeof(float));
     }
   }
 }

@@ -16,6 +16,7 @@ namespace {
 
 struct dev_range {
   int64_t offset, n_elem, vstart;  // vstart: where the range begins in the concatenation
+  int64_t p_offset;
   int decay;
 };
 
@@ -69,6 +70,7 @@ const range_table *table_get(range_cache *c, const k_range *r, int n) {
     d[i].n_elem = r[i].n_elem;
     d[i].vstart = v;
     d[i].decay = r[i].decay;
+    d[i].p_offset = r[i].p_offset;
     v += r[i].n_elem;
   }
   if (n) CUDA_CHECK(cudaMemcpy(t->dev, d, sizeof(dev_range) * (size_t)n, cudaMemcpyHostToDevice));
@@ -104,16 +106,16 @@ __global__ void adamw_ranges_kernel(float *p, PC *pc, const float *g, float *m, 
     const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
     if (j >= total) break;
     while (j >= r[k].vstart + r[k].n_elem) k++;
-    const int64_t i = r[k].offset + (j - r[k].vstart);
+    const int64_t i = r[k].offset + (j - r[k].vstart), ip = r[k].p_offset + (j - r[k].vstart);
     const float wd = r[k].decay ? weight_decay : 0.0f;
     const float gi = g[i] * g_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    const float pi = p[i] - lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p[i]);
-    p[i] = pi;
-    if (pc) pc[i] = k_st<PC>(pi);
+    const float pi = p[ip] - lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p[ip]);
+    p[ip] = pi;
+    if (pc) pc[ip] = k_st<PC>(pi);
   }
 }
 

@@ -80,6 +80,13 @@ void comm_nccl_set_stream(void *cuda_stream) {
   comm_nccl_stream_set = 1;
 }
 
+static int comm_nccl_next_max_ctas;  // for communicators created from now on; 0 = NCCL's choice
+
+void comm_nccl_set_max_ctas(int max_ctas) {
+  CHECK(max_ctas >= 0, "comm_nccl_set_max_ctas(%d): must be >= 0", max_ctas);
+  comm_nccl_next_max_ctas = max_ctas;
+}
+
 void comm_nccl_set_timeout(double seconds) {
   CHECK(seconds > 0, "comm_nccl_set_timeout(%g): the timeout must be positive", seconds);
   comm_nccl_timeout_s = seconds;
@@ -334,30 +341,31 @@ static void comm_nccl_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_
   comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_side_ready(c, "all_reduce_start"), " (started)");
 }
 
-// One broadcast per rank, from its block, grouped so that they all run at once.
-static void comm_nccl_all_gather_blocks_start(comm *c, void *buf, int64_t n_elem, int64_t stride, comm_dtype t) {
-  CHECK(n_elem >= 0 && stride >= n_elem, "comm %s: all_gather_blocks of %lld elements at stride %lld", c->name,
-        (long long)n_elem, (long long)stride);
-  cudaStream_t s = comm_nccl_side_ready(c, "all_gather_blocks_start");
+// In-place all-gathers, one per region, in one group: one launch.
+static void comm_nccl_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
+                                               int n_regions, comm_dtype t) {
+  cudaStream_t s = comm_nccl_side_ready(c, "all_gather_regions_start");
   comm_nccl *m = c->impl;
-  comm_nccl_note(c, "all_gather_blocks of %lld %s per rank (started)", (long long)n_elem, comm_nccl_dtype_name(t));
+  comm_nccl_note(c, "all_gather of %d regions of %s (started)", n_regions, comm_nccl_dtype_name(t));
   const int64_t esz = comm_dtype_bytes(t);
   NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < c->size; r++) {
-    void *b = (char *)buf + r * stride * esz;
-    COMM_NCCL_CALL(c, ncclBroadcast(b, b, (size_t)n_elem, comm_nccl_type(c, t), r, m->nccl, s));
+  for (int i = 0; i < n_regions; i++) {
+    CHECK(n_elem[i] >= 0 && at[i] >= 0, "comm %s: all_gather_regions region %d: %lld elements at %lld", c->name, i,
+          (long long)n_elem[i], (long long)at[i]);
+    char *region = (char *)buf + at[i] * esz;
+    COMM_NCCL_CALL(c, ncclAllGather(region + c->rank * n_elem[i] * esz, region, (size_t)n_elem[i], comm_nccl_type(c, t),
+                                    m->nccl, s));
   }
   COMM_NCCL_CALL(c, ncclGroupEnd());
 }
 
-static void comm_nccl_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
-                                   comm_redop op, int root) {
-  CHECK(n_elem >= 0, "comm %s: reduce of %lld elements", c->name, (long long)n_elem);
-  CHECK(root >= 0 && root < c->size, "comm %s: reduce root %d outside [0, %d)", c->name, root, c->size);
-  cudaStream_t s = comm_nccl_side_ready(c, "reduce_start");
-  comm_nccl_note(c, "reduce of %lld %s to rank %d (started)", (long long)n_elem, comm_nccl_dtype_name(t), root);
-  COMM_NCCL_CALL(c, ncclReduce(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), root,
-                               comm_nccl_live_impl(c, "reduce_start")->nccl, s));
+static void comm_nccl_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                           comm_redop op) {
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  cudaStream_t s = comm_nccl_side_ready(c, "reduce_scatter_start");
+  comm_nccl_note(c, "reduce_scatter of %lld %s per rank (started)", (long long)n_elem, comm_nccl_dtype_name(t));
+  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op),
+                                      ((comm_nccl *)c->impl)->nccl, s));
 }
 
 // The main stream waits for everything started so far; the host does not.
@@ -511,8 +519,8 @@ static const comm_ops comm_nccl_ops = {
     .barrier = comm_nccl_barrier,
     .free = comm_nccl_free,
     .all_reduce_start = comm_nccl_all_reduce_start,
-    .reduce_start = comm_nccl_reduce_start,
-    .all_gather_blocks_start = comm_nccl_all_gather_blocks_start,
+    .reduce_scatter_start = comm_nccl_reduce_scatter_start,
+    .all_gather_regions_start = comm_nccl_all_gather_regions_start,
     .wait = comm_nccl_wait_started,
     .drain = comm_nccl_drain_started,
 };
@@ -542,6 +550,7 @@ comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;  // every call returns; hangs are caught by our polling with a deadline
   cfg.commName = c->name;
+  if (comm_nccl_next_max_ctas > 0) cfg.maxCTAs = comm_nccl_next_max_ctas;
   comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks)", c->size);
   COMM_NCCL_CALL(c, ncclCommInitRankConfig(&m->nccl, c->size, id, c->rank, &cfg));
   CUDA_CHECK(cudaMalloc((void **)&m->scratch, sizeof *m->scratch));

@@ -32,6 +32,9 @@ int comm_nccl_set_device(void);
 // before comm_nccl_create; in the trainer, comm_nccl_set_stream(k_cuda_stream()). NULL is
 // accepted and means the legacy default stream.
 void comm_nccl_set_stream(void *cuda_stream);
+// At most this many CTAs (so SMs) for every operation of the communicators created from now on;
+// 0 (the default) leaves it to NCCL.
+void comm_nccl_set_max_ctas(int max_ctas);
 // Moves one existing NCCL communicator to another stream (e.g. DP onto a communication stream
 // that overlaps backward). Ordering between the old and the new stream is the caller's job.
 void comm_nccl_set_comm_stream(comm *c, void *cuda_stream);
