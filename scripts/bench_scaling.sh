@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 bin=${1:-build}; steps=${2:-8}
 out=runs/scaling; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
-mpi="mpirun --allow-run-as-root -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
+# --bind-to none: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread (README)
+mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 run() {  # name np config overrides...; RUN_ENV="VAR=value ..." adds environment for that run
   local name=$1 np=$2 config=$3 envs=""; shift 3
   for kv in ${RUN_ENV:-}; do export "${kv?}"; envs="$envs -x ${kv%%=*}"; done

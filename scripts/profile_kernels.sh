@@ -12,7 +12,8 @@ bin=${1:-build}; config=${2:-configs/124m.yaml}; steps=${3:-2}; shift $(( $# > 3
 out=runs/profile; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 name=$(basename "$config" .yaml)
-mpirun --allow-run-as-root -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
+# --bind-to none: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread (README)
+mpirun --allow-run-as-root --bind-to none -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
   ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$bin/trainer" "$config" train.device=cuda "train.steps=$steps" train.warmup_steps=1 log.every=1 checkpoint.dir= \
   log.metrics= data.val= "$@" < /dev/null > "$out/$name.csv" 2> "$out/$name.err" || { tail -5 "$out/$name.err"; exit 1; }

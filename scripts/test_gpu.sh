@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
-mpi="mpirun --allow-run-as-root -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
+# --bind-to none: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread (README)
+mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 n_fail=0; n_pass=0
 step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
 nvidia-smi -L
