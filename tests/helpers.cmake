@@ -1,6 +1,7 @@
 # Shared ctest helpers: trainer_add_test(NAME SOURCE [NP n] [LABELS l...] [ARGS a...]).
-# A test with NP runs under mpirun with that many ranks (oversubscribed: CI has 2 cores).
-set(TRAINER_MPIRUN ${MPIEXEC_EXECUTABLE} --oversubscribe)
+# A test with NP runs under mpirun with that many ranks (oversubscribed: CI has 2 cores; not
+# bound: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread).
+set(TRAINER_MPIRUN ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none)
 if(DEFINED ENV{USER} AND "$ENV{USER}" STREQUAL "root" OR NOT DEFINED ENV{USER})
   list(APPEND TRAINER_MPIRUN --allow-run-as-root)
 endif()

@@ -4,7 +4,9 @@ set -eu
 SRC=${TRAINER_SOURCE_DIR:?set by ctest}
 BUILD=${TRAINER_BUILD_DIR:?set by ctest}
 TRAINER=$BUILD/trainer
-MPIRUN="mpirun --oversubscribe ${TRAINER_MPIRUN_ARGS:-}"
+# Not bound (for np <= 2 Open MPI binds each rank to one core); a --bind-to in
+# TRAINER_MPIRUN_ARGS comes later and wins.
+MPIRUN="mpirun --oversubscribe --bind-to none ${TRAINER_MPIRUN_ARGS:-}"
 [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 # Extra overrides for every run (the GPU tests pass train.device=cuda and more steps).
 EXTRA_ARGS=${TRAINER_TEST_ARGS:-}
