@@ -9,6 +9,7 @@
 #include "parallel/optim.h"
 #include "parallel/pp_exec.h"
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -181,11 +182,14 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
     if (!metrics) fprintf(stderr, "warning: cannot open log.metrics '%s'; no metrics file\n", c->log.metrics);
   }
   int64_t n_params_no_embed = 0, n_params = model_count_params(&c->model, &n_params_no_embed);
+  // The fewest OpenMP threads of any rank: 1 where mpirun bound each rank to one core (README).
+  int32_t n_threads = -omp_get_max_threads();
+  g->world->ops->all_reduce(g->world, &n_threads, 1, COMM_I32, COMM_MAX);  // min(x) = -max(-x)
   if (r0)
     printf("model: %.2fM parameters (%.2fM without the embedding), %d micro-batches of %d x %d tokens per rank "
-           "per step, %s backend, %d rank%s\n",
+           "per step, %s backend, %d rank%s, %d OpenMP thread%s per rank\n",
            n_params / 1e6, n_params_no_embed / 1e6, n_micro, B, T, be->name, g->world_size,
-           g->world_size > 1 ? "s" : "");
+           g->world_size > 1 ? "s" : "", -n_threads, n_threads < -1 ? "s" : "");
 
   double tokens_per_step = (double)hp->global_batch * T;
   // Model flops per token (the MFU convention of docs/benchmarks.md): 6 N + 12 L d T, N the
