@@ -64,7 +64,7 @@ static const cfg_key cfg_keys[] = {
           "layers of the last pipeline stage, which also runs the LM head and loss; 0 = an even split"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
-  CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 25, "DP gradient bucket size in MiB"),
+  CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),

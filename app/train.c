@@ -279,11 +279,16 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   }
   g->world->ops->all_reduce(g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
   // The pipeline's idle share on each rank: the schedule's bubble, the transfers, and waiting
-  // for a slower stage (the last one also runs the head). The mean over ranks is the share of
-  // GPU time the pipeline loses (what (p-1)/(v*m+p-1) predicts for equal stages); the minimum
-  // is the busiest stage's.
-  double pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm;
-  double idle = pipe > 0 ? tm_total.pp_comm / pipe : 0.0, idle_mean = idle, idle_min = -idle;
+  // for a slower stage (the last one also runs the head). Every rank starts the schedule at the
+  // same time (the previous step ended in a world all-reduce) and the schedule lasts as long as
+  // it does on the rank that ends last, so a rank's idle time is that longest span less its own
+  // compute: this counts the drain at the end too, which a stage that finished early spends
+  // waiting outside any transfer. The mean over ranks is the share of GPU time the pipeline
+  // loses (what (p-1)/(v*m+p-1) predicts for equal stages); the minimum is the busiest stage's.
+  double pipe = tm_total.compute + tm_total.tp_comm + tm_total.pp_comm, pipe_max = pipe;
+  g->world->ops->all_reduce(g->world, &pipe_max, 1, COMM_F64, COMM_MAX);
+  double idle = pipe_max > 0 && g->pp > 1 ? (pipe_max - tm_total.compute - tm_total.tp_comm) / pipe_max : 0.0;
+  double idle_mean = idle, idle_min = -idle;
   g->world->ops->all_reduce(g->world, &idle_mean, 1, COMM_F64, COMM_SUM);
   g->world->ops->all_reduce(g->world, &idle_min, 1, COMM_F64, COMM_MAX);  // min(x) = -max(-x)
   idle_mean /= g->world_size;

@@ -41,7 +41,7 @@ static void test_defaults(void) {
   EXPECT(c.model.norm_eps == 1e-5f && c.model.rope_theta == 10000.0f && c.model.init_std == 0.02f, "model floats");
   EXPECT(c.model.tie_embeddings == 0, "tie");
   EXPECT(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.dp == 0 && c.parallel.vpp == 1, "layout");
-  EXPECT(!c.parallel.sequence_parallel && !c.parallel.distributed_optimizer && c.parallel.bucket_mb == 25, "par");
+  EXPECT(!c.parallel.sequence_parallel && !c.parallel.distributed_optimizer && c.parallel.bucket_mb == 100, "par");
   EXPECT(c.train.steps == 300 && c.train.global_batch == 32 && c.train.micro_batch == 8, "train ints");
   EXPECT(c.train.lr == 3e-3f && c.train.min_lr == 3e-4f && c.train.warmup_steps == 30, "schedule");
   EXPECT(c.train.weight_decay == 0.1f && c.train.beta1 == 0.9f && c.train.beta2 == 0.95f, "adamw");
