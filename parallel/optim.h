@@ -52,6 +52,9 @@ typedef struct opt_state {
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);
+// Builds the buckets, the shard's ranges and the pieces from o->m, o->parts, o->part_rank,
+// o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
+void opt_layout_build(opt_state *o);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based): linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const cfg_train *hp, int64_t step);

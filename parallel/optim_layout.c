@@ -1,0 +1,169 @@
+// The distributed optimizer's layout (see optim.h): the DP buckets, each rank's part of each
+// bucket (its shard), the update and norm ranges and pieces, and the gathers and scatters of
+// shards that checkpoints use.
+#include <string.h>
+
+#include "kernels/check.h"
+#include "parallel/optim.h"
+
+// Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
+// fills it from the end), each with the tensors it overlaps. Each bucket is cut into `parts`
+// equal parts (dp with ZeRO, otherwise 1): part r of bucket [lo, hi) is flat [lo + r * len,
+// + len), and this rank's shard is its part of every bucket, in flat order (at shard_off).
+static void opt_build_buckets(opt_state *o) {
+  model *m = o->m;
+  const int64_t unit = (int64_t)o->parts * 128;  // n_params is a multiple of dp * 128
+  o->bucket_elem = (o->bucket_elem + unit - 1) / unit * unit;
+  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
+  o->buckets = XCALLOC(o->n_buckets ? o->n_buckets : 1, sizeof(opt_bucket));
+  int b = 0;
+  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++) {
+    opt_bucket *k = &o->buckets[b];
+    k->hi = end;
+    k->lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
+    k->len = (k->hi - k->lo) / o->parts;
+    k->t_lo = m->n_tensors;
+    k->t_hi = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+      const model_tensor *t = &m->tensors[i];
+      if (t->offset < k->hi && t->offset + t->n_elem > k->lo) {
+        if (i < k->t_lo) k->t_lo = i;
+        k->t_hi = i + 1;
+      }
+    }
+    if (k->t_hi < k->t_lo) k->t_lo = k->t_hi = 0;  // padding only
+  }
+  int64_t off = 0;
+  for (int i = o->n_buckets - 1; i >= 0; i--) {  // the last bucket is the lowest
+    o->buckets[i].shard_off = off;
+    off += o->buckets[i].len;
+  }
+}
+
+// This rank's part of bucket k, in flat elements.
+static int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+// Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
+// p_offset in the flat buffer. All of them are updated; those this rank counts are in the
+// gradient norm. Each element is counted once over the world: tp-replicated tensors by tp rank
+// 0 only, and without ZeRO (every dp replica holds all gradients) by dp rank 0 only. The buckets
+// are split into n_pieces runs in flat order: piece k's update ranges are upd_ranges[
+// piece_first[k] .. piece_first[k + 1]), its buckets (counted from the lowest, as in bucket_lo
+// and bucket_len) piece_bucket[k] .. piece_bucket[k + 1]. norm_own lists the norm elements this
+// rank updates, with offset in norm_pack (see opt_share_norms).
+static void opt_build_ranges(opt_state *o) {
+  const model *m = o->m;
+  int cap = 1;
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->norm_ranges = XCALLOC(cap, sizeof(k_range));
+  o->upd_ranges = XCALLOC(cap, sizeof(k_range));
+  o->norm_own = XCALLOC(cap, sizeof(k_range));
+  o->piece_first = XCALLOC(o->n_pieces + 1, sizeof(int));
+  o->piece_bucket = XCALLOC(o->n_pieces + 1, sizeof(int));
+  o->bucket_lo = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
+  o->bucket_len = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
+  int64_t *pack_at = XCALLOC(m->n_tensors, sizeof(int64_t));
+  for (int i = 0, at = 0; i < m->n_tensors; i++) {
+    pack_at[i] = at;
+    if (m->tensors[i].tp_replicated) at += (int)m->tensors[i].n_elem;
+  }
+  int piece = 0;
+  for (int asc = 0; asc < o->n_buckets; asc++) {
+    const opt_bucket *k = &o->buckets[o->n_buckets - 1 - asc];
+    for (int want = (int)((int64_t)asc * o->n_pieces / o->n_buckets); piece < want;) {
+      piece++;
+      o->piece_first[piece] = o->n_upd_ranges;
+      o->piece_bucket[piece] = asc;
+    }
+    o->bucket_lo[asc] = k->lo;
+    o->bucket_len[asc] = k->len;
+    const int64_t plo = opt_part_lo(o, k), phi = plo + k->len;
+    for (int i = k->t_lo; i < k->t_hi; i++) {
+      const model_tensor *t = &m->tensors[i];
+      int64_t lo = t->offset > plo ? t->offset : plo;
+      int64_t hi = t->offset + t->n_elem < phi ? t->offset + t->n_elem : phi;
+      if (hi <= lo) continue;
+      k_range r = {k->shard_off + (lo - plo), hi - lo, model_specs[t->kind].decay, lo};
+      o->upd_ranges[o->n_upd_ranges++] = r;
+      if ((!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0))
+        o->norm_ranges[o->n_norm_ranges++] = r;
+      if (t->tp_replicated) o->norm_own[o->n_norm_own++] = (k_range){pack_at[i] + (lo - t->offset), hi - lo, 0, lo};
+    }
+  }
+  while (piece < o->n_pieces) {
+    piece++;
+    o->piece_first[piece] = o->n_upd_ranges;
+    o->piece_bucket[piece] = o->n_buckets;
+  }
+  free(pack_at);
+}
+
+void opt_layout_build(opt_state *o) {
+  opt_build_buckets(o);
+  opt_build_ranges(o);
+}
+
+// This rank's shard of a flat fp32 array (shard order; the whole array without ZeRO), whole
+// into host memory in flat order.
+static void gather_or_copy(opt_state *o, const float *shard, float *host) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  size_t n_bytes = (size_t)m->n_params * sizeof(float);
+  if (!o->zero) {
+    be->to_host(be, host, shard, n_bytes);
+    return;
+  }
+  float *full = be->alloc(be, n_bytes), *tmp = XMALLOC(n_bytes);
+  m->g->dp_c->ops->all_gather(m->g->dp_c, shard, full, o->shard_n, COMM_F32);
+  be->to_host(be, tmp, full, n_bytes);
+  be->free(be, full);
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    for (int r = 0; r < o->parts; r++)
+      memcpy(host + k->lo + r * k->len, tmp + r * o->shard_n + k->shard_off, (size_t)k->len * sizeof(float));
+  }
+  free(tmp);
+}
+
+void opt_get_params(opt_state *o, float *params_host) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  if (!o->zero) {
+    gather_or_copy(o, m->params, params_host);
+    return;
+  }
+  float *shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    be->copy(be, shard + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
+  }
+  gather_or_copy(o, shard, params_host);
+  be->free(be, shard);
+}
+
+void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
+  gather_or_copy(o, o->exp_avg, exp_avg_host);
+  gather_or_copy(o, o->exp_avg_sq, exp_avg_sq_host);
+}
+
+// This rank's shard of a whole flat host array, into backend memory.
+static void scatter_or_copy(opt_state *o, const float *host, float *shard) {
+  k_backend *be = o->m->be;
+  size_t n_bytes = (size_t)o->shard_n * sizeof(float);
+  if (!o->zero) {
+    be->from_host(be, shard, host, n_bytes);
+    return;
+  }
+  float *tmp = XMALLOC(n_bytes);
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    memcpy(tmp + k->shard_off, host + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
+  }
+  be->from_host(be, shard, tmp, n_bytes);
+  free(tmp);
+}
+
+void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
+  scatter_or_copy(o, exp_avg_host, o->exp_avg);
+  scatter_or_copy(o, exp_avg_sq_host, o->exp_avg_sq);
+}
