@@ -62,7 +62,9 @@ int run_plan(const cfg *c, int world_size) {
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, model_recompute_parse(c->train.recompute));
         if (a > act) act = a;
       }
-      double w = (gpu ? 6.0 : 4.0) * n, gr = 4.0 * n, adam = 8.0 * n / (pc->distributed_optimizer ? dp : 1);
+      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients.
+      int zero = pc->distributed_optimizer && dp > 1;
+      double w = (gpu ? 6.0 : 4.0) * n, gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0), adam = 8.0 * n / (zero ? dp : 1);
       double acts = (double)act * max_in_flight;
       char heads[32], kv[32], vocab[32];
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
