@@ -103,26 +103,33 @@ void opt_layout_build(opt_state *o) {
   opt_build_ranges(o);
 }
 
-// This rank's shard of a flat fp32 array (shard order; the whole array without ZeRO), whole
-// into host memory in flat order.
-static void gather_or_copy(opt_state *o, const float *shard, float *host) {
-  model *m = o->m;
-  k_backend *be = m->be;
-  size_t n_bytes = (size_t)m->n_params * sizeof(float);
-  if (!o->zero) {
-    be->to_host(be, host, shard, n_bytes);
-    return;
-  }
-  float *full = be->alloc(be, n_bytes), *tmp = XMALLOC(n_bytes);
-  m->g->dp_c->ops->all_gather(m->g->dp_c, shard, full, o->shard_n, COMM_F32);
-  be->to_host(be, tmp, full, n_bytes);
-  be->free(be, full);
+// Every dp rank's shard (host memory, shard order) into the whole flat array on every rank.
+// Through host memory and MPI, so a checkpoint needs no device memory beyond training's.
+static void gather_host(opt_state *o, const float *mine, float *host) {
+  float *tmp = XMALLOC((size_t)o->m->n_params * sizeof(float));
+  comm *hc = comm_mpi_create(o->m->g->dp_c->mpi, "dp-host");
+  hc->ops->all_gather(hc, mine, tmp, o->shard_n, COMM_F32);
+  comm_free(&hc);
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
     for (int r = 0; r < o->parts; r++)
       memcpy(host + k->lo + r * k->len, tmp + r * o->shard_n + k->shard_off, (size_t)k->len * sizeof(float));
   }
   free(tmp);
+}
+
+// This rank's shard of a flat fp32 array in backend memory (shard order; the whole array
+// without ZeRO), whole into host memory in flat order.
+static void gather_or_copy(opt_state *o, const float *shard, float *host) {
+  k_backend *be = o->m->be;
+  if (!o->zero) {
+    be->to_host(be, host, shard, (size_t)o->m->n_params * sizeof(float));
+    return;
+  }
+  float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));
+  be->to_host(be, mine, shard, (size_t)o->shard_n * sizeof(float));
+  gather_host(o, mine, host);
+  free(mine);
 }
 
 void opt_get_params(opt_state *o, float *params_host) {
@@ -132,13 +139,13 @@ void opt_get_params(opt_state *o, float *params_host) {
     gather_or_copy(o, m->params, params_host);
     return;
   }
-  float *shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
+  float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));  // this rank's part of every bucket
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    be->copy(be, shard + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
+    be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
-  gather_or_copy(o, shard, params_host);
-  be->free(be, shard);
+  gather_host(o, mine, params_host);
+  free(mine);
 }
 
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
