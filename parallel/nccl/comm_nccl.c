@@ -283,8 +283,8 @@ static comm_nccl *comm_nccl_live_impl(const comm *c, const char *what) {
   return m;
 }
 
-// all_reduce on a given stream: the communicator's own (blocking form) or its side stream
-// (all_reduce_start). `how` is "" or " (started)", for the failure message.
+// The three collectives on a given stream: the communicator's own (blocking forms) or its side
+// stream (the *_start forms). `how` is "" or " (started)", for the failure message.
 static void comm_nccl_ar_on(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op, cudaStream_t s,
                             const char *how) {
   CHECK(n_elem >= 0, "comm %s: all_reduce of %lld elements", c->name, (long long)n_elem);
@@ -293,24 +293,33 @@ static void comm_nccl_ar_on(comm *c, void *buf, int64_t n_elem, comm_dtype t, co
   COMM_NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
 }
 
+static void comm_nccl_ag_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, cudaStream_t s,
+                            const char *how) {
+  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
+  comm_nccl_note(c, "all_gather of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
+  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, s));
+}
+
+static void comm_nccl_rs_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op,
+                            cudaStream_t s, const char *how) {
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
+  comm_nccl_note(c, "reduce_scatter of %lld %s per rank%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
+  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl, s));
+}
+
 static void comm_nccl_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_nccl_ar_on(c, buf, n_elem, t, op, comm_nccl_live_impl(c, "all_reduce")->stream, "");
 }
 
 static void comm_nccl_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
-  CHECK(n_elem >= 0, "comm %s: all_gather of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "all_gather");
-  comm_nccl_note(c, "all_gather of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclAllGather(send, recv, (size_t)n_elem, comm_nccl_type(c, t), m->nccl, m->stream));
+  comm_nccl_ag_on(c, send, recv, n_elem, t, comm_nccl_live_impl(c, "all_gather")->stream, "");
 }
 
 static void comm_nccl_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                      comm_redop op) {
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  comm_nccl *m = comm_nccl_live_impl(c, "reduce_scatter");
-  comm_nccl_note(c, "reduce_scatter of %lld %s per rank", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op), m->nccl,
-                                      m->stream));
+  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_live_impl(c, "reduce_scatter")->stream, "");
 }
 
 // ---- asynchronous collectives ------------------------------------------------------------------
@@ -345,27 +354,19 @@ static void comm_nccl_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_
 static void comm_nccl_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
                                                int n_regions, comm_dtype t) {
   cudaStream_t s = comm_nccl_side_ready(c, "all_gather_regions_start");
-  comm_nccl *m = c->impl;
-  comm_nccl_note(c, "all_gather of %d regions of %s (started)", n_regions, comm_nccl_dtype_name(t));
   const int64_t esz = comm_dtype_bytes(t);
   NCCL_CHECK(ncclGroupStart());
   for (int i = 0; i < n_regions; i++) {
-    CHECK(n_elem[i] >= 0 && at[i] >= 0, "comm %s: all_gather_regions region %d: %lld elements at %lld", c->name, i,
-          (long long)n_elem[i], (long long)at[i]);
+    CHECK(at[i] >= 0, "comm %s: all_gather_regions region %d at %lld", c->name, i, (long long)at[i]);
     char *region = (char *)buf + at[i] * esz;
-    COMM_NCCL_CALL(c, ncclAllGather(region + c->rank * n_elem[i] * esz, region, (size_t)n_elem[i], comm_nccl_type(c, t),
-                                    m->nccl, s));
+    comm_nccl_ag_on(c, region + c->rank * n_elem[i] * esz, region, n_elem[i], t, s, " (started, in a group)");
   }
   COMM_NCCL_CALL(c, ncclGroupEnd());
 }
 
 static void comm_nccl_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                            comm_redop op) {
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  cudaStream_t s = comm_nccl_side_ready(c, "reduce_scatter_start");
-  comm_nccl_note(c, "reduce_scatter of %lld %s per rank (started)", (long long)n_elem, comm_nccl_dtype_name(t));
-  COMM_NCCL_CALL(c, ncclReduceScatter(send, recv, (size_t)n_elem, comm_nccl_type(c, t), comm_nccl_op(c, op),
-                                      ((comm_nccl *)c->impl)->nccl, s));
+  comm_nccl_rs_on(c, send, recv, n_elem, t, op, comm_nccl_side_ready(c, "reduce_scatter_start"), " (started)");
 }
 
 // The main stream waits for everything started so far; the host does not.
