@@ -30,12 +30,9 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  if (o->zero && m->params_c != (void *)m->params) {
-    for (int i = 0; i < m->n_tensors; i++)
-      if (m->tensors[i].tp_replicated) o->norm_pack_n += m->tensors[i].n_elem;
-    o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
-  }
   opt_layout_build(o);
+  if (o->zero && m->params_c != (void *)m->params)
+    o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
 
   int dp = m->g->dp;
   o->n_micro = c->train.global_batch / (dp * c->train.micro_batch);
@@ -78,6 +75,7 @@ void opt_free(opt_state *o) {
   free(o->bucket_lo);
   free(o->bucket_len);
   free(o->norm_own);
+  free(o->norm_all);
   free(o->t_group);
   free(o->t_count);
   free(o->t_final);
@@ -151,14 +149,10 @@ static void opt_share_norms(opt_state *o) {
 }
 
 static void opt_unpack_norms(opt_state *o) {
-  model *m = o->m;
-  k_backend *be = m->be;
-  int64_t at = 0;
-  for (int i = 0; i < m->n_tensors; i++) {
-    const model_tensor *t = &m->tensors[i];
-    if (!t->tp_replicated) continue;
-    be->copy(be, t->p, o->norm_pack + at, (size_t)t->n_elem * sizeof(float));
-    at += t->n_elem;
+  k_backend *be = o->m->be;
+  for (int k = 0; k < o->n_norm_all; k++) {
+    const k_range *r = &o->norm_all[k];
+    be->copy(be, o->m->params + r->p_offset, o->norm_pack + r->offset, (size_t)r->n_elem * sizeof(float));
   }
 }
 

@@ -30,7 +30,7 @@ typedef struct opt_state {
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
-  int64_t norm_pack_n;
+  int64_t norm_pack_n;      // elements of all norm tensors (optim_layout.c)
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
   // Overlap of the DP reduction with backward (model.grads_ready): a tensor's gradient is final
   // once its group was reported n_micro times in a step; a bucket is started once every tensor
@@ -47,12 +47,13 @@ typedef struct opt_state {
   int *piece_first;         // (n_pieces + 1) piece k's update ranges start at upd_ranges[piece_first[k]]
   int *piece_bucket;        // (n_pieces + 1) and its buckets, counted from the lowest
   int64_t *bucket_lo, *bucket_len;  // (n_buckets) each bucket's lo and part length, lowest first
-  k_range *norm_own;        // the norm elements this rank updates: offset in norm_pack, p_offset flat
-  int n_norm_own;
+  k_range *norm_all;        // every norm tensor: offset in norm_pack, p_offset flat
+  k_range *norm_own;        // the norm elements this rank updates, the same way
+  int n_norm_all, n_norm_own;
 } opt_state;
 
 void opt_init(opt_state *o, model *m, const cfg *c);
-// Builds the buckets, the shard's ranges and the pieces from o->m, o->parts, o->part_rank,
+// Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);
 void opt_free(opt_state *o);

@@ -49,8 +49,9 @@ static int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->
 // 0 only, and without ZeRO (every dp replica holds all gradients) by dp rank 0 only. The buckets
 // are split into n_pieces runs in flat order: piece k's update ranges are upd_ranges[
 // piece_first[k] .. piece_first[k + 1]), its buckets (counted from the lowest, as in bucket_lo
-// and bucket_len) piece_bucket[k] .. piece_bucket[k + 1]. norm_own lists the norm elements this
-// rank updates, with offset in norm_pack (see opt_share_norms).
+// and bucket_len) piece_bucket[k] .. piece_bucket[k + 1]. The norms (tp-replicated tensors) are
+// packed one after the other in norm_pack (see opt_share_norms): norm_all lists them, norm_own
+// the elements of them this rank updates, with offset in the pack and p_offset flat.
 static void opt_build_ranges(opt_state *o) {
   const model *m = o->m;
   int cap = 1;
@@ -62,10 +63,14 @@ static void opt_build_ranges(opt_state *o) {
   o->piece_bucket = XCALLOC(o->n_pieces + 1, sizeof(int));
   o->bucket_lo = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
   o->bucket_len = XCALLOC(o->n_buckets + 1, sizeof(int64_t));
+  o->norm_all = XCALLOC(m->n_tensors, sizeof(k_range));
   int64_t *pack_at = XCALLOC(m->n_tensors, sizeof(int64_t));
-  for (int i = 0, at = 0; i < m->n_tensors; i++) {
-    pack_at[i] = at;
-    if (m->tensors[i].tp_replicated) at += (int)m->tensors[i].n_elem;
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    if (!t->tp_replicated) continue;
+    pack_at[i] = o->norm_pack_n;
+    o->norm_all[o->n_norm_all++] = (k_range){o->norm_pack_n, t->n_elem, 0, t->offset};
+    o->norm_pack_n += t->n_elem;
   }
   int piece = 0;
   for (int asc = 0; asc < o->n_buckets; asc++) {
