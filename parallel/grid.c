@@ -16,6 +16,11 @@ static comm *grid_split(int color, int key, const char *name, comm *(*create_com
   return c;
 }
 
+// The dp group of g's rank (same tp_rank and pp_rank), ordered by dp_rank.
+static comm *grid_dp_split(const grid *g, const char *name, comm *(*create_comm)(MPI_Comm, const char *)) {
+  return grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, name, create_comm);
+}
+
 void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
   memset(g, 0, sizeof *g);
   CHECK(tp >= 1 && dp >= 1 && pp >= 1, "grid: tp = %d, dp = %d, pp = %d must all be >= 1", tp, dp, pp);
@@ -37,7 +42,7 @@ void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mp
   // The world communicator carries host scalars (loss, gradient norm) on every backend.
   g->world = comm_mpi_create(MPI_COMM_WORLD, "world");
   g->tp_c = grid_split(g->dp_rank + dp * g->pp_rank, g->tp_rank, "tp", create_comm);
-  g->dp_c = grid_split(g->tp_rank + tp * g->pp_rank, g->dp_rank, "dp", create_comm);
+  g->dp_c = grid_dp_split(g, "dp", create_comm);
   g->pp_c = grid_split(g->tp_rank + tp * g->dp_rank, g->pp_rank, "pp", create_comm);
   CHECK(g->tp_c->rank == g->tp_rank && g->dp_c->rank == g->dp_rank && g->pp_c->rank == g->pp_rank,
         "grid: group ranks (tp %d, dp %d, pp %d) differ from coordinates (%d, %d, %d)",
@@ -45,7 +50,7 @@ void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mp
 }
 
 void grid_add_dp_overlap(grid *g, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
-  g->dp_overlap = grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, "dp-overlap", create_comm);
+  g->dp_overlap = grid_dp_split(g, "dp-overlap", create_comm);
 }
 
 void grid_free(grid *g) {
