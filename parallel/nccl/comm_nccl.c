@@ -106,11 +106,6 @@ double comm_nccl_timeout(void) {
 
 int comm_nccl_is(const comm *c) { return c && c->ops == &comm_nccl_ops; }
 
-void comm_nccl_set_comm_stream(comm *c, void *cuda_stream) {
-  CHECK(comm_nccl_is(c), "comm_nccl_set_comm_stream: '%s' is not an NCCL communicator", c ? c->name : "(null)");
-  ((comm_nccl *)c->impl)->stream = (cudaStream_t)cuda_stream;
-}
-
 void *comm_nccl_stream(const comm *c) {
   return comm_nccl_is(c) ? (void *)((const comm_nccl *)c->impl)->stream : NULL;
 }

@@ -35,9 +35,6 @@ void comm_nccl_set_stream(void *cuda_stream);
 // At most this many CTAs (so SMs) for every operation of the communicators created from now on;
 // 0 (the default) leaves it to NCCL.
 void comm_nccl_set_max_ctas(int max_ctas);
-// Moves one existing NCCL communicator to another stream (e.g. DP onto a communication stream
-// that overlaps backward). Ordering between the old and the new stream is the caller's job.
-void comm_nccl_set_comm_stream(comm *c, void *cuda_stream);
 // The stream c enqueues on (NULL for a communicator that is not NCCL).
 void *comm_nccl_stream(const comm *c);
 
