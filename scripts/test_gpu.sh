@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
-# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, killing a rank of a dp2 run, and the
+# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, bitwise ZeRO resume, killing a rank of a dp2 run, and the
 # default config on 1 GPU.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
 set -uo pipefail
@@ -32,6 +32,7 @@ dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 dp2_distopt_buckets parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.dp_overlap_ctas=4
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 LAYOUTS
+step "bitwise resume of dp2 with the distributed optimizer on 2 GPUs" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"
 step "kill a rank of a dp2 run on 2 GPUs: the job ends with a message" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
