@@ -16,6 +16,9 @@ trainer_add_parity(dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=tr
 # Many 10 KiB buckets, each reduce-scattered while backward runs, on a second dp communicator.
 trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                    parallel.dp_overlap_ctas=4)
+# A tied embedding (head and lookup add into one gradient) cut into many bucket parts.
+trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+                   model.tie_embeddings=true)
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
