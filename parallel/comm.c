@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "kernels/check.h"
 
 typedef struct comm_mpi {
@@ -55,28 +56,11 @@ static MPI_Op comm_mpi_op(const comm *c, comm_dtype t, comm_redop op) {
 
 // ---- bf16 reductions -----------------------------------------------------------------------
 
-static float comm_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even, as the GPU conversion does, so CPU and NCCL sums agree bit for bit
-// on exactly representable inputs. NaN stays NaN (quiet bit set so rounding cannot make Inf).
-static uint16_t comm_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 static void comm_bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
   (void)dt;
   const uint16_t *a = in;
   uint16_t *b = inout;
-  for (int i = 0; i < *len; i++) b[i] = comm_f32_to_bf16(comm_bf16_to_f32(a[i]) + comm_bf16_to_f32(b[i]));
+  for (int i = 0; i < *len; i++) b[i] = k_f32_to_bf16(k_bf16_to_f32(a[i]) + k_bf16_to_f32(b[i]));
 }
 
 static void comm_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -84,7 +68,7 @@ static void comm_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) 
   const uint16_t *a = in;
   uint16_t *b = inout;
   for (int i = 0; i < *len; i++) {
-    float x = comm_bf16_to_f32(a[i]), y = comm_bf16_to_f32(b[i]);
+    float x = k_bf16_to_f32(a[i]), y = k_bf16_to_f32(b[i]);
     if (x > y || x != x) b[i] = a[i];  // NaN wins, so a diverged rank is not hidden by the max
   }
 }

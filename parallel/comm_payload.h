@@ -5,26 +5,13 @@
 
 #include <stdint.h>
 #include <string.h>
+#include "kernels/bf16.h"
 #include "parallel/comm.h"
-
-static inline uint16_t comm_payload_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return (uint16_t)(u >> 16);
-}
-
-static inline float comm_payload_from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 static inline void comm_payload_set(void *buf, int64_t i, comm_dtype t, double v) {
   switch (t) {
     case COMM_F32: ((float *)buf)[i] = (float)v; break;
-    case COMM_BF16: ((uint16_t *)buf)[i] = comm_payload_to_bf16((float)v); break;
+    case COMM_BF16: ((uint16_t *)buf)[i] = k_f32_to_bf16((float)v); break;
     case COMM_F64: ((double *)buf)[i] = v; break;
     case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case COMM_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
@@ -34,7 +21,7 @@ static inline void comm_payload_set(void *buf, int64_t i, comm_dtype t, double v
 static inline double comm_payload_get(const void *buf, int64_t i, comm_dtype t) {
   switch (t) {
     case COMM_F32: return ((const float *)buf)[i];
-    case COMM_BF16: return comm_payload_from_bf16(((const uint16_t *)buf)[i]);
+    case COMM_BF16: return k_bf16_to_f32(((const uint16_t *)buf)[i]);
     case COMM_F64: return ((const double *)buf)[i];
     case COMM_I32: return ((const int32_t *)buf)[i];
     case COMM_I64: return (double)((const int64_t *)buf)[i];

@@ -114,11 +114,11 @@ static void test_dtype(comm *c, comm_dtype t, int chunked) {
 // the bf16 neighbours 258 and 260 and must become 260 (truncation would give 258), whatever
 // order the reduction tree adds the zeros in.
 static void test_bf16_rounding(comm *c) {
-  uint16_t v[2] = {comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
-                   comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
+  uint16_t v[2] = {k_f32_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
+                   k_f32_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
   c->ops->all_reduce(c, v, 2, COMM_BF16, COMM_SUM);
-  EXPECT(comm_payload_from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", comm_payload_from_bf16(v[0]));
-  EXPECT(comm_payload_from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", comm_payload_from_bf16(v[1]));
+  EXPECT(k_bf16_to_f32(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", k_bf16_to_f32(v[0]));
+  EXPECT(k_bf16_to_f32(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", k_bf16_to_f32(v[1]));
 }
 
 static void test_comm_all(comm *c, int chunked) {

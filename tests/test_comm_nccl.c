@@ -255,14 +255,14 @@ static void test_large(comm *c) {
 // bf16 sums round to nearest even: 256 + 3 = 259 lies halfway between 258 and 260 and must
 // become 260; 256 + 1 ties to 256.
 static void test_bf16_rounding(comm *c) {
-  uint16_t v[2] = {comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
-                   comm_payload_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
+  uint16_t v[2] = {k_f32_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 3.0f : 0.0f),
+                   k_f32_to_bf16(c->rank == 0 ? 256.0f : c->rank == 1 ? 1.0f : 0.0f)};
   uint16_t *d = dev_alloc(sizeof v);
   up(d, v, sizeof v);
   c->ops->all_reduce(c, d, 2, COMM_BF16, COMM_SUM);
   down(c, v, d, sizeof v);
-  EXPECT(comm_payload_from_bf16(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", comm_payload_from_bf16(v[0]));
-  EXPECT(comm_payload_from_bf16(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", comm_payload_from_bf16(v[1]));
+  EXPECT(k_bf16_to_f32(v[0]) == 260.0f, "bf16 256 + 3 = %g, want 260 (round to nearest even)", k_bf16_to_f32(v[0]));
+  EXPECT(k_bf16_to_f32(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", k_bf16_to_f32(v[1]));
   CUDA_CHECK(cudaFree(d));
 }
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "kernels/check.h"
 #include "kernels/cpu/ops_cpu.h"
 
@@ -16,14 +17,6 @@ double k_cpu_sumsq_ranges(const float *x, const k_range *r, int n_ranges) {
   double s = 0;
   for (int i = 0; i < n_ranges; i++) s += k_cpu_sumsq(x + r[i].offset, r[i].n_elem);
   return s;
-}
-
-static uint16_t optim_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
 }
 
 void k_cpu_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
@@ -46,7 +39,7 @@ void k_cpu_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, flo
     if (!pc) continue;
     if (pc_type == K_BF16) {
       uint16_t *h = (uint16_t *)pc + po;
-      for (int64_t i = 0; i < n; i++) h[i] = optim_f32_to_bf16(pk[i]);
+      for (int64_t i = 0; i < n; i++) h[i] = k_f32_to_bf16(pk[i]);
     } else {
       CHECK(pc_type == K_F32, "adamw_ranges: unknown compute-copy dtype %d", (int)pc_type);
       memcpy((float *)pc + po, pk, (size_t)n * sizeof(float));
