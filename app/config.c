@@ -65,6 +65,9 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
+  CFG_BOOL(parallel, grad_reduce_bf16, 0,
+           "reduce DP gradients in bf16: half the traffic, each rank's gradient rounded to bf16 before the sum; "
+           "false = fp32; no effect with dp 1"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),

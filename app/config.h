@@ -32,6 +32,7 @@ typedef struct cfg_parallel {
   int sequence_parallel;      // bool
   int distributed_optimizer;  // bool: ZeRO-1 over dp
   float bucket_mb;            // DP gradient bucket size in MiB
+  int grad_reduce_bf16;       // DP gradient reduction in bf16 (0: fp32)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
 } cfg_parallel;
 

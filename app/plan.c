@@ -62,9 +62,11 @@ int run_plan(const cfg *c, int world_size) {
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, model_recompute_parse(c->train.recompute));
         if (a > act) act = a;
       }
-      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients.
-      int zero = pc->distributed_optimizer && dp > 1;
-      double w = (gpu ? 6.0 : 4.0) * n, gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0), adam = 8.0 * n / (zero ? dp : 1);
+      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients;
+      // a bf16 reduction adds bf16 copies of both.
+      int zero = pc->distributed_optimizer && dp > 1, bf16 = pc->grad_reduce_bf16 && dp > 1;
+      double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
+      double w = (gpu ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
       double acts = (double)act * max_in_flight;
       char heads[32], kv[32], vocab[32];
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);

@@ -1,5 +1,6 @@
 // The CPU backend: host memory and the reference kernels of kernels/cpu/.
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/check.h"
 #include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -42,10 +43,16 @@ static void cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const voi
 static void cpu_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
   k_cpu_linear_residual(M, N, K, A, W, C, D);
 }
+// Activations are fp32 on the CPU; bf16 appears only as the DP gradient reduction's wire type.
 static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
-  CHECK(dst_type == K_F32 && src_type == K_F32, "the CPU backend holds fp32 only (cast %d -> %d)", (int)src_type,
-        (int)dst_type);
-  if (n && dst != src) memmove(dst, src, (size_t)n * sizeof(float));
+  if (dst_type == K_BF16 && src_type == K_F32) {
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k_f32_to_bf16(((const float *)src)[i]);
+  } else if (dst_type == K_F32 && src_type == K_BF16) {
+    for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = k_bf16_to_f32(((const uint16_t *)src)[i]);
+  } else {
+    CHECK(dst_type == src_type, "cast %d -> %d", (int)src_type, (int)dst_type);
+    if (n && dst != src) memmove(dst, src, (size_t)n * k_dtype_bytes(dst_type));
+  }
 }
 static void cpu_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
   k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);

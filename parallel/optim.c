@@ -30,6 +30,11 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
+  o->reduce_bf16 = c->parallel.grad_reduce_bf16 && m->g->dp > 1;
+  if (o->reduce_bf16) {
+    o->grads_bf16 = be->alloc(be, (size_t)m->n_params * k_dtype_bytes(K_BF16));
+    if (o->zero) o->grad_shard_bf16 = be->alloc(be, (size_t)o->shard_n * k_dtype_bytes(K_BF16));
+  }
   opt_layout_build(o);
   if (o->zero && m->params_c != (void *)m->params)
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
@@ -67,6 +72,8 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg);
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
+  if (o->grads_bf16) be->free(be, o->grads_bf16);
+  if (o->grad_shard_bf16) be->free(be, o->grad_shard_bf16);
   if (o->norm_pack) be->free(be, o->norm_pack);
   free(o->norm_ranges);
   free(o->upd_ranges);
@@ -113,7 +120,14 @@ static void opt_start_buckets(opt_state *o, comm *dc) {
     for (int i = b->t_lo; i < b->t_hi; i++)
       if (!o->t_final[i]) return;
     trace_push_range("dp bucket start");
-    if (o->zero)
+    if (o->reduce_bf16) {  // the bucket rounded to bf16 (compute stream), reduced as bf16
+      uint16_t *g = o->grads_bf16 + b->lo;
+      o->m->be->cast(g, K_BF16, o->m->grads + b->lo, K_F32, b->hi - b->lo);
+      if (o->zero)
+        dc->ops->reduce_scatter_start(dc, g, o->grad_shard_bf16 + b->shard_off, b->len, COMM_BF16, COMM_SUM);
+      else
+        dc->ops->all_reduce_start(dc, g, b->hi - b->lo, COMM_BF16, COMM_SUM);
+    } else if (o->zero)
       dc->ops->reduce_scatter_start(dc, o->m->grads + b->lo, o->grad_shard + b->shard_off, b->len, COMM_F32, COMM_SUM);
     else
       dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
@@ -184,6 +198,10 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   trace_pop_range();
   trace_push_range("optimizer");
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
+  if (o->reduce_bf16) {  // back to fp32 for the norm and the update
+    if (o->zero) be->cast(o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
+    else be->cast(m->grads, K_F32, o->grads_bf16, K_BF16, m->n_params);
+  }
   double sumsq = be->sumsq_ranges(grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);

@@ -13,6 +13,8 @@ if(TRAINER_HAVE_CUDA)
                      parallel.dp_overlap_ctas=4)
   trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                      model.tie_embeddings=true)
+  trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+                     parallel.grad_reduce_bf16=true)
   trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 
   # The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.
