@@ -62,6 +62,9 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, vpp, 1, 64, 1, "virtual pipeline chunks per rank (1 = plain 1F1B; > 1 needs pp > 1)"),
   CFG_INT(parallel, last_stage_layers, 0, 4096, 0,
           "layers of the last pipeline stage, which also runs the LM head and loss; 0 = an even split"),
+  CFG_BOOL(parallel, pp_comm_bf16, 0,
+           "send pipeline activations and gradients between stages in bf16, rounded from the fp32 residual "
+           "stream: half the traffic; false = fp32; no effect with pp 1"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),

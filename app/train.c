@@ -157,6 +157,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   o.timing = &tm;
   if (pp_exec_init(&e, &m, n_micro, err, sizeof err) != 0) RUN_FAIL("%s", err);
   e.timing = &tm;
+  e.comm_bf16 = c->parallel.pp_comm_bf16;
 
   int64_t step = 0, samples_seen = 0;
   char path[CFG_STR + 64];

@@ -14,6 +14,12 @@ int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
   e->pool_cap = n_micro;
   e->pool = XCALLOC((size_t)m->vpp * e->pool_cap, sizeof(model_acts *));
   e->pool_n = XCALLOC(m->vpp, sizeof(int));
+  for (int i = 0, run = 0; i < e->sched.n_steps; i++) {
+    int comm_step = e->sched.steps[i].op != PP_FWD && e->sched.steps[i].op != PP_BWD;
+    run = comm_step ? run + 1 : 0;
+    if (run > e->n_stage) e->n_stage = run;
+  }
+  if (e->n_stage < 1) e->n_stage = 1;  // the forward-only pass sends one at a time
   return 0;
 }
 
@@ -25,6 +31,10 @@ void pp_exec_free(pp_exec *e) {
   free(e->slot);
   free(e->pool);
   free(e->pool_n);
+  if (e->stage) {
+    for (int i = 0; i < e->n_stage; i++) e->m->be->free(e->m->be, e->stage[i]);
+    free(e->stage);
+  }
   pp_schedule_free(&e->sched);
   e->m = NULL;
 }
@@ -51,10 +61,52 @@ static void acts_put(pp_exec *e, int micro, int chunk) {
 
 static int is_comm(pp_op op) { return op != PP_FWD && op != PP_BWD; }
 
+// The fp32 buffer a transfer step reads (sends) or fills (receives).
+static float *comm_buf(pp_exec *e, const pp_step *s) {
+  model_acts *a = acts_get(e, s->micro, s->chunk);
+  switch (s->op) {
+    case PP_SEND_ACT: return model_acts_output(e->m, a);
+    case PP_RECV_ACT: return model_acts_input(a);
+    case PP_SEND_GRAD: return model_acts_input_grad(a);
+    case PP_RECV_GRAD: return model_acts_output_grad(a);
+    default: return NULL;
+  }
+}
+
+static uint16_t *stage_buf(pp_exec *e, int k) {
+  k_backend *be = e->m->be;
+  if (!e->stage) {
+    e->stage = XCALLOC(e->n_stage, sizeof(uint16_t *));
+    for (int i = 0; i < e->n_stage; i++)
+      e->stage[i] = be->alloc(be, (size_t)(e->m->dims.rows_s * e->m->dims.d) * k_dtype_bytes(K_BF16));
+  }
+  return e->stage[k];
+}
+
+// With comm_bf16 a send first rounds its buffer into staging buffer k (stage_send, on the
+// compute stream, before its group opens: a group holds transfers only), a receive lands in
+// staging buffer k and is widened once its group has ended (stage_recv).
+static void stage_send(pp_exec *e, const float *buf, int k) {
+  if (e->comm_bf16) e->m->be->cast(stage_buf(e, k), K_BF16, buf, K_F32, e->m->dims.rows_s * e->m->dims.d);
+}
+
+static void post(pp_exec *e, pp_op op, float *buf, int peer, int k) {
+  comm *pc = e->m->g->pp_c;
+  int64_t n = e->m->dims.rows_s * e->m->dims.d;
+  void *p = e->comm_bf16 ? (void *)stage_buf(e, k) : (void *)buf;
+  comm_dtype t = e->comm_bf16 ? COMM_BF16 : COMM_F32;
+  if (op == PP_SEND_ACT || op == PP_SEND_GRAD) pc->ops->send(pc, p, n, t, peer);
+  else pc->ops->recv(pc, p, n, t, peer);
+}
+
+static void stage_recv(pp_exec *e, float *buf, int k) {
+  if (e->comm_bf16) e->m->be->cast(buf, K_F32, stage_buf(e, k), K_BF16, e->m->dims.rows_s * e->m->dims.d);
+}
+
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
   model *m = e->m;
   comm *pc = m->g->pp_c;
-  int64_t rows = m->dims.rows, rs_d = m->dims.rows_s * m->dims.d;
+  int64_t rows = m->dims.rows;
   double loss = 0;
   const pp_step *st = e->sched.steps;
   for (int i = 0; i < e->sched.n_steps;) {
@@ -77,21 +129,18 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
     }
     // A group waits for the compute before it (its sends read it) and for the peer: the time
     // from the queue being drained to the group's end is the pipeline's communication and bubble.
+    // Transfer k of the group goes through staging buffer k - i (comm_bf16); the casts count as
+    // pipeline communication.
     double t0 = tm ? timing_now(m->be) : 0;
     int j = i;
+    while (j < e->sched.n_steps && is_comm(st[j].op)) j++;
+    for (int k = i; k < j; k++)
+      if (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD) stage_send(e, comm_buf(e, &st[k]), k - i);
     pc->ops->group_start(pc);
-    for (; j < e->sched.n_steps && is_comm(st[j].op); j++) {
-      const pp_step *s = &st[j];
-      model_acts *a = acts_get(e, s->micro, s->chunk);
-      switch (s->op) {
-        case PP_SEND_ACT: pc->ops->send(pc, model_acts_output(m, a), rs_d, COMM_F32, s->peer); break;
-        case PP_RECV_ACT: pc->ops->recv(pc, model_acts_input(a), rs_d, COMM_F32, s->peer); break;
-        case PP_SEND_GRAD: pc->ops->send(pc, model_acts_input_grad(a), rs_d, COMM_F32, s->peer); break;
-        case PP_RECV_GRAD: pc->ops->recv(pc, model_acts_output_grad(a), rs_d, COMM_F32, s->peer); break;
-        default: break;
-      }
-    }
+    for (int k = i; k < j; k++) post(e, st[k].op, comm_buf(e, &st[k]), st[k].peer, k - i);
     pc->ops->group_end(pc);
+    for (int k = i; k < j; k++)
+      if (st[k].op == PP_RECV_ACT || st[k].op == PP_RECV_GRAD) stage_recv(e, comm_buf(e, &st[k]), k - i);
     if (tm) tm->pp_comm += timing_now(m->be) - t0;
     for (; i < j; i++)
       if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
@@ -101,8 +150,6 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
 
 double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets) {
   model *m = e->m;
-  comm *pc = m->g->pp_c;
-  int64_t rs_d = m->dims.rows_s * m->dims.d;
   int n_vstages = m->pp * m->vpp;
   double loss = 0;
   // Virtual stages run one after the other; each waits for its input, so plain blocking
@@ -110,9 +157,15 @@ double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets
   for (int s = m->pp_rank; s < n_vstages; s += m->pp) {
     int chunk = s / m->pp;
     model_acts *a = acts_get(e, 0, chunk);
-    if (s > 0) pc->ops->recv(pc, model_acts_input(a), rs_d, COMM_F32, (s - 1) % m->pp);
+    if (s > 0) {
+      post(e, PP_RECV_ACT, model_acts_input(a), (s - 1) % m->pp, 0);
+      stage_recv(e, model_acts_input(a), 0);
+    }
     loss += model_chunk_fwd(m, chunk, a, tokens, targets);
-    if (s < n_vstages - 1) pc->ops->send(pc, model_acts_output(m, a), rs_d, COMM_F32, (s + 1) % m->pp);
+    if (s < n_vstages - 1) {
+      stage_send(e, model_acts_output(m, a), 0);
+      post(e, PP_SEND_ACT, model_acts_output(m, a), (s + 1) % m->pp, 0);
+    }
     acts_put(e, 0, chunk);
   }
   return loss;

@@ -1,8 +1,10 @@
 #!/bin/bash
 # Scaling figures on 2 GPUs, each layout against 1 GPU in the same run: DP2 on the 1b shape
 # (same micro-batch per GPU; plain, and with the distributed optimizer at two bucket sizes, with
-# fewer CTAs for the reductions that overlap backward, and with the reduction in bf16), and TP2 with SP, PP2 1F1B and PP2 interleaved (vpp 2) on the
-# 7b-layers shape (same global batch of 16 sequences, 8 micro-batches of 2 through the pipeline).
+# fewer CTAs for the reductions that overlap backward, and with the reduction in bf16), and
+# TP2 with SP, PP2 1F1B and PP2 interleaved (vpp 2) on the 7b-layers shape
+# (same global batch of 16 sequences, 8 micro-batches of 2 through the pipeline; vpp2 also with
+# the transfers in bf16).
 # Prints tokens/s per GPU, efficiency against 1 GPU, MFU, peak memory, the step split and the
 # pipeline bubble (measured: mean over ranks and on the busiest stage; and theoretical), all
 # read from each run's metrics report.
@@ -36,6 +38,7 @@ run 7b_1gpu 1 7b_layers train.global_batch=16
 run 7b_tp2_sp 2 7b_layers parallel.tp=2 parallel.sequence_parallel=true train.global_batch=16
 run 7b_pp2_1f1b 2 7b_layers parallel.pp=2 train.global_batch=16
 run 7b_pp2_vpp2 2 7b_layers parallel.pp=2 parallel.vpp=2 train.global_batch=16
+run 7b_pp2_vpp2_bf16 2 7b_layers parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true train.global_batch=16
 # The last stage also runs the head and loss: 5 layers on the first stage, 3 on the last.
 run 7b_pp2_last3 2 7b_layers parallel.pp=2 parallel.last_stage_layers=3 train.global_batch=16
 python3 - "$out" <<'PY'
@@ -51,7 +54,7 @@ print(f"\n{'run':22s} {'tok/s/GPU':>10s} {'vs 1 GPU':>8s} {'MFU':>6s} {'mem GiB'
       f"{'bubble mean':>11s} {'busiest':>7s} {'theory':>7s}   step split (ms)")
 for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2", "1b_zero_b25", "1b_zero_b100", "1b_zero_b100_c16",
                                  "1b_zero_b100_bf16", "1b_zero_b100_c16_bf16"]),
-                    ("7b_1gpu", ["7b_1gpu", "7b_tp2_sp", "7b_pp2_1f1b", "7b_pp2_vpp2", "7b_pp2_last3"])):
+                    ("7b_1gpu", ["7b_1gpu", "7b_tp2_sp", "7b_pp2_1f1b", "7b_pp2_vpp2", "7b_pp2_vpp2_bf16", "7b_pp2_last3"])):
     b = report(base)
     for n in names:
         r = report(n)

@@ -32,6 +32,7 @@ dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 dp2_distopt_buckets parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.dp_overlap_ctas=4
 dp2_distopt_tied parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 model.tie_embeddings=true
 dp2_distopt_bf16_reduce parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.grad_reduce_bf16=true
+pp2_vpp2_bf16_comm parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 LAYOUTS
 step "bitwise resume of dp2 with the distributed optimizer on 2 GPUs" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"

@@ -15,6 +15,7 @@ if(TRAINER_HAVE_CUDA)
                      model.tie_embeddings=true)
   trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                      parallel.grad_reduce_bf16=true)
+  trainer_add_parity(pp2_vpp2_bf16_comm 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true)
   trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 
   # The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.

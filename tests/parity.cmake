@@ -19,12 +19,14 @@ trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.distributed_opti
 # A tied embedding (head and lookup add into one gradient) cut into many bucket parts.
 trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                    model.tie_embeddings=true)
-# DP gradients reduced in bf16 (each rank's gradient rounded before the sum): within 1e-2 of
-# the single rank, plain and with the distributed optimizer.
+# DP gradients reduced in bf16 (each rank's gradient rounded before the sum), plain and with the
+# distributed optimizer: within 1e-2 of the single rank.
 set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2")
 trainer_add_parity(dp2_bf16_reduce 2 parallel.dp=2 parallel.grad_reduce_bf16=true)
 trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                    parallel.grad_reduce_bf16=true)
+# Pipeline transfers in bf16 (activations and gradients rounded at each stage boundary).
+trainer_add_parity(pp2_vpp2_bf16_comm 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true)
 set(PARITY_ENV "")
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
