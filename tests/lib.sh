@@ -84,3 +84,16 @@ same_weights() {
   fa=$(ls "$WORK/$1"/ckpt/ckpt_*.h5 | tail -n 1); fb=$(ls "$WORK/$2"/ckpt/ckpt_*.h5 | tail -n 1)
   "$BUILD/ckpt_compare" "$fa" "$fb" --rtol "$3"
 }
+
+# resumed_bitwise A B: run B resumed from its step-3 checkpoint (its log says so) and equals the
+# uninterrupted run A bit for bit: every loss B logged, and the step-6 checkpoints (weights and
+# optimizer state).
+resumed_bitwise() {
+  grep -q "resumed from .*ckpt_00000003.h5 at step 3" "$WORK/$2/log" && pass "resumed at step 3" || fail "did not resume"
+  same_losses "$1" "$2" 0 && pass "losses after resume are bitwise equal" || fail "losses after resume differ"
+  if "$BUILD/ckpt_compare" "$WORK/$1/ckpt/ckpt_00000006.h5" "$WORK/$2/ckpt/ckpt_00000006.h5" --rtol 0 --prefix ""; then
+    pass "final checkpoints (weights and optimizer state) are bitwise equal"
+  else
+    fail "final checkpoints differ"
+  fi
+}
