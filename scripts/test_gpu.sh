@@ -23,18 +23,7 @@ export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 T
 export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4"
 while read -r name args; do
   step "parity $name on 2 GPUs vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
-done <<'LAYOUTS'
-tp2 parallel.tp=2
-pp2_1f1b parallel.pp=2
-pp2_vpp2 parallel.pp=2 parallel.vpp=2
-dp2 parallel.dp=2
-dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
-dp2_distopt_buckets parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.dp_overlap_ctas=4
-dp2_distopt_tied parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 model.tie_embeddings=true
-dp2_distopt_bf16_reduce parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.grad_reduce_bf16=true
-pp2_vpp2_bf16_comm parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true
-tp2_sp parallel.tp=2 parallel.sequence_parallel=true
-LAYOUTS
+done < <(grep -v '^#' tests/parity_gpu.txt)
 step "bitwise resume of dp2 with the distributed optimizer on 2 GPUs" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"
 step "kill a rank of a dp2 run on 2 GPUs: the job ends with a message" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS

@@ -409,6 +409,22 @@ static void build_fwd(attn_plan *p, cudnnHandle_t h) {
   if (!g->failed) g_make_plan(p, h);
 }
 
+// out = X^T Y with X (b, h, s_q, s_kv) viewed as st_sh (b, h, s_kv, s_q): the dV and dK products.
+// grouped (fewer kv heads than query heads): the products of one kv head's query heads, made
+// in full_sh, are summed into out.
+static void g_grad_kv(attn_graph *g, desc_t x, desc_t y, desc_t out, int grouped, const shape4 *st_sh,
+                      const shape4 *full_sh, desc_t seq_q, desc_t seq_kv) {
+  desc_t x_t = g_virt(g, CUDNN_DATA_BFLOAT16, st_sh);
+  g_reshape(g, x, x_t);
+  if (!grouped) {
+    g_matmul(g, x_t, y, out, seq_kv, NULL, seq_q);
+    return;
+  }
+  desc_t full = g_virt(g, CUDNN_DATA_BFLOAT16, full_sh);
+  g_matmul(g, x_t, y, full, seq_kv, NULL, seq_q);
+  g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
 // det: dQ from one matmul straight into dq; else through an fp32 accumulator (UID_DQ_ACC).
 static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   attn_graph *g = &p->g;
@@ -456,15 +472,7 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   desc_t prob = g_pwf(g, CUDNN_POINTWISE_EXP, sm, NULL, &s_sh);
 
   // dV = P^T dO, summed over the query heads of each kv head.
-  desc_t prob_t = g_virt(g, CUDNN_DATA_BFLOAT16, &st_sh);
-  g_reshape(g, prob, prob_t);
-  if (H == Hk) {
-    g_matmul(g, prob_t, d_o, dv, seq_kv, NULL, seq_q);
-  } else {
-    desc_t dv_full = g_virt(g, CUDNN_DATA_BFLOAT16, &full_sh);
-    g_matmul(g, prob_t, d_o, dv_full, seq_kv, NULL, seq_q);
-    g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  }
+  g_grad_kv(g, prob, d_o, dv, H != Hk, &st_sh, &full_sh, seq_q, seq_kv);
 
   // dS = P * (dO V^T - delta) * scale.
   desc_t dp = g_virt(g, CUDNN_DATA_FLOAT, &s_sh);
@@ -474,15 +482,7 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   desc_t ds = g_pwf(g, CUDNN_POINTWISE_MUL, ds1, scale, &s_sh);
 
   // dK = dS^T Q, summed over each group like dV.
-  desc_t ds_t = g_virt(g, CUDNN_DATA_BFLOAT16, &st_sh);
-  g_reshape(g, ds, ds_t);
-  if (H == Hk) {
-    g_matmul(g, ds_t, q, dk, seq_kv, NULL, seq_q);
-  } else {
-    desc_t dk_full = g_virt(g, CUDNN_DATA_BFLOAT16, &full_sh);
-    g_matmul(g, ds_t, q, dk_full, seq_kv, NULL, seq_q);
-    g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  }
+  g_grad_kv(g, ds, q, dk, H != Hk, &st_sh, &full_sh, seq_q, seq_kv);
 
   // dQ = dS K, K being K^T viewed back.
   desc_t k = g_virt(g, CUDNN_DATA_BFLOAT16, &kv_sh);
