@@ -44,7 +44,8 @@ int run_plan(const cfg *c, int world_size) {
   for (int pr = 0; pr < pp; pr++) {
     pp_schedule s = {0};
     char err[256];
-    int max_in_flight = pp_schedule_build(&s, pp, vpp, n_micro, pr, err, sizeof err) == 0 ? s.max_in_flight : 1;
+    int built = pp_schedule_build(&s, pp, vpp, n_micro, pr, err, sizeof err) == 0;
+    int max_in_flight = built ? s.max_in_flight : 1, max_group = built ? pp_schedule_max_group(&s) : 1;
     pp_schedule_free(&s);
     for (int tr = 0; tr < tp; tr++) {
       model_dims_compute(&dm, c, tp, tr, sp);
@@ -67,7 +68,9 @@ int run_plan(const cfg *c, int world_size) {
       int zero = pc->distributed_optimizer && dp > 1, bf16 = pc->grad_reduce_bf16 && dp > 1;
       double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
       double w = (gpu ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
-      double acts = (double)act * max_in_flight;
+      // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group (parallel/pp_exec.h).
+      double stage = pc->pp_comm_bf16 && pp > 1 ? (double)max_group * dm.rows_s * dm.d * 2.0 : 0.0;
+      double acts = (double)act * max_in_flight + stage;
       char heads[32], kv[32], vocab[32];
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
       snprintf(kv, sizeof kv, "%d-%d", tr * dm.nkv, (tr + 1) * dm.nkv - 1);

@@ -14,12 +14,7 @@ int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
   e->pool_cap = n_micro;
   e->pool = XCALLOC((size_t)m->vpp * e->pool_cap, sizeof(model_acts *));
   e->pool_n = XCALLOC(m->vpp, sizeof(int));
-  for (int i = 0, run = 0; i < e->sched.n_steps; i++) {
-    int comm_step = e->sched.steps[i].op != PP_FWD && e->sched.steps[i].op != PP_BWD;
-    run = comm_step ? run + 1 : 0;
-    if (run > e->n_stage) e->n_stage = run;
-  }
-  if (e->n_stage < 1) e->n_stage = 1;  // the forward-only pass sends one at a time
+  e->n_stage = pp_schedule_max_group(&e->sched);  // at least 1: the forward-only pass sends one at a time
   return 0;
 }
 

@@ -223,3 +223,12 @@ void pp_schedule_free(pp_schedule *s) {
   s->n_steps = 0;
   s->max_in_flight = 0;
 }
+
+int pp_schedule_max_group(const pp_schedule *s) {
+  int most = 1;
+  for (int i = 0, run = 0; i < s->n_steps; i++) {
+    run = s->steps[i].op != PP_FWD && s->steps[i].op != PP_BWD ? run + 1 : 0;
+    if (run > most) most = run;
+  }
+  return most;
+}

@@ -50,6 +50,8 @@ int pp_schedule_check(int pp, int vpp, int n_micro, char *err, size_t n_err);
 // 1F1B when vpp == 1, interleaved 1F1B when vpp > 1. Caller frees with pp_schedule_free.
 int pp_schedule_build(pp_schedule *s, int pp, int vpp, int n_micro, int rank, char *err, size_t n_err);
 void pp_schedule_free(pp_schedule *s);
+// The most transfers in one group of the schedule (at least 1).
+int pp_schedule_max_group(const pp_schedule *s);
 // Theoretical bubble fraction (pp - 1) / (vpp * n_micro + pp - 1).
 double pp_bubble_theory(int pp, int vpp, int n_micro);
 
