@@ -52,7 +52,6 @@ void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64
 void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
 void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                     double *loss);
-// Synchronises the stream: the sum comes back to the host.
 void k_cuda_add(float *y, const float *x, int64_t n);
 
 // kernels/cuda/attention.cu. Head dims: a multiple of 4, at most 256. q/k/v/o/dout/dq/dk/dv in
