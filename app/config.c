@@ -65,6 +65,9 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, pp_comm_bf16, 0,
            "send pipeline activations and gradients between stages in bf16, rounded from the fp32 residual "
            "stream: half the traffic; false = fp32; no effect with pp 1"),
+  CFG_BOOL(parallel, pp_overlap, 0,
+           "run pipeline transfers on their own channel per direction, overlapping compute: a stage waits only "
+           "for the transfer it reads; false = each group of transfers completes before the next compute"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
@@ -651,6 +654,9 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "train.global_batch = %d is not divisible by parallel.dp * train.micro_batch = %d * %d = %lld: "
            "make global_batch a multiple of it (micro-batches per step = global_batch / (dp * micro_batch))",
            t->global_batch, p->dp, t->micro_batch, dp * t->micro_batch);
+  CFG_RULE(!p->pp_overlap || !p->pp_comm_bf16,
+           "parallel.pp_overlap with parallel.pp_comm_bf16 is not supported (overlapped transfers are fp32): set "
+           "one of them to false");
   CFG_RULE(!m->tie_embeddings || p->pp == 1,
            "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
            "stages): set model.tie_embeddings=false",

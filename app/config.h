@@ -30,6 +30,7 @@ typedef struct cfg_parallel {
   int vpp;                    // virtual pipeline chunks per rank (1 = plain 1F1B)
   int last_stage_layers;      // layers of the last virtual stage; 0 = an even split
   int pp_comm_bf16;           // pipeline transfers in bf16 (0: fp32)
+  int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
   int distributed_optimizer;  // bool: ZeRO-1 over dp
   float bucket_mb;            // DP gradient bucket size in MiB

@@ -158,6 +158,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
   if (pp_exec_init(&e, &m, n_micro, err, sizeof err) != 0) RUN_FAIL("%s", err);
   e.timing = &tm;
   e.comm_bf16 = c->parallel.pp_comm_bf16;
+  if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&e);
 
   int64_t step = 0, samples_seen = 0;
   char path[CFG_STR + 64];

@@ -21,6 +21,9 @@ typedef struct comm_mpi {
   int in_group;          // between group_start and group_end: p2p calls only post requests
   MPI_Request *reqs;     // (n_reqs) requests posted in the open group
   int n_reqs, cap_reqs;
+  MPI_Request *xreqs;    // (n_xreqs) requests of the transfers started since xfer_reset
+  int *xfirst;           // (n_tickets + 1) ticket i owns xreqs[xfirst[i], xfirst[i + 1])
+  int n_xreqs, cap_xreqs, n_tickets, cap_tickets;
 } comm_mpi;
 
 int comm_dtype_bytes(comm_dtype t) {
@@ -244,6 +247,66 @@ static void comm_mpi_group_end(comm *c) {
   m->n_reqs = 0;
 }
 
+// ---- transfers overlapping compute -----------------------------------------------------------
+// Non-blocking sends and receives on their own tag; the host computes meanwhile and waits for a
+// ticket's requests in xfer_wait. Compute on CPU ranks is done when its call returns, so marks
+// and `after` tickets have nothing to order.
+
+enum { COMM_XFER_TAG = 1 };
+
+static void comm_mpi_xfer_open(comm *c) { (void)c; }
+
+static int comm_mpi_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send,
+                               const int *after, int n_after) {
+  (void)after;
+  (void)n_after;
+  CHECK(n_elem >= 0, "comm %s: transfer of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: transfer peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_mpi *m = c->impl;
+  if (m->n_tickets + 2 > m->cap_tickets) {
+    m->cap_tickets = m->cap_tickets ? 2 * m->cap_tickets : 64;
+    m->xfirst = realloc(m->xfirst, (size_t)m->cap_tickets * sizeof *m->xfirst);
+    CHECK(m->xfirst, "comm %s: out of memory growing the transfer tickets to %d", c->name, m->cap_tickets);
+  }
+  m->xfirst[m->n_tickets] = m->n_xreqs;
+  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
+  for (int64_t o = 0; o < n_elem || o == 0; o += step) {
+    if (m->n_xreqs == m->cap_xreqs) {
+      m->cap_xreqs = m->cap_xreqs ? 2 * m->cap_xreqs : 64;
+      m->xreqs = realloc(m->xreqs, (size_t)m->cap_xreqs * sizeof *m->xreqs);
+      CHECK(m->xreqs, "comm %s: out of memory growing the transfer requests to %d", c->name, m->cap_xreqs);
+    }
+    int n = (int)(n_elem - o < step ? n_elem - o : step);
+    char *p = (char *)buf + o * esz;
+    MPI_Request *r = &m->xreqs[m->n_xreqs++];
+    if (is_send) MPI_CHECK(MPI_Isend(p, n, comm_mpi_type(t), peer, COMM_XFER_TAG, c->mpi, r));
+    else MPI_CHECK(MPI_Irecv(p, n, comm_mpi_type(t), peer, COMM_XFER_TAG, c->mpi, r));
+    if (n_elem == 0) break;
+  }
+  m->xfirst[m->n_tickets + 1] = m->n_xreqs;
+  return m->n_tickets++;
+}
+
+static int comm_mpi_xfer_mark(comm *c) {
+  (void)c;
+  return -1;
+}
+
+static void comm_mpi_xfer_wait(comm *c, int ticket) {
+  comm_mpi *m = c->impl;
+  if (ticket < 0) return;
+  CHECK(ticket < m->n_tickets, "comm %s: wait for transfer ticket %d of %d", c->name, ticket, m->n_tickets);
+  int a = m->xfirst[ticket];
+  MPI_CHECK(MPI_Waitall(m->xfirst[ticket + 1] - a, m->xreqs + a, MPI_STATUSES_IGNORE));
+}
+
+static void comm_mpi_xfer_reset(comm *c) {
+  comm_mpi *m = c->impl;
+  for (int i = 0; i < m->n_xreqs; i++)
+    CHECK(m->xreqs[i] == MPI_REQUEST_NULL, "comm %s: xfer_reset with transfer request %d not waited for", c->name, i);
+  m->n_xreqs = m->n_tickets = 0;
+}
+
 static void comm_mpi_barrier(comm *c) { MPI_CHECK(MPI_Barrier(c->mpi)); }
 
 static void comm_mpi_free(comm *c) {
@@ -260,7 +323,11 @@ static void comm_mpi_free(comm *c) {
     }
     if (c->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&c->mpi));
   }
-  if (m) free(m->reqs);
+  if (m) {
+    free(m->reqs);
+    free(m->xreqs);
+    free(m->xfirst);
+  }
   free(m);
   free(c);
 }
@@ -286,6 +353,11 @@ static const comm_ops comm_mpi_ops = {
     .all_gather_regions_start = comm_mpi_all_gather_regions,
     .wait = comm_mpi_wait,
     .drain = comm_mpi_wait,
+    .xfer_open = comm_mpi_xfer_open,
+    .xfer_start = comm_mpi_xfer_start,
+    .xfer_mark = comm_mpi_xfer_mark,
+    .xfer_wait = comm_mpi_xfer_wait,
+    .xfer_reset = comm_mpi_xfer_reset,
 };
 
 comm *comm_mpi_create(MPI_Comm mpi, const char *name) {

@@ -52,6 +52,22 @@ typedef struct comm_ops {
   // Blocks the host until every started collective has completed. NCCL bounds the wait by the
   // communicator timeout and ends the job with a message naming the group and the operation.
   void (*drain)(comm *c);
+  // Transfers that overlap compute (the pipeline with parallel.pp_overlap). xfer_open, called
+  // once by every rank together, sets up one channel per direction between neighbours (peer =
+  // rank +- 1 mod size); a channel's transfers run in posting order, concurrently with compute
+  // and with the other channels (NCCL: a communicator and a stream per directed link), and
+  // between two ranks they are matched in posting order, as for send/recv. xfer_start posts one
+  // send or receive, to start once the work behind each of the n_after tickets is done, and
+  // returns its ticket; its buffer must stay untouched until that ticket has been waited for.
+  // xfer_mark returns a ticket for the compute queued so far. xfer_wait makes the compute
+  // queued from now on wait for a ticket (MPI: the host waits for the transfer). xfer_reset
+  // forgets every ticket; each one must have been waited for by then.
+  void (*xfer_open)(comm *c);
+  int (*xfer_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send, const int *after,
+                    int n_after);
+  int (*xfer_mark)(comm *c);
+  void (*xfer_wait)(comm *c, int ticket);
+  void (*xfer_reset)(comm *c);
 } comm_ops;
 
 struct comm {

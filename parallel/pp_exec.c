@@ -5,6 +5,15 @@
 #include "parallel/trace.h"
 #include <string.h>
 
+// Transfer tickets (comm xfer_*) that an activation set carries with parallel.pp_overlap: the
+// receive pending into it, the sends still reading it, and the compute mark taken when it was
+// last released (its previous user's backward). -1 = none.
+typedef struct pp_tickets {
+  int recv, send_out, send_gin, free;
+} pp_tickets;
+
+static const pp_tickets no_tickets = {-1, -1, -1, -1};
+
 int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
   memset(e, 0, sizeof *e);
   e->m = m;
@@ -15,7 +24,16 @@ int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
   e->pool = XCALLOC((size_t)m->vpp * e->pool_cap, sizeof(model_acts *));
   e->pool_n = XCALLOC(m->vpp, sizeof(int));
   e->n_stage = pp_schedule_max_group(&e->sched);  // at least 1: the forward-only pass sends one at a time
+  e->slot_t = XCALLOC((size_t)n_micro * m->vpp, sizeof(pp_tickets));
+  e->pool_t = XCALLOC((size_t)m->vpp * e->pool_cap, sizeof(pp_tickets));
+  for (int i = 0; i < n_micro * m->vpp; i++) e->slot_t[i] = e->pool_t[i] = no_tickets;
   return 0;
+}
+
+void pp_exec_overlap(pp_exec *e) {
+  comm *pc = e->m->g->pp_c;
+  pc->ops->xfer_open(pc);
+  e->overlap = 1;
 }
 
 void pp_exec_free(pp_exec *e) {
@@ -26,6 +44,8 @@ void pp_exec_free(pp_exec *e) {
   free(e->slot);
   free(e->pool);
   free(e->pool_n);
+  free(e->slot_t);
+  free(e->pool_t);
   if (e->stage) {
     for (int i = 0; i < e->n_stage; i++) e->m->be->free(e->m->be, e->stage[i]);
     free(e->stage);
@@ -34,13 +54,24 @@ void pp_exec_free(pp_exec *e) {
   e->m = NULL;
 }
 
+// A set taken from the pool may still be read by its previous user's sends (overlap): compute
+// waits for them before writing it; its tickets stay with it for the receives posted into it.
 static model_acts *acts_get(pp_exec *e, int micro, int chunk) {
-  model_acts **s = &e->slot[micro * e->m->vpp + chunk];
+  int i = micro * e->m->vpp + chunk;
+  model_acts **s = &e->slot[i];
   if (!*s) {
     if (e->pool_n[chunk] > 0) {
-      *s = e->pool[chunk * e->pool_cap + --e->pool_n[chunk]];
+      int k = chunk * e->pool_cap + --e->pool_n[chunk];
+      *s = e->pool[k];
+      e->slot_t[i] = e->pool_t[k];
+      comm *pc = e->m->g->pp_c;
+      if (e->overlap) {
+        pc->ops->xfer_wait(pc, e->slot_t[i].send_out);
+        pc->ops->xfer_wait(pc, e->slot_t[i].send_gin);
+      }
     } else {
       *s = model_acts_create(e->m, chunk);
+      e->slot_t[i] = no_tickets;
       e->n_created++;
     }
   }
@@ -48,9 +79,14 @@ static model_acts *acts_get(pp_exec *e, int micro, int chunk) {
 }
 
 static void acts_put(pp_exec *e, int micro, int chunk) {
-  model_acts **s = &e->slot[micro * e->m->vpp + chunk];
+  int i = micro * e->m->vpp + chunk;
+  model_acts **s = &e->slot[i];
   CHECK(*s, "pipeline executor: release of (micro %d, chunk %d) which holds no activations", micro, chunk);
-  e->pool[chunk * e->pool_cap + e->pool_n[chunk]++] = *s;
+  int k = chunk * e->pool_cap + e->pool_n[chunk]++;
+  e->pool[k] = *s;
+  e->pool_t[k] = e->slot_t[i];
+  comm *pc = e->m->g->pp_c;
+  if (e->overlap) e->pool_t[k].free = pc->ops->xfer_mark(pc);
   *s = NULL;
 }
 
@@ -98,17 +134,70 @@ static void stage_recv(pp_exec *e, float *buf, int k) {
   if (e->comm_bf16) e->m->be->cast(buf, K_F32, stage_buf(e, k), K_BF16, e->m->dims.rows_s * e->m->dims.d);
 }
 
+// Overlap: compute waits for ticket t (a receive it reads, or the sends still reading buffers
+// it writes); the host first waits for the compute queued so far, so the time measured is the
+// wait alone.
+static void wait_transfer(pp_exec *e, int *t) {
+  if (*t < 0) return;
+  comm *pc = e->m->g->pp_c;
+  step_timing *tm = e->timing;
+  double t0 = tm ? timing_now(e->m->be) : 0;
+  pc->ops->xfer_wait(pc, *t);
+  if (tm) tm->pp_comm += timing_now(e->m->be) - t0;
+  *t = -1;
+}
+
+// Overlap: posts a group's transfers on the xfer channels, in the listed order. Sends start
+// once the compute queued so far (which wrote them) is done; a receive once its buffer's
+// previous user is done with it.
+static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
+  comm *pc = e->m->g->pp_c;
+  int64_t n = e->m->dims.rows_s * e->m->dims.d;
+  int written = pc->ops->xfer_mark(pc);
+  for (int k = i; k < j; k++) {
+    const pp_step *s = &st[k];
+    float *buf = comm_buf(e, s);
+    pp_tickets *t = &e->slot_t[s->micro * e->m->vpp + s->chunk];
+    if (s->op == PP_SEND_ACT || s->op == PP_SEND_GRAD) {
+      int u = pc->ops->xfer_start(pc, buf, n, COMM_F32, s->peer, 1, &written, 1);
+      *(s->op == PP_SEND_ACT ? &t->send_out : &t->send_gin) = u;
+    } else {
+      CHECK(t->recv < 0, "pipeline executor: second receive into (micro %d, chunk %d) before the first was read",
+            s->micro, s->chunk);
+      int after[3] = {t->free, t->send_out, t->send_gin};
+      t->recv = pc->ops->xfer_start(pc, buf, n, COMM_F32, s->peer, 0, after, 3);
+    }
+  }
+}
+
+// Overlap, end of a step: every send has been waited for (compute, then the pool reuses the
+// buffers with no tickets) and the tickets start again.
+static void finish_transfers(pp_exec *e) {
+  comm *pc = e->m->g->pp_c;
+  for (int c = 0; c < e->m->vpp; c++)
+    for (int k = c * e->pool_cap; k < c * e->pool_cap + e->pool_n[c]; k++) {
+      wait_transfer(e, &e->pool_t[k].send_out);
+      wait_transfer(e, &e->pool_t[k].send_gin);
+      e->pool_t[k] = no_tickets;
+    }
+  pc->ops->xfer_reset(pc);
+}
+
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
   model *m = e->m;
   comm *pc = m->g->pp_c;
   int64_t rows = m->dims.rows;
   double loss = 0;
   const pp_step *st = e->sched.steps;
+  CHECK(!(e->overlap && e->comm_bf16), "pipeline executor: overlapped transfers are fp32 only");
   for (int i = 0; i < e->sched.n_steps;) {
     step_timing *tm = e->timing;
     if (!is_comm(st[i].op)) {
       const pp_step *s = &st[i++];
       model_acts *a = acts_get(e, s->micro, s->chunk);
+      pp_tickets *t = &e->slot_t[s->micro * m->vpp + s->chunk];
+      wait_transfer(e, &t->recv);
+      if (s->op == PP_BWD) wait_transfer(e, &t->send_out);
       const int32_t *tok = tokens + s->micro * rows, *tgt = targets + s->micro * rows;
       if (s->op == PP_FWD) {
         trace_push_range("forward");
@@ -126,9 +215,15 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
     // from the queue being drained to the group's end is the pipeline's communication and bubble.
     // Transfer k of the group goes through staging buffer k - i (comm_bf16); the casts count as
     // pipeline communication.
-    double t0 = tm ? timing_now(m->be) : 0;
     int j = i;
     while (j < e->sched.n_steps && is_comm(st[j].op)) j++;
+    if (e->overlap) {
+      post_group(e, st, i, j);
+      for (; i < j; i++)
+        if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
+      continue;
+    }
+    double t0 = tm ? timing_now(m->be) : 0;
     for (int k = i; k < j; k++)
       if (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD) stage_send(e, comm_buf(e, &st[k]), k - i);
     pc->ops->group_start(pc);
@@ -140,6 +235,7 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
     for (; i < j; i++)
       if (st[i].op == PP_SEND_GRAD) acts_put(e, st[i].micro, st[i].chunk);
   }
+  if (e->overlap) finish_transfers(e);
   return loss;
 }
 

@@ -23,11 +23,20 @@ typedef struct pp_exec {
   int comm_bf16;
   uint16_t **stage;      // (n_stage) rows_s * d each, backend memory, made on first use
   int n_stage;           // the most transfers in one group of the schedule
+  // parallel.pp_overlap (set by the caller before the first step): transfers run on the
+  // communicator's xfer channels, overlapping compute; a compute step waits only for the
+  // receive it reads, and a buffer is reused only once the sends reading it are done.
+  int overlap;
+  struct pp_tickets *slot_t;  // (n_micro * vpp) transfer tickets of the activations in slot
+  struct pp_tickets *pool_t;  // (vpp * pool_cap) those of the free activations in pool
 } pp_exec;
 
 // Returns 0, or -1 with a message when the schedule is not admissible.
 int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err);
 void pp_exec_free(pp_exec *e);
+// Turns on overlapped transfers (parallel.pp_overlap): opens the pipeline communicator's xfer
+// channels, so every rank of the pipeline group calls it together, before the first step.
+void pp_exec_overlap(pp_exec *e);
 // One step. tokens/targets: (n_micro, T, B) in backend memory. Returns the summed per-token
 // loss of this rank's micro-batches if it holds the last virtual stage, else 0.
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale);

@@ -8,6 +8,10 @@ trainer_add_parity(tp2 2 parallel.tp=2)
 trainer_add_parity(pp2_1f1b 2 parallel.pp=2)
 trainer_add_parity(pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
 trainer_add_parity(pp4_vpp2 4 parallel.pp=4 parallel.vpp=2 model.n_layers=8)
+# Transfers overlapping compute: non-blocking sends and receives, each waited for where it is read.
+trainer_add_parity(pp2_1f1b_overlap 2 parallel.pp=2 parallel.pp_overlap=true)
+trainer_add_parity(pp2_vpp2_overlap 2 parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true)
+trainer_add_parity(pp4_vpp2_overlap 4 parallel.pp=4 parallel.vpp=2 model.n_layers=8 parallel.pp_overlap=true)
 # Uneven stages: the last one (head and loss) with fewer layers than the others.
 trainer_add_parity(pp2_last1 2 parallel.pp=2 parallel.last_stage_layers=1)
 trainer_add_parity(pp2_vpp2_last1 2 parallel.pp=2 parallel.vpp=2 parallel.last_stage_layers=1 model.n_layers=7)

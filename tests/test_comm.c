@@ -121,11 +121,35 @@ static void test_bf16_rounding(comm *c) {
   EXPECT(k_bf16_to_f32(v[1]) == 256.0f, "bf16 256 + 1 = %g, want 256 (tie to even)", k_bf16_to_f32(v[1]));
 }
 
+// Transfers that overlap compute (xfer_*) around the ring: every rank posts its receives
+// before its sends, forward (from rank - 1) and backward (from rank + 1), and waits for them
+// in the opposite order.
+static void test_xfer(comm *c, int chunked) {
+  const int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+  const comm_dtype t = COMM_F32;
+  float out_f[5], out_b[5], in_f[5], in_b[5];
+  for (int i = 0; i < 5; i++) out_f[i] = (float)(10 * r + i), out_b[i] = (float)(-10 * r - i), in_f[i] = in_b[i] = 0;
+  c->ops->xfer_open(c);
+  int rf = c->ops->xfer_start(c, in_f, 5, t, prev, 0, NULL, 0);
+  int rb = c->ops->xfer_start(c, in_b, 5, t, next, 0, NULL, 0);
+  int mark = c->ops->xfer_mark(c);
+  int sf = c->ops->xfer_start(c, out_f, 5, t, next, 1, &mark, 1);
+  int sb = c->ops->xfer_start(c, out_b, 5, t, prev, 1, &mark, 1);
+  c->ops->xfer_wait(c, sb);
+  c->ops->xfer_wait(c, sf);
+  c->ops->xfer_wait(c, rb);
+  c->ops->xfer_wait(c, rf);
+  CHECK_ALL("xfer forward", in_f, 5, t, 10 * prev + i);
+  CHECK_ALL("xfer backward", in_b, 5, t, -10 * next - i);
+  c->ops->xfer_reset(c);
+}
+
 static void test_comm_all(comm *c, int chunked) {
   EXPECT(c->size == 4, "run under mpirun -np 4 (size %d)", c->size);
   static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64};
   for (size_t k = 0; k < sizeof types / sizeof *types; k++) test_dtype(c, types[k], chunked);
   test_bf16_rounding(c);
+  test_xfer(c, chunked);
   // Started forms: on host buffers they complete before returning; wait and drain are no-ops.
   int32_t v[8];
   for (int i = 0; i < 8; i++) v[i] = c->rank + i;

@@ -332,6 +332,44 @@ static void test_started(comm *c) {
   CUDA_CHECK(cudaFree(dg));
 }
 
+// Transfers that overlap compute (xfer_*): both ranks post their receive first, which only
+// works because each direction has its own channel; a send waits for the ticket of the compute
+// that writes its buffer (32 chained copies, still running when it is posted), and the buffer is
+// overwritten once the send's ticket has been waited for, which the peer must not see. Two
+// rounds, so tickets are reused after xfer_reset.
+static void test_xfer(comm *c) {
+  const int r = c->rank, mate = r ^ 1;
+  const int64_t N = 1 << 24;  // 64 MiB
+  const size_t bytes = (size_t)N * sizeof(float);
+  float *h = malloc(bytes);
+  float *d = dev_alloc(bytes), *src = dev_alloc(bytes), *junk = dev_alloc(bytes), *dr = dev_alloc(bytes);
+  c->ops->xfer_open(c);
+  for (int round = 0; round < 2; round++) {
+    for (int64_t i = 0; i < N; i++) h[i] = -1.0f;
+    up(junk, h, bytes);
+    up(d, h, bytes);
+    up(dr, h, bytes);
+    for (int64_t i = 0; i < N; i++) h[i] = (float)(1000 * r + 100 * round + i % 7);
+    up(src, h, bytes);
+    for (int k = 0; k < 31; k++) CUDA_CHECK(cudaMemcpyAsync(d, junk, bytes, cudaMemcpyDeviceToDevice, S));
+    CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyDeviceToDevice, S));
+    int written = c->ops->xfer_mark(c);
+    int tr = c->ops->xfer_start(c, dr, N, COMM_F32, mate, 0, NULL, 0);
+    int ts = c->ops->xfer_start(c, d, N, COMM_F32, mate, 1, &written, 1);
+    c->ops->xfer_wait(c, ts);
+    CUDA_CHECK(cudaMemcpyAsync(d, junk, bytes, cudaMemcpyDeviceToDevice, S));
+    c->ops->xfer_wait(c, tr);
+    down(c, h, dr, bytes);
+    CHECK_ALL("xfer (receive posted first, send after its writer)", h, N, COMM_F32, 1000 * mate + 100 * round + i % 7);
+    c->ops->xfer_reset(c);
+  }
+  free(h);
+  CUDA_CHECK(cudaFree(d));
+  CUDA_CHECK(cudaFree(src));
+  CUDA_CHECK(cudaFree(junk));
+  CUDA_CHECK(cudaFree(dr));
+}
+
 static void test_comm_all(comm *c) {
   EXPECT(c->size == 2, "run under mpirun -np 2 (size %d)", c->size);
   static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64};
@@ -341,6 +379,7 @@ static void test_comm_all(comm *c) {
   test_nested_group(c);
   test_large(c);
   test_started(c);
+  test_xfer(c);
   // Empty transfers are legal and must not hang.
   float *d = dev_alloc(16);
   c->ops->all_reduce(c, d, 0, COMM_F32, COMM_SUM);

@@ -27,6 +27,12 @@ typedef struct comm_nccl {
   int *scratch;             // (1) device int, the payload of barrier's all-reduce
   char last_op[96];         // the operation enqueued last, named when a wait fails
   comm *next_live;          // list of live communicators, all aborted together on a failure
+  // Transfers overlapping compute (xfer_*): one communicator, on its own stream, per class of
+  // directed link (comm_nccl_link_class); tickets are events, recorded on the compute stream
+  // (marks) or on a link's stream after its transfer.
+  comm *link[6];
+  cudaEvent_t *tickets;
+  int n_tickets, cap_tickets;
 } comm_nccl;
 
 static void *comm_nccl_next_stream;   // the stream communicators created from now on use
@@ -462,6 +468,98 @@ void comm_nccl_wait(comm *c) {
   comm_nccl_drain(c, __func__, __FILE__, __LINE__);
 }
 
+// ---- transfers overlapping compute ------------------------------------------------------------
+
+// Directed links between neighbours (src -> src + 1 forward, src -> src - 1 backward, mod size;
+// with 2 ranks both are forward) are split into classes so that every rank uses each class's
+// communicator in one role with one peer: by the sender's parity, the wrap-around link getting
+// its own class when size is odd. Each communicator then carries one FIFO of transfers, which
+// nothing else on either rank orders, so transfers run as soon as both sides have posted them.
+static int comm_nccl_link_class(const comm *c, int src, int dst) {
+  int n = c->size;
+  if (dst == (src + 1) % n) return (n % 2 && src == n - 1) ? 2 : src % 2;
+  CHECK(dst == (src + n - 1) % n, "comm %s: transfer between ranks %d and %d, which are not neighbours (rank +- 1 mod "
+                                  "%d): only the pipeline's neighbour transfers overlap compute", c->name, src, dst, n);
+  return 3 + ((n % 2 && src == 0) ? 2 : src % 2);
+}
+
+static void comm_nccl_xfer_open(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "xfer_open");
+  CHECK(!m->link[0], "comm %s: xfer_open called twice", c->name);
+  void *keep = comm_nccl_next_stream;
+  for (int k = 0; k < 6; k++) {
+    int used = c->size == 2 ? k < 2 : c->size % 2 ? 1 : k != 2 && k != 5;  // the classes link_class returns
+    if (!used) continue;
+    int lo, hi;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+    comm_nccl_next_stream = s;
+    char name[16];
+    snprintf(name, sizeof name, "%.9s.link%d", c->name, k);
+    m->link[k] = comm_nccl_create(c->mpi, name);
+  }
+  comm_nccl_next_stream = keep;
+}
+
+static int comm_nccl_ticket(comm *c) {
+  comm_nccl *m = c->impl;
+  if (m->n_tickets == m->cap_tickets) {
+    int cap = m->cap_tickets ? 2 * m->cap_tickets : 64;
+    cudaEvent_t *t = realloc(m->tickets, (size_t)cap * sizeof *t);
+    CHECK(t, "comm %s: out of memory growing the transfer tickets to %d", c->name, cap);
+    for (int i = m->cap_tickets; i < cap; i++) CUDA_CHECK(cudaEventCreateWithFlags(&t[i], cudaEventDisableTiming));
+    m->tickets = t;
+    m->cap_tickets = cap;
+  }
+  return m->n_tickets++;
+}
+
+static int comm_nccl_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send,
+                                const int *after, int n_after) {
+  CHECK(n_elem >= 0, "comm %s: transfer of %lld elements", c->name, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: transfer peer %d outside [0, %d)", c->name, peer, c->size);
+  comm_nccl *m = comm_nccl_live_impl(c, "xfer_start");
+  CHECK(m->link[0], "comm %s: xfer_start before xfer_open", c->name);
+  comm *l = m->link[is_send ? comm_nccl_link_class(c, c->rank, peer) : comm_nccl_link_class(c, peer, c->rank)];
+  comm_nccl *lm = comm_nccl_live_impl(l, "xfer_start");
+  for (int i = 0; i < n_after; i++) {
+    if (after[i] < 0) continue;
+    CHECK(after[i] < m->n_tickets, "comm %s: transfer after ticket %d of %d", c->name, after[i], m->n_tickets);
+    CUDA_CHECK(cudaStreamWaitEvent(lm->stream, m->tickets[after[i]], 0));
+  }
+  const char *dt = comm_nccl_dtype_name(t);
+  if (is_send) {
+    comm_nccl_note(l, "send of %lld %s to rank %d", (long long)n_elem, dt, peer);
+    COMM_NCCL_CALL(l, ncclSend(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, lm->nccl, lm->stream));
+  } else {
+    comm_nccl_note(l, "recv of %lld %s from rank %d", (long long)n_elem, dt, peer);
+    COMM_NCCL_CALL(l, ncclRecv(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, lm->nccl, lm->stream));
+  }
+  snprintf(m->last_op, sizeof m->last_op, "%.72s (on %.15s)", lm->last_op, l->name);
+  int k = comm_nccl_ticket(c);
+  CUDA_CHECK(cudaEventRecord(m->tickets[k], lm->stream));
+  return k;
+}
+
+static int comm_nccl_xfer_mark(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "xfer_mark");
+  int k = comm_nccl_ticket(c);
+  CUDA_CHECK(cudaEventRecord(m->tickets[k], m->stream));
+  return k;
+}
+
+static void comm_nccl_xfer_wait(comm *c, int ticket) {
+  comm_nccl *m = comm_nccl_live_impl(c, "xfer_wait");
+  if (ticket < 0) return;
+  CHECK(ticket < m->n_tickets, "comm %s: wait for transfer ticket %d of %d", c->name, ticket, m->n_tickets);
+  CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->tickets[ticket], 0));
+}
+
+// Events may be recorded again once forgotten: a stream already told to wait for one waits for
+// the recording it saw.
+static void comm_nccl_xfer_reset(comm *c) { comm_nccl_live_impl(c, "xfer_reset")->n_tickets = 0; }
+
 // ---- life cycle -------------------------------------------------------------------------------
 
 static void comm_nccl_unlink(comm *c) {
@@ -486,6 +584,14 @@ static void comm_nccl_free(comm *c) {
       m->nccl = NULL;
     }
     comm_nccl_unlink(c);
+    for (int k = 0; k < 6; k++) {
+      if (!m->link[k]) continue;
+      cudaStream_t s = ((comm_nccl *)m->link[k]->impl)->stream;
+      comm_free(&m->link[k]);
+      CUDA_CHECK(cudaStreamDestroy(s));
+    }
+    for (int i = 0; i < m->cap_tickets; i++) CUDA_CHECK(cudaEventDestroy(m->tickets[i]));
+    free(m->tickets);
     if (m->scratch) CUDA_CHECK(cudaFree(m->scratch));
     if (m->side) {
       CUDA_CHECK(cudaStreamSynchronize(m->side));
@@ -519,6 +625,11 @@ static const comm_ops comm_nccl_ops = {
     .all_gather_regions_start = comm_nccl_all_gather_regions_start,
     .wait = comm_nccl_wait_started,
     .drain = comm_nccl_drain_started,
+    .xfer_open = comm_nccl_xfer_open,
+    .xfer_start = comm_nccl_xfer_start,
+    .xfer_mark = comm_nccl_xfer_mark,
+    .xfer_wait = comm_nccl_xfer_wait,
+    .xfer_reset = comm_nccl_xfer_reset,
 };
 
 comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
