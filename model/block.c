@@ -211,9 +211,9 @@ static void norm_enter(model *m, const float *x, const float *w, float *rstd, vo
     be->rmsnorm_fwd_act(x, w, hn, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
     return;
   }
-  be->rmsnorm_fwd(x, w, wk->s1, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
-  tp_enter_fwd(&wk->region, wk->s1, wk->f1, dm->d);
-  be->cast(hn, be->act, wk->f1, K_F32, dm->rows * dm->d);
+  // This rank's rows, already in the GEMM's dtype, gathered into hn (s1 holds the shard).
+  be->rmsnorm_fwd_act(x, w, wk->s1, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  tp_enter_fwd(&wk->region, wk->s1, hn, dm->d, be->act);
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel.
@@ -242,8 +242,9 @@ static void grad_exit(model *m, const float *g) {
     wk->fa_ready = 0;
     return;
   }
-  tp_exit_bwd(&wk->region, g, wk->f1, dm->d);
-  be->cast(wk->fa, be->act, wk->f1, K_F32, dm->rows * dm->d);
+  // Rounded to the GEMM's dtype before the gather (the same bits as after it), in s1.
+  be->cast(wk->s1, be->act, g, K_F32, dm->rows_s * dm->d);
+  tp_exit_bwd(&wk->region, wk->s1, wk->fa, dm->d, be->act);
 }
 
 // g (rs, d) += the norm's backward of the region's input gradient dh (rows, d), partial per tp
@@ -404,7 +405,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   if (ch->embed) {
     const float *ge = g;
     if (!enter_is_copy(&w->region)) {
-      tp_exit_bwd(&w->region, g, w->f1, d);
+      tp_exit_bwd(&w->region, g, w->f1, d, K_F32);
       ge = w->f1;
     }
     be->embed_bwd(tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);

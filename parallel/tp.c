@@ -7,12 +7,12 @@ static void stop(const tp_region *r, double t0) {
   if (r->timing && r->c->size > 1) r->timing->tp_comm += timing_now(r->be) - t0;
 }
 
-static void gather_or_copy(const tp_region *r, const float *src_s, float *dst, int d) {
+static void gather_or_copy(const tp_region *r, const void *src_s, void *dst, int d, k_dtype t) {
   double t0 = start(r);
   if (r->sp && r->c->size > 1)
-    r->c->ops->all_gather(r->c, src_s, dst, r->rows_s * d, COMM_F32);
+    r->c->ops->all_gather(r->c, src_s, dst, r->rows_s * d, t == K_BF16 ? COMM_BF16 : COMM_F32);
   else
-    r->be->copy(r->be, dst, src_s, (size_t)(r->rows * d) * sizeof(float));
+    r->be->copy(r->be, dst, src_s, (size_t)(r->rows * d) * k_dtype_bytes(t));
   stop(r, t0);
 }
 
@@ -29,7 +29,7 @@ static void reduce_to_shard(const tp_region *r, float *src, float *dst_s, int d)
   stop(r, t0);
 }
 
-void tp_enter_fwd(const tp_region *r, const float *x_s, float *x, int d) { gather_or_copy(r, x_s, x, d); }
+void tp_enter_fwd(const tp_region *r, const void *x_s, void *x, int d, k_dtype t) { gather_or_copy(r, x_s, x, d, t); }
 void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d) { reduce_to_shard(r, dx, dx_s, d); }
 void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d) { reduce_to_shard(r, y, y_s, d); }
-void tp_exit_bwd(const tp_region *r, const float *dy_s, float *dy, int d) { gather_or_copy(r, dy_s, dy, d); }
+void tp_exit_bwd(const tp_region *r, const void *dy_s, void *dy, int d, k_dtype t) { gather_or_copy(r, dy_s, dy, d, t); }

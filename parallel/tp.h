@@ -19,15 +19,17 @@ typedef struct tp_region {
   step_timing *timing;  // where collective time is added; NULL = not timed
 } tp_region;
 
-// Forward into the region: x_s (rows_s, d) -> x (rows, d). SP: all-gather; else copy.
-void tp_enter_fwd(const tp_region *r, const float *x_s, float *x, int d);
+// Forward into the region: x_s (rows_s, d) -> x (rows, d), both of dtype t (the layers gather
+// the bf16 GEMM operand: the same bits as gathering fp32 and rounding after, half the bytes).
+// SP: all-gather; else copy.
+void tp_enter_fwd(const tp_region *r, const void *x_s, void *x, int d, k_dtype t);
 // Its backward: dx (rows, d) partial per rank -> dx_s (rows_s, d). SP: reduce-scatter;
 // else all-reduce. dx is clobbered.
 void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d);
 // Forward out of the region: partial y (rows, d) -> y_s (rows_s, d). SP: reduce-scatter;
 // else all-reduce. y is clobbered.
 void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d);
-// Its backward: dy_s (rows_s, d) -> dy (rows, d). SP: all-gather; else copy.
-void tp_exit_bwd(const tp_region *r, const float *dy_s, float *dy, int d);
+// Its backward: dy_s (rows_s, d) -> dy (rows, d), both of dtype t. SP: all-gather; else copy.
+void tp_exit_bwd(const tp_region *r, const void *dy_s, void *dy, int d, k_dtype t);
 
 #endif
