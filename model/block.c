@@ -247,8 +247,15 @@ static void grad_exit(model *m, const float *g) {
   tp_exit_bwd(&wk->region, wk->s1, wk->fa, dm->d, be->act);
 }
 
-// g (rs, d) += the norm's backward of the region's input gradient dh (rows, d), partial per tp
-// rank (clobbered). Where grad_exit would only cast g, the norm's backward writes that cast too.
+// Starts summing the region's input gradient dh (rows, d), partial per tp rank, into this
+// rank's rows (s1); the weight-gradient GEMM queued next runs meanwhile. grad_enter_norm ends it.
+static void grad_enter_start(model *m, float *dh) {
+  struct model_work *wk = m->work;
+  if (!exit_is_copy(&wk->region)) tp_enter_bwd_start(&wk->region, dh, wk->s1, m->dims.d);
+}
+
+// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. Where grad_exit
+// would only cast g, the norm's backward writes that cast too.
 static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
                             float *g) {
   k_backend *be = m->be;
@@ -256,7 +263,7 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   const model_dims *dm = &m->dims;
   const float *dn = dh;
   if (!exit_is_copy(&wk->region)) {
-    tp_enter_bwd(&wk->region, dh, wk->s1, dm->d);
+    tp_enter_bwd_finish(&wk->region, dh, wk->s1, dm->d);
     dn = wk->s1;
   }
   wk->fa_ready = enter_is_copy(&wk->region);
@@ -316,6 +323,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
   be->swiglu_bwd(w->ff1, L.gu, w->gu1, rows, ffn);
   be->gemm(0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
+  grad_enter_start(m, w->f2);
   be->gemm(1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
@@ -327,6 +335,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
   be->rope(w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
   be->gemm(0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
+  grad_enter_start(m, w->f2);
   be->gemm(1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
   grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
@@ -390,6 +399,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   if (ch->lm_head) {
     be->ce_bwd(a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
     be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
+    grad_enter_start(m, w->f1);
     be->gemm(1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
     be->zero(be, g, n_bytes);
     grad_enter_norm(m, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);

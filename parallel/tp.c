@@ -29,7 +29,22 @@ static void reduce_to_shard(const tp_region *r, float *src, float *dst_s, int d)
   stop(r, t0);
 }
 
+void tp_enter_bwd_start(const tp_region *r, float *dx, float *dx_s, int d) {
+  if (r->c->size == 1) return;
+  if (r->sp)
+    r->c->ops->reduce_scatter_start(r->c, dx, dx_s, r->rows_s * d, COMM_F32, COMM_SUM);
+  else
+    r->c->ops->all_reduce_start(r->c, dx, r->rows * d, COMM_F32, COMM_SUM);
+}
+
+// Timed from the compute before it being done, so the figure is the collective's exposed part.
+void tp_enter_bwd_finish(const tp_region *r, float *dx, float *dx_s, int d) {
+  double t0 = start(r);
+  if (r->c->size > 1) r->c->ops->wait(r->c);
+  if (!r->sp || r->c->size == 1) r->be->copy(r->be, dx_s, dx, (size_t)(r->rows_s * d) * sizeof(float));
+  stop(r, t0);
+}
+
 void tp_enter_fwd(const tp_region *r, const void *x_s, void *x, int d, k_dtype t) { gather_or_copy(r, x_s, x, d, t); }
-void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d) { reduce_to_shard(r, dx, dx_s, d); }
 void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d) { reduce_to_shard(r, y, y_s, d); }
 void tp_exit_bwd(const tp_region *r, const void *dy_s, void *dy, int d, k_dtype t) { gather_or_copy(r, dy_s, dy, d, t); }

@@ -24,8 +24,11 @@ typedef struct tp_region {
 // SP: all-gather; else copy.
 void tp_enter_fwd(const tp_region *r, const void *x_s, void *x, int d, k_dtype t);
 // Its backward: dx (rows, d) partial per rank -> dx_s (rows_s, d). SP: reduce-scatter;
-// else all-reduce. dx is clobbered.
-void tp_enter_bwd(const tp_region *r, float *dx, float *dx_s, int d);
+// else all-reduce. dx is clobbered. In two halves, so that work queued between them (the
+// weight-gradient GEMM) runs while the collective does (NCCL: on the communicator's side
+// stream); neither buffer may be touched in between.
+void tp_enter_bwd_start(const tp_region *r, float *dx, float *dx_s, int d);
+void tp_enter_bwd_finish(const tp_region *r, float *dx, float *dx_s, int d);
 // Forward out of the region: partial y (rows, d) -> y_s (rows_s, d). SP: reduce-scatter;
 // else all-reduce. y is clobbered.
 void tp_exit_fwd(const tp_region *r, float *y, float *y_s, int d);
