@@ -202,38 +202,75 @@ static layer_acts layer_view(const model *m, model_acts *a, int i) {
 static int enter_is_copy(const tp_region *R) { return !R->sp || R->c->size == 1; }
 static int exit_is_copy(const tp_region *R) { return R->c->size == 1; }
 
-// hn (rows, d) act = norm(x) inside the region; rstd (rs) saved.
-static void norm_enter(model *m, const float *x, const float *w, float *rstd, void *hn) {
-  k_backend *be = m->be;
-  struct model_work *wk = m->work;
-  const model_dims *dm = &m->dims;
-  if (enter_is_copy(&wk->region)) {
-    be->rmsnorm_fwd_act(x, w, hn, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
-    return;
-  }
-  // This rank's rows, already in the GEMM's dtype, gathered into hn (s1 holds the shard).
-  be->rmsnorm_fwd_act(x, w, wk->s1, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
-  tp_enter_fwd(&wk->region, wk->s1, hn, dm->d, be->act);
+// C (rows, N) = A (rows, K) @ op(B) (B^T when tb) over rows [r0, r1) only; A in the act dtype.
+static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, const void *A, const void *B, int ldb,
+                      void *C, k_dtype ct) {
+  if (r1 <= r0) return;
+  m->be->gemm(0, tb, (int)(r1 - r0), N, K, 1, at(m, (void *)A, r0 * K), K, B, ldb, 0,
+              (char *)C + r0 * N * (int64_t)k_dtype_bytes(ct), N, ct);
 }
 
-// xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel.
+// The same over every row of A, whose gather into the region tp_gather_start began: this rank's
+// rows while the other ranks' rows arrive, then those.
+static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const void *B, int ldb, void *C, k_dtype ct) {
+  const tp_region *R = &m->work->region;
+  int64_t r0 = tp_own_row(R), r1 = r0 + (enter_is_copy(R) ? m->dims.rows : m->dims.rows_s);
+  gemm_rows(m, r0, r1, tb, N, K, A, B, ldb, C, ct);
+  tp_gather_finish(R);
+  gemm_rows(m, 0, r0, tb, N, K, A, B, ldb, C, ct);
+  gemm_rows(m, r1, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
+}
+
+// hn (rows, d) act = norm(x) inside the region; rstd (rs) saved. The norm writes this rank's
+// rows, already in the GEMM's dtype, and their gather starts (SP); gemm_gathered or
+// tp_gather_finish completes it.
+static void norm_enter_start(model *m, const float *x, const float *w, float *rstd, void *hn) {
+  const model_dims *dm = &m->dims;
+  const tp_region *R = &m->work->region;
+  m->be->rmsnorm_fwd_act(x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  tp_gather_start(R, hn, dm->d, m->be->act);
+}
+
+static void norm_enter(model *m, const float *x, const float *w, float *rstd, void *hn) {
+  norm_enter_start(m, x, w, rstd, hn);
+  tp_gather_finish(&m->work->region);
+}
+
+// xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
+// go first, and their reduce-scatter (this rank's rows zero in it) runs while this rank's rows
+// are computed into s1; then s2 = received + own, the sum a reduce-scatter of all rows gives.
 static void proj_residual(model *m, const void *a, int K, const void *w, const float *xin, float *xout) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
+  const tp_region *R = &wk->region;
   int d = dm->d;
-  if (exit_is_copy(&wk->region)) {
+  int64_t rs = dm->rows_s, r0 = tp_own_row(R), r1 = r0 + rs;
+  if (exit_is_copy(R)) {
     be->linear_residual((int)dm->rows, d, K, a, w, xin, xout);
     return;
   }
-  be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
-  tp_exit_fwd(&wk->region, wk->f1, wk->s2, d);
-  be->copy(be, xout, xin, (size_t)(dm->rows_s * d) * sizeof(float));
-  be->add(xout, wk->s2, dm->rows_s * d);
+  if (!R->sp) {
+    be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
+    tp_reduce_start(R, wk->f1, wk->s2, d);
+    tp_reduce_finish(R, wk->f1, wk->s2, d);
+  } else {
+    gemm_rows(m, 0, r0, 1, d, K, a, w, K, wk->f1, K_F32);
+    gemm_rows(m, r1, dm->rows, 1, d, K, a, w, K, wk->f1, K_F32);
+    be->zero(be, wk->f1 + r0 * d, (size_t)(rs * d) * sizeof(float));
+    tp_reduce_start(R, wk->f1, wk->s2, d);
+    be->gemm(0, 1, (int)rs, d, K, 1, at(m, (void *)a, r0 * K), K, w, K, 0, wk->s1, d, K_F32);
+    tp_reduce_finish(R, wk->f1, wk->s2, d);
+    be->add(wk->s2, wk->s1, rs * d);
+  }
+  be->copy(be, xout, xin, (size_t)(rs * d) * sizeof(float));
+  be->add(xout, wk->s2, rs * d);
 }
 
-// The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a region.
-static void grad_exit(model *m, const float *g) {
+// The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a
+// region: this rank's rows, rounded, and their gather starts (SP; rounding commutes with the
+// gather); gemm_gathered or tp_gather_finish completes it.
+static void grad_exit_start(model *m, const float *g) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
@@ -242,19 +279,18 @@ static void grad_exit(model *m, const float *g) {
     wk->fa_ready = 0;
     return;
   }
-  // Rounded to the GEMM's dtype before the gather (the same bits as after it), in s1.
-  be->cast(wk->s1, be->act, g, K_F32, dm->rows_s * dm->d);
-  tp_exit_bwd(&wk->region, wk->s1, wk->fa, dm->d, be->act);
+  be->cast(at(m, wk->fa, tp_own_row(&wk->region) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
+  tp_gather_start(&wk->region, wk->fa, dm->d, be->act);
 }
 
 // Starts summing the region's input gradient dh (rows, d), partial per tp rank, into this
 // rank's rows (s1); the weight-gradient GEMM queued next runs meanwhile. grad_enter_norm ends it.
 static void grad_enter_start(model *m, float *dh) {
   struct model_work *wk = m->work;
-  if (!exit_is_copy(&wk->region)) tp_enter_bwd_start(&wk->region, dh, wk->s1, m->dims.d);
+  if (!exit_is_copy(&wk->region)) tp_reduce_start(&wk->region, dh, wk->s1, m->dims.d);
 }
 
-// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. Where grad_exit
+// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. Where grad_exit_start
 // would only cast g, the norm's backward writes that cast too.
 static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
                             float *g) {
@@ -263,7 +299,7 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   const model_dims *dm = &m->dims;
   const float *dn = dh;
   if (!exit_is_copy(&wk->region)) {
-    tp_enter_bwd_finish(&wk->region, dh, wk->s1, dm->d);
+    tp_reduce_finish(&wk->region, dh, wk->s1, dm->d);
     dn = wk->s1;
   }
   wk->fa_ready = enter_is_copy(&wk->region);
@@ -280,14 +316,14 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
 
-  norm_enter(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
-  be->gemm(0, 1, rows, qkvd, d, 1, L.hf, d, ly->wq->pc, d, 0, L.qkv, qkvd, A);
+  norm_enter_start(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
+  gemm_gathered(m, 1, qkvd, d, L.hf, ly->wq->pc, d, L.qkv, A);
   be->rope(L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
   be->attn_fwd(L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
   proj_residual(m, L.att, qd, ly->wo->pc, xin, L.x2);
 
-  norm_enter(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
-  be->gemm(0, 1, rows, 2 * ffn, d, 1, L.h2f, d, ly->w_gate->pc, d, 0, L.gu, 2 * ffn, A);
+  norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
+  gemm_gathered(m, 1, 2 * ffn, d, L.h2f, ly->w_gate->pc, d, L.gu, A);
   be->swiglu_fwd(L.gu, L.act, rows, ffn);
   proj_residual(m, L.act, ffn, ly->w_down->pc, L.x2, xout);
 }
@@ -318,8 +354,8 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   layer_acts L = layer_view(m, a, i);
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
-  grad_exit(m, g);
-  be->gemm(0, 0, rows, ffn, d, 1, w->fa, d, ly->w_down->pc, ffn, 0, w->ff1, ffn, A);
+  grad_exit_start(m, g);
+  gemm_gathered(m, 0, ffn, d, w->fa, ly->w_down->pc, ffn, w->ff1, A);
   be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
   be->swiglu_bwd(w->ff1, L.gu, w->gu1, rows, ffn);
   be->gemm(0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
@@ -328,8 +364,8 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
-  grad_exit(m, g);
-  be->gemm(0, 0, rows, qd, d, 1, w->fa, d, ly->wo->pc, qd, 0, w->q1, qd, A);
+  grad_exit_start(m, g);
+  gemm_gathered(m, 0, qd, d, w->fa, ly->wo->pc, qd, w->q1, A);
   be->gemm(1, 0, d, qd, rows, 1, w->fa, d, L.att, qd, 1, ly->wo->g, qd, K_F32);
   be->attn_bwd(w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
@@ -376,13 +412,14 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
       be->embed_fwd(tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
     } else {
       be->embed_fwd(tokens, ch->embed->pc, w->f1, dm->rows, d, dm->v0, dm->vocab);
-      tp_exit_fwd(&w->region, w->f1, a->x, d);
+      tp_reduce_start(&w->region, w->f1, a->x, d);
+      tp_reduce_finish(&w->region, w->f1, a->x, d);
     }
   }
   for (int i = 0; i < ch->n_layers; i++) layer_fwd(m, &ch->layers[i], a, i);
   if (!ch->lm_head) return 0;
-  norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
-  be->gemm(0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
+  norm_enter_start(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
+  gemm_gathered(m, 1, dm->vocab, d, a->hfin, ch->lm_head->pc, d, a->logits, be->act);
   return ce_fwd(m, a, targets);
 }
 
@@ -415,7 +452,9 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   if (ch->embed) {
     const float *ge = g;
     if (!enter_is_copy(&w->region)) {
-      tp_exit_bwd(&w->region, g, w->f1, d, K_F32);
+      be->copy(be, w->f1 + tp_own_row(&w->region) * d, g, n_bytes);
+      tp_gather_start(&w->region, w->f1, d, K_F32);
+      tp_gather_finish(&w->region);
       ge = w->f1;
     }
     be->embed_bwd(tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
