@@ -67,6 +67,13 @@ def durations(pp, vpp, layers, layer_ms, head_ms, fwd):
     return duration
 
 
+def outcome(stuck, length, compute):
+    """(schedule length, each rank's compute, each rank's idle share), or an exit if a rank is stuck."""
+    if stuck:
+        raise SystemExit("the schedule deadlocks under these semantics")
+    return length, compute, [(length - c) / length for c in compute]
+
+
 def simulate(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
     last = pp * vpp - 1
     duration = durations(pp, vpp, layers, layer_ms, head_ms, fwd)
@@ -97,10 +104,7 @@ def simulate(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
                 waiting[r] = False
                 nxt[r] += 1
                 progress = True
-    if any(nxt[r] < len(ranks[r]) for r in range(pp)):
-        raise SystemExit("the schedule deadlocks under these semantics")
-    length = max(clock)
-    return length, compute, [(length - c) / length for c in compute]
+    return outcome(any(nxt[r] < len(ranks[r]) for r in range(pp)), max(clock), compute)
 
 
 def simulate_async(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
@@ -155,10 +159,8 @@ def simulate_async(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
                         done[r][full] = end
                 gi[r] += 1
                 progress = True
-    if any(ci[r] < len(ranks[r]) or gi[r] < len(groups[r]) for r in range(pp)):
-        raise SystemExit("the schedule deadlocks under these semantics")
-    length = max(max(clock), max(side))
-    return length, compute, [(length - c) / length for c in compute]
+    return outcome(any(ci[r] < len(ranks[r]) or gi[r] < len(groups[r]) for r in range(pp)), max(max(clock), max(side)),
+                   compute)
 
 
 def simulate_links(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
@@ -170,23 +172,13 @@ def simulate_links(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
     last = pp * vpp - 1
     duration = durations(pp, vpp, layers, layer_ms, head_ms, fwd)
 
-    # Per link, the sender's sends in its order; the receiver's receives must come in the same order.
+    # Per link (sender, receiver), the sender's sends in its order.
     sends = {}
-    for r in range(pp):
-        for st in ranks[r]:
-            if st[0] == "G":
-                for op, mi, c in st[1]:
-                    if op[0] == "s":
-                        k = key(op, mi, c, r, pp)
-                        dst = (k[2] + (1 if k[0] == "A" else -1)) % pp
-                        sends.setdefault((r, dst), []).append(k)
-    for r in range(pp):
-        for st in ranks[r]:
-            if st[0] == "G":
-                for op, mi, c in st[1]:
-                    if op[0] == "r":
-                        k = key(op, mi, c, r, pp)
-                        assert k in sends[(k[2] % pp, r)], k
+    transfers = [(r, op, key(op, mi, c, r, pp)) for r in range(pp) for st in ranks[r] if st[0] == "G"
+                 for op, mi, c in st[1]]
+    for r, op, k in transfers:
+        if op[0] == "s":
+            sends.setdefault((r, (k[2] + (1 if k[0] == "A" else -1)) % pp), []).append(k)
     clock, compute = [0.0] * pp, [0.0] * pp
     ci = [0] * pp
     ready = {}    # transfer key -> time its producer finished (sender's compute stream)
@@ -231,10 +223,7 @@ def simulate_links(ranks, pp, vpp, layers, layer_ms, head_ms, fwd, xfer):
                 landed[k] = link_clock[l]
                 link_pos[l] += 1
                 progress = True
-    if any(ci[r] < len(ranks[r]) for r in range(pp)):
-        raise SystemExit("the schedule deadlocks under these semantics")
-    length = max(clock)
-    return length, compute, [(length - c) / length for c in compute]
+    return outcome(any(ci[r] < len(ranks[r]) for r in range(pp)), max(clock), compute)
 
 
 def main():
