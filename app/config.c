@@ -654,9 +654,6 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "train.global_batch = %d is not divisible by parallel.dp * train.micro_batch = %d * %d = %lld: "
            "make global_batch a multiple of it (micro-batches per step = global_batch / (dp * micro_batch))",
            t->global_batch, p->dp, t->micro_batch, dp * t->micro_batch);
-  CFG_RULE(!p->pp_overlap || !p->pp_comm_bf16,
-           "parallel.pp_overlap with parallel.pp_comm_bf16 is not supported (overlapped transfers are fp32): set "
-           "one of them to false");
   CFG_RULE(!m->tie_embeddings || p->pp == 1,
            "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
            "stages): set model.tie_embeddings=false",

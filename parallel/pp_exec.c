@@ -5,14 +5,19 @@
 #include "parallel/trace.h"
 #include <string.h>
 
-// Transfer tickets (comm xfer_*) that an activation set carries with parallel.pp_overlap: the
-// receive pending into it, the sends still reading it, and the compute mark taken when it was
-// last released (its previous user's backward). -1 = none.
+// What an activation set carries with parallel.pp_overlap: transfer tickets (comm xfer_*, -1 =
+// none) of the receive pending into it, of the sends still reading it, of the compute mark taken
+// when it was last released (its previous user's backward) and of the one taken once a received
+// bf16 buffer was widened; with pp_comm_bf16 its own staging buffers, made on first use, which
+// travel with it between slot and pool.
 typedef struct pp_tickets {
-  int recv, send_out, send_gin, free;
+  int recv, send_out, send_gin, free, widened;
+  uint16_t *in16, *out16;  // (rows_s, d) bf16: the received and the sent transfer
 } pp_tickets;
 
-static const pp_tickets no_tickets = {-1, -1, -1, -1};
+static const pp_tickets no_tickets = {-1, -1, -1, -1, -1, NULL, NULL};
+
+static void clear_tickets(pp_tickets *t) { t->recv = t->send_out = t->send_gin = t->free = t->widened = -1; }
 
 int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
   memset(e, 0, sizeof *e);
@@ -44,6 +49,13 @@ void pp_exec_free(pp_exec *e) {
   free(e->slot);
   free(e->pool);
   free(e->pool_n);
+  for (int i = 0; i < e->n_micro * e->m->vpp; i++) {
+    pp_tickets *t[2] = {&e->slot_t[i], &e->pool_t[i]};
+    for (int k = 0; k < 2; k++) {
+      if (t[k]->in16) e->m->be->free(e->m->be, t[k]->in16);
+      if (t[k]->out16) e->m->be->free(e->m->be, t[k]->out16);
+    }
+  }
   free(e->slot_t);
   free(e->pool_t);
   if (e->stage) {
@@ -64,6 +76,7 @@ static model_acts *acts_get(pp_exec *e, int micro, int chunk) {
       int k = chunk * e->pool_cap + --e->pool_n[chunk];
       *s = e->pool[k];
       e->slot_t[i] = e->pool_t[k];
+      e->pool_t[k] = no_tickets;  // the staging buffers now belong to the slot
       comm *pc = e->m->g->pp_c;
       if (e->overlap) {
         pc->ops->xfer_wait(pc, e->slot_t[i].send_out);
@@ -85,6 +98,7 @@ static void acts_put(pp_exec *e, int micro, int chunk) {
   int k = chunk * e->pool_cap + e->pool_n[chunk]++;
   e->pool[k] = *s;
   e->pool_t[k] = e->slot_t[i];
+  e->slot_t[i] = no_tickets;
   comm *pc = e->m->g->pp_c;
   if (e->overlap) e->pool_t[k].free = pc->ops->xfer_mark(pc);
   *s = NULL;
@@ -147,39 +161,67 @@ static void wait_transfer(pp_exec *e, int *t) {
   *t = -1;
 }
 
+static uint16_t *staging(pp_exec *e, uint16_t **b) {
+  if (!*b) *b = e->m->be->alloc(e->m->be, (size_t)(e->m->dims.rows_s * e->m->dims.d) * k_dtype_bytes(K_BF16));
+  return *b;
+}
+
 // Overlap: posts a group's transfers on the xfer channels, in the listed order. Sends start
-// once the compute queued so far (which wrote them) is done; a receive once its buffer's
-// previous user is done with it.
+// once the compute queued so far (which wrote them, and with comm_bf16 rounded them into the
+// set's out16) is done; a receive once its buffer's previous users are done with it.
 static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
   comm *pc = e->m->g->pp_c;
   int64_t n = e->m->dims.rows_s * e->m->dims.d;
+  comm_dtype ct = e->comm_bf16 ? COMM_BF16 : COMM_F32;
+  for (int k = i; k < j; k++) {
+    pp_tickets *t = &e->slot_t[st[k].micro * e->m->vpp + st[k].chunk];
+    if (e->comm_bf16 && (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD))
+      e->m->be->cast(staging(e, &t->out16), K_BF16, comm_buf(e, &st[k]), K_F32, n);
+  }
   int written = pc->ops->xfer_mark(pc);
   for (int k = i; k < j; k++) {
     const pp_step *s = &st[k];
     float *buf = comm_buf(e, s);
     pp_tickets *t = &e->slot_t[s->micro * e->m->vpp + s->chunk];
     if (s->op == PP_SEND_ACT || s->op == PP_SEND_GRAD) {
-      int u = pc->ops->xfer_start(pc, buf, n, COMM_F32, s->peer, 1, &written, 1);
+      int u = pc->ops->xfer_start(pc, e->comm_bf16 ? (void *)t->out16 : buf, n, ct, s->peer, 1, &written, 1);
       *(s->op == PP_SEND_ACT ? &t->send_out : &t->send_gin) = u;
     } else {
       CHECK(t->recv < 0, "pipeline executor: second receive into (micro %d, chunk %d) before the first was read",
             s->micro, s->chunk);
-      int after[3] = {t->free, t->send_out, t->send_gin};
-      t->recv = pc->ops->xfer_start(pc, buf, n, COMM_F32, s->peer, 0, after, 3);
+      int after[4] = {t->free, t->send_out, t->send_gin, t->widened};
+      t->recv = pc->ops->xfer_start(pc, e->comm_bf16 ? (void *)staging(e, &t->in16) : buf, n, ct, s->peer, 0, after, 4);
     }
   }
 }
 
-// Overlap, end of a step: every send has been waited for (compute, then the pool reuses the
-// buffers with no tickets) and the tickets start again.
+// Overlap: compute waits for the receive that buf (the input of a forward, the output gradient
+// of a backward) holds, widened from in16 with comm_bf16; the cast counts as pipeline time.
+static void wait_receive(pp_exec *e, pp_tickets *t, float *buf) {
+  if (t->recv < 0) return;
+  comm *pc = e->m->g->pp_c;
+  step_timing *tm = e->timing;
+  double t0 = tm ? timing_now(e->m->be) : 0;
+  pc->ops->xfer_wait(pc, t->recv);
+  t->recv = -1;
+  if (e->comm_bf16) {
+    e->m->be->cast(buf, K_F32, t->in16, K_BF16, e->m->dims.rows_s * e->m->dims.d);
+    t->widened = pc->ops->xfer_mark(pc);
+  }
+  if (tm) tm->pp_comm += timing_now(e->m->be) - t0;
+}
+
+// Overlap, end of a step: every send has been waited for and the host waits for the GPU, so the
+// next step's transfers need no ticket of this one (whose numbers start again).
 static void finish_transfers(pp_exec *e) {
   comm *pc = e->m->g->pp_c;
   for (int c = 0; c < e->m->vpp; c++)
     for (int k = c * e->pool_cap; k < c * e->pool_cap + e->pool_n[c]; k++) {
       wait_transfer(e, &e->pool_t[k].send_out);
       wait_transfer(e, &e->pool_t[k].send_gin);
-      e->pool_t[k] = no_tickets;
+      clear_tickets(&e->pool_t[k]);
     }
+  e->m->be->sync(e->m->be);
   pc->ops->xfer_reset(pc);
 }
 
@@ -189,14 +231,13 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
   int64_t rows = m->dims.rows;
   double loss = 0;
   const pp_step *st = e->sched.steps;
-  CHECK(!(e->overlap && e->comm_bf16), "pipeline executor: overlapped transfers are fp32 only");
   for (int i = 0; i < e->sched.n_steps;) {
     step_timing *tm = e->timing;
     if (!is_comm(st[i].op)) {
       const pp_step *s = &st[i++];
       model_acts *a = acts_get(e, s->micro, s->chunk);
       pp_tickets *t = &e->slot_t[s->micro * m->vpp + s->chunk];
-      wait_transfer(e, &t->recv);
+      wait_receive(e, t, s->op == PP_FWD ? model_acts_input(a) : model_acts_output_grad(a));
       if (s->op == PP_BWD) wait_transfer(e, &t->send_out);
       const int32_t *tok = tokens + s->micro * rows, *tgt = targets + s->micro * rows;
       if (s->op == PP_FWD) {

@@ -19,7 +19,8 @@ typedef struct pp_exec {
   int n_created;         // activation sets allocated so far (peak in-flight)
   step_timing *timing;   // pipeline-communication time is added here (pp_comm); NULL = not timed
   // parallel.pp_comm_bf16 (set by the caller): activations and gradients cross stages as bf16,
-  // rounded from fp32 into a staging buffer before a send and widened from one after a receive.
+  // rounded from fp32 into a staging buffer before a send and widened from one after a receive
+  // (per group position, or with overlap two per activation set).
   int comm_bf16;
   uint16_t **stage;      // (n_stage) rows_s * d each, backend memory, made on first use
   int n_stage;           // the most transfers in one group of the schedule

@@ -41,6 +41,8 @@ run 7b_pp2_vpp2 2 7b_layers parallel.pp=2 parallel.vpp=2 train.global_batch=16
 run 7b_pp2_vpp2_bf16 2 7b_layers parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true train.global_batch=16
 run 7b_pp2_1f1b_ovl 2 7b_layers parallel.pp=2 parallel.pp_overlap=true train.global_batch=16
 run 7b_pp2_vpp2_ovl 2 7b_layers parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true train.global_batch=16
+run 7b_pp2_vpp2_ovl_bf16 2 7b_layers parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true \
+  train.global_batch=16
 # The last stage also runs the head and loss: 5 layers on the first stage, 3 on the last.
 run 7b_pp2_last3 2 7b_layers parallel.pp=2 parallel.last_stage_layers=3 train.global_batch=16
 python3 - "$out" <<'PY'
@@ -57,7 +59,7 @@ print(f"\n{'run':22s} {'tok/s/GPU':>10s} {'vs 1 GPU':>8s} {'MFU':>6s} {'mem GiB'
 for base, names in (("1b_1gpu", ["1b_1gpu", "1b_dp2", "1b_zero_b25", "1b_zero_b100", "1b_zero_b100_c16",
                                  "1b_zero_b100_bf16", "1b_zero_b100_c16_bf16"]),
                     ("7b_1gpu", ["7b_1gpu", "7b_tp2_sp", "7b_pp2_1f1b", "7b_pp2_vpp2", "7b_pp2_vpp2_bf16",
-                                 "7b_pp2_1f1b_ovl", "7b_pp2_vpp2_ovl", "7b_pp2_last3"])):
+                                 "7b_pp2_1f1b_ovl", "7b_pp2_vpp2_ovl", "7b_pp2_vpp2_ovl_bf16", "7b_pp2_last3"])):
     b = report(base)
     for n in names:
         r = report(n)

@@ -31,6 +31,8 @@ trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_
                    parallel.grad_reduce_bf16=true)
 # Pipeline transfers in bf16 (activations and gradients rounded at each stage boundary).
 trainer_add_parity(pp2_vpp2_bf16_comm 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true)
+trainer_add_parity(pp2_vpp2_bf16_overlap 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true
+                   parallel.pp_overlap=true)
 set(PARITY_ENV "")
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2

@@ -236,8 +236,6 @@ static void test_validate(void) {
   INVALID(1, OV("parallel.vpp=2"), "parallel.vpp = 2", "parallel.pp > 1");
   INVALID(2, OV("parallel.pp=2", "model.tie_embeddings=true"), "model.tie_embeddings", "parallel.pp = 2",
           "set model.tie_embeddings=false");
-  INVALID(2, OV("parallel.pp=2", "parallel.pp_overlap=true", "parallel.pp_comm_bf16=true"), "parallel.pp_overlap",
-          "parallel.pp_comm_bf16", "set one of them to false");
   // Rules with no world size are not layout rules.
   char *layout_only[] = {"parallel.tp=3", "parallel.vpp=2"};
   EXPECT(validates(0, 2, layout_only, &c), "world_size 0 skips layout rules");
