@@ -67,7 +67,8 @@ static const cfg_key cfg_keys[] = {
            "stream: half the traffic; false = fp32; no effect with pp 1"),
   CFG_BOOL(parallel, pp_overlap, 0,
            "run pipeline transfers on their own channel per direction, overlapping compute: a stage waits only "
-           "for the transfer it reads; false = each group of transfers completes before the next compute"),
+           "for the transfer it reads; false = each group of transfers completes before the next compute; no "
+           "effect with pp 1"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
