@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GEMM + attention floor of a training step on one GPU for the 124m, 1b and 7b-layers shapes:
 # each GEMM and attention call of one layer and of the head timed through the CUDA backend, the
-# sum as a step-time floor, and the tokens/s and MFU ceilings it gives (tests/bench_ceiling.c).
+# sum as a step-time floor, and the tokens/s and MFU ceilings it gives (tests/bench_ceiling.c);
+# then, for 7b-layers, what splitting tp 2's GEMMs into row halves (SP overlap) costs.
 #   scripts/bench_ceiling.sh [BIN_DIR (default build)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,3 +13,5 @@ for shape in 124m 1b 7b-layers; do
   echo "== $shape"
   "$bin/bench_ceiling" "$shape"
 done
+echo "== 7b-layers, the GEMMs tp 2 with SP splits by rows"
+"$bin/bench_ceiling" 7b-layers tp2

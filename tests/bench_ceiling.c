@@ -6,6 +6,10 @@
 // Norms, RoPE, SwiGLU, cross-entropy, the embedding and the optimizer are left out, so a real
 // step is slower. Prints numbers only; it is not a test. Built by tests/cuda.cmake when CUDA is
 // enabled; run `build/bench_ceiling 124m|1b|7b-layers`, or scripts/bench_ceiling.sh for all three.
+// `build/bench_ceiling SHAPE tp2` times instead the GEMMs that tensor parallelism over 2 GPUs
+// with SP splits by rows (model/block.c's gemm_gathered and proj_residual, so that the tp
+// collectives overlap them) with tp 2's shapes: whole, and as its two row halves back to back;
+// and the head's, which block.c keeps whole because of what this shows.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,12 +157,40 @@ static void ops_bench(const op *ops, int n, const attn_bufs *x, double peak, dou
   }
 }
 
+// The GEMMs of one tp-2 layer that SP splits by rows, and the head's: each whole, then one of its halves
+// (both halves are the same shape, and run back to back on one stream they add).
+static void tp2_split_bench(int R, int d, int qkvd, int qd, int F, int V, const attn_bufs *x, double peak) {
+  const k_dtype A = G->act;
+  const op whole[] = {
+      {"qkv fwd", OP_GEMM, 0, 1, R, qkvd, d, 0, A},       {"wo fwd", OP_GEMM, 0, 1, R, d, qd, 0, K_F32},
+      {"gate|up fwd", OP_GEMM, 0, 1, R, 2 * F, d, 0, A},  {"down fwd", OP_GEMM, 0, 1, R, d, F, 0, K_F32},
+      {"down dX", OP_GEMM, 0, 0, R, F, d, 0, A},          {"wo dX", OP_GEMM, 0, 0, R, qd, d, 0, A},
+      {"head fwd", OP_GEMM, 0, 1, R, V, d, 0, A},
+  };
+  const int n = (int)(sizeof whole / sizeof whole[0]);
+  double sum_whole = 0, sum_split = 0;
+  for (int i = 0; i < n; i++) {
+    op half = whole[i];
+    half.M = R / 2;
+    double bw, mw, bh, mh;
+    op_time(&whole[i], x, &bw, &mw);
+    op_time(&half, x, &bh, &mh);
+    printf("  %-12s M=%6d N=%6d K=%6d C=%-4s  whole %7.3f ms  two halves %7.3f ms  (%+.1f%%)  %6.1f TFLOP/s whole\n",
+           whole[i].name, R, whole[i].N, whole[i].K, whole[i].c_type == K_F32 ? "f32" : "bf16", bw, 2 * bh,
+           100.0 * (2 * bh - bw) / bw, op_flops(&whole[i], x) / (bw * 1e-3) / 1e12);
+    sum_whole += bw, sum_split += 2 * bh;
+  }
+  printf("  all of them: whole %.3f ms, as halves %.3f ms (%+.1f%%); peak %.1f TFLOP/s\n", sum_whole, sum_split,
+         100.0 * (sum_split - sum_whole) / sum_whole, peak);
+}
+
 int main(int argc, char **argv) {
   const shape *sh = NULL;
-  for (size_t i = 0; argc == 2 && i < sizeof shapes / sizeof shapes[0]; i++)
+  for (size_t i = 0; (argc == 2 || argc == 3) && i < sizeof shapes / sizeof shapes[0]; i++)
     if (strcmp(argv[1], shapes[i].name) == 0) sh = &shapes[i];
-  if (!sh) {
-    fprintf(stderr, "usage: %s 124m|1b|7b-layers\n", argv[0]);
+  const int tp2 = argc == 3 && strcmp(argv[2], "tp2") == 0;
+  if (!sh || (argc == 3 && !tp2)) {
+    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2]\n", argv[0]);
     return 2;
   }
   if (k_cuda_device_count() == 0) {
@@ -200,6 +232,11 @@ int main(int argc, char **argv) {
   x.dqkv = G->alloc(G, k_dtype_bytes(G->act) * (size_t)R * qkvd);
   x.lse = G->alloc(G, sizeof(float) * (size_t)B * sh->nh * T);
 
+  if (tp2) {
+    printf("tp 2 with SP: the GEMMs split by rows (heads, ffn and vocabulary halved; rows = B*T = %d):\n", R);
+    tp2_split_bench(R, d, qd / 2 + 2 * (kvd / 2), qd / 2, F / 2, V / 2, &x, peak);
+    return 0;
+  }
   // layer_fwd then layer_bwd of block.c, in call order (wo and down add into the residual
   // stream through linear_residual: D = A W^T + C, fp32 C and D).
   const k_dtype A = G->act;
