@@ -500,6 +500,29 @@ static void comm_nccl_xfer_open(comm *c) {
     m->link[k] = comm_nccl_create(c->mpi, name);
   }
   comm_nccl_next_stream = keep;
+  // Connect every link of this rank now, one element each way in one group spanning the link
+  // communicators (both ends post the same group), so that no transfer of a step waits on the
+  // host for a peer to reach its own first transfer on a link.
+  int n = c->size, r = c->rank, peers[2] = {(r + 1) % n, (r + n - 1) % n};
+  comm *used[8];
+  int n_used = 0;
+  NCCL_CHECK(ncclGroupStart());
+  comm_nccl_group_depth++;
+  for (int i = 0; i < (n == 2 ? 1 : 2); i++) {
+    comm *snd = m->link[comm_nccl_link_class(c, r, peers[i])], *rcv = m->link[comm_nccl_link_class(c, peers[i], r)];
+    comm_nccl *sm = snd->impl, *rm = rcv->impl;
+    comm_nccl_note(snd, "link set-up (send of 1 i32 to rank %d)", peers[i]);
+    COMM_NCCL_CALL(snd, ncclSend(sm->scratch, 1, ncclInt32, peers[i], sm->nccl, sm->stream));
+    comm_nccl_note(rcv, "link set-up (recv of 1 i32 from rank %d)", peers[i]);
+    COMM_NCCL_CALL(rcv, ncclRecv(rm->scratch, 1, ncclInt32, peers[i], rm->nccl, rm->stream));
+    used[n_used++] = snd, used[n_used++] = rcv;
+  }
+  comm_nccl_group_depth--;
+  COMM_NCCL_CALL(c, ncclGroupEnd());
+  for (int i = 0; i < n_used; i++) {
+    comm_nccl_settle(used[i], ncclSuccess, "link set-up", __func__, __FILE__, __LINE__);
+    comm_nccl_drain(used[i], __func__, __FILE__, __LINE__);
+  }
 }
 
 static int comm_nccl_ticket(comm *c) {
