@@ -148,9 +148,8 @@ static void stage_recv(pp_exec *e, float *buf, int k) {
   if (e->comm_bf16) e->m->be->cast(buf, K_F32, stage_buf(e, k), K_BF16, e->m->dims.rows_s * e->m->dims.d);
 }
 
-// Overlap: compute waits for ticket t (a receive it reads, or the sends still reading buffers
-// it writes); the host first waits for the compute queued so far, so the time measured is the
-// wait alone.
+// Overlap: compute waits for send ticket t (a send still reading a buffer it writes); the host
+// first waits for the compute queued so far, so the time measured is the wait alone.
 static void wait_transfer(pp_exec *e, int *t) {
   if (*t < 0) return;
   comm *pc = e->m->g->pp_c;
