@@ -4,7 +4,7 @@
 # fewer CTAs for the reductions that overlap backward, and with the reduction in bf16), and
 # TP2 with SP, PP2 1F1B and PP2 interleaved (vpp 2) on the 7b-layers shape
 # (same global batch of 16 sequences, 8 micro-batches of 2 through the pipeline; vpp2 also with
-# the transfers in bf16).
+# the transfers in bf16, and both pipelines with the transfers overlapped, parallel.pp_overlap).
 # Prints tokens/s per GPU, efficiency against 1 GPU, MFU, peak memory, the step split and the
 # pipeline bubble (measured: mean over ranks and on the busiest stage; and theoretical), all
 # read from each run's metrics report.
