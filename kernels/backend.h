@@ -52,10 +52,10 @@ typedef struct k_backend {
   void (*linear_residual)(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
   // dst[i] = src[i] converted (a copy when the dtypes agree).
   void (*cast)(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
-  void (*rmsnorm_fwd)(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
   void (*rmsnorm_bwd)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                       int64_t rows, int d);
-  // rmsnorm_fwd with y (rows, d) in act dtype: the norm and the cast for a GEMM in one pass.
+  // y (rows, d) = x / rms(x) * w in act dtype (the norm and the cast for a GEMM in one pass);
+  // rstd (rows) = 1 / rms(x), kept for the backward.
   void (*rmsnorm_fwd_act)(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
   // rmsnorm_bwd that also writes the updated dx (rows, d) in act dtype to dx_act (NULL: not).
   void (*rmsnorm_bwd_act)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,

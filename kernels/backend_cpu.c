@@ -103,7 +103,6 @@ k_backend *k_backend_cpu_create(void) {
   b->gemm = cpu_gemm;
   b->linear_residual = cpu_linear_residual;
   b->cast = cpu_cast;
-  b->rmsnorm_fwd = k_cpu_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
   b->rmsnorm_fwd_act = cpu_rmsnorm_fwd_act;
   b->rmsnorm_bwd_act = cpu_rmsnorm_bwd_act;

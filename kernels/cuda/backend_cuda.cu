@@ -239,7 +239,6 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->gemm = k_cuda_gemm;
   b->linear_residual = k_cuda_linear_residual;
   b->cast = k_cuda_cast;
-  b->rmsnorm_fwd = k_cuda_rmsnorm_fwd;
   b->rmsnorm_bwd = k_cuda_rmsnorm_bwd;
   b->rmsnorm_fwd_act = k_cuda_rmsnorm_fwd_act;
   b->rmsnorm_bwd_act = k_cuda_rmsnorm_bwd_act;

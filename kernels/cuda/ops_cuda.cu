@@ -235,16 +235,6 @@ __global__ void k_rmsnorm_bwd_dw_sum(const float *part, float *dw, int d, int n_
   dw[j] += s;
 }
 
-extern "C" void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d,
-                                   float eps) {
-  if (rows <= 0 || d <= 0) return;
-  CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
-  if (rmsnorm_fwd_vec<float>(x, w, y, rstd, rows, d, eps)) return;
-  cudaStream_t s = k_cuda_cur()->stream;
-  k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps);
-  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd");
-}
-
 extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
                                        float eps) {
   if (rows <= 0 || d <= 0) return;

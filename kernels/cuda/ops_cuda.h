@@ -31,7 +31,6 @@ void k_cuda_linear_residual_free(void);
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.
 void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
-void k_cuda_rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t rows, int d, float eps);
 void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                         int64_t rows, int d);
 // rmsnorm_bwd in one pass; dx_act (may be NULL) gets the updated dx in the act dtype.
