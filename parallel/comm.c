@@ -21,6 +21,8 @@ typedef struct comm_mpi {
   int in_group;          // between group_start and group_end: p2p calls only post requests
   MPI_Request *reqs;     // (n_reqs) requests posted in the open group
   int n_reqs, cap_reqs;
+  struct comm_mpi_started *started;  // (n_started) collectives started since the last wait, in order
+  int n_started, cap_started;
   MPI_Request *xreqs;    // (n_xreqs) requests of the transfers started since xfer_reset
   int *xfirst;           // (n_tickets + 1) ticket i owns xreqs[xfirst[i], xfirst[i + 1])
   int n_xreqs, cap_xreqs, n_tickets, cap_tickets;
@@ -318,6 +320,7 @@ static void comm_mpi_free(comm *c) {
   if (!finalized) {
     if (m) {
       CHECK(!m->in_group, "comm %s freed with an open group", c->name);
+      CHECK(m->n_started == 0, "comm %s freed with %d started collectives not waited for", c->name, m->n_started);
       MPI_CHECK(MPI_Op_free(&m->bf16_sum));
       MPI_CHECK(MPI_Op_free(&m->bf16_max));
     }
@@ -325,6 +328,7 @@ static void comm_mpi_free(comm *c) {
   }
   if (m) {
     free(m->reqs);
+    free(m->started);
     free(m->xreqs);
     free(m->xfirst);
   }
@@ -332,9 +336,77 @@ static void comm_mpi_free(comm *c) {
   free(c);
 }
 
-// Asynchronous forms: host buffers, so run to completion now (results identical to the
-// blocking calls); wait and drain have nothing left to do.
-static void comm_mpi_wait(comm *c) { (void)c; }
+// ---- started collectives ----------------------------------------------------------------------
+// Recorded by the start and run, in order, by the next wait or drain, as the blocking calls: the
+// same bits, and a result read before its wait (allowed on no backend) is stale on CPU ranks too,
+// so the CPU tests catch it.
+
+typedef enum { STARTED_ALL_REDUCE, STARTED_REDUCE_SCATTER, STARTED_ALL_GATHER_REGIONS } comm_mpi_started_kind;
+
+typedef struct comm_mpi_started {
+  comm_mpi_started_kind kind;
+  void *buf;            // all_reduce, all_gather_regions: in place; reduce_scatter: recv
+  const void *send;     // reduce_scatter
+  int64_t n_elem;
+  comm_dtype t;
+  comm_redop op;
+  int64_t *at, *len;    // all_gather_regions: copies of the caller's arrays
+  int n_regions;
+} comm_mpi_started;
+
+static comm_mpi_started *comm_mpi_push_started(comm *c, comm_mpi_started_kind kind, comm_dtype t) {
+  comm_mpi *m = c->impl;
+  if (m->n_started == m->cap_started) {
+    m->cap_started = m->cap_started ? 2 * m->cap_started : 16;
+    m->started = realloc(m->started, (size_t)m->cap_started * sizeof *m->started);
+    CHECK(m->started, "comm %s: out of memory growing the started collectives to %d", c->name, m->cap_started);
+  }
+  comm_mpi_started *s = &m->started[m->n_started++];
+  memset(s, 0, sizeof *s);
+  s->kind = kind;
+  s->t = t;
+  return s;
+}
+
+static void comm_mpi_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
+  comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_REDUCE, t);
+  s->buf = buf, s->n_elem = n_elem, s->op = op;
+}
+
+static void comm_mpi_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                          comm_redop op) {
+  comm_mpi_started *s = comm_mpi_push_started(c, STARTED_REDUCE_SCATTER, t);
+  s->send = send, s->buf = recv, s->n_elem = n_elem, s->op = op;
+}
+
+static void comm_mpi_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
+                                              int n_regions, comm_dtype t) {
+  comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_GATHER_REGIONS, t);
+  s->buf = buf, s->n_regions = n_regions;
+  s->at = XMALLOC((size_t)(n_regions > 0 ? n_regions : 1) * sizeof *s->at);
+  s->len = XMALLOC((size_t)(n_regions > 0 ? n_regions : 1) * sizeof *s->len);
+  if (n_regions > 0) {
+    memcpy(s->at, at, (size_t)n_regions * sizeof *at);
+    memcpy(s->len, n_elem, (size_t)n_regions * sizeof *n_elem);
+  }
+}
+
+static void comm_mpi_wait(comm *c) {
+  comm_mpi *m = c->impl;
+  for (int i = 0; i < m->n_started; i++) {
+    comm_mpi_started *s = &m->started[i];
+    switch (s->kind) {
+      case STARTED_ALL_REDUCE: comm_mpi_all_reduce(c, s->buf, s->n_elem, s->t, s->op); break;
+      case STARTED_REDUCE_SCATTER: comm_mpi_reduce_scatter(c, s->send, s->buf, s->n_elem, s->t, s->op); break;
+      case STARTED_ALL_GATHER_REGIONS:
+        comm_mpi_all_gather_regions(c, s->buf, s->at, s->len, s->n_regions, s->t);
+        free(s->at);
+        free(s->len);
+        break;
+    }
+  }
+  m->n_started = 0;
+}
 
 static const comm_ops comm_mpi_ops = {
     .all_reduce = comm_mpi_all_reduce,
@@ -348,9 +420,9 @@ static const comm_ops comm_mpi_ops = {
     .group_end = comm_mpi_group_end,
     .barrier = comm_mpi_barrier,
     .free = comm_mpi_free,
-    .all_reduce_start = comm_mpi_all_reduce,
-    .reduce_scatter_start = comm_mpi_reduce_scatter,
-    .all_gather_regions_start = comm_mpi_all_gather_regions,
+    .all_reduce_start = comm_mpi_all_reduce_start,
+    .reduce_scatter_start = comm_mpi_reduce_scatter_start,
+    .all_gather_regions_start = comm_mpi_all_gather_regions_start,
     .wait = comm_mpi_wait,
     .drain = comm_mpi_wait,
     .xfer_open = comm_mpi_xfer_open,
