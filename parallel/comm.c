@@ -337,16 +337,18 @@ static void comm_mpi_free(comm *c) {
 }
 
 // ---- started collectives ----------------------------------------------------------------------
-// Recorded by the start and run, in order, by the next wait or drain, as the blocking calls: the
-// same bits, and a result read before its wait (allowed on no backend) is stale on CPU ranks too,
-// so the CPU tests catch it.
+// The start copies what the collective reads (as a GPU's side stream reads it once the work
+// queued before the start is done); the next wait or drain runs the recorded calls in order, as
+// the blocking calls on those copies: the same bits. So on CPU ranks too, a result read before
+// its wait is stale and data written after its start is not sent, and the CPU tests catch both.
 
 typedef enum { STARTED_ALL_REDUCE, STARTED_REDUCE_SCATTER, STARTED_ALL_GATHER_REGIONS } comm_mpi_started_kind;
 
 typedef struct comm_mpi_started {
   comm_mpi_started_kind kind;
   void *buf;            // all_reduce, all_gather_regions: in place; reduce_scatter: recv
-  const void *send;     // reduce_scatter
+  char *copy;           // what it reads, as of the start: the buffer (all_reduce), the send
+                        // buffer (reduce_scatter), this rank's block of each region (all_gather)
   int64_t n_elem;
   comm_dtype t;
   comm_redop op;
@@ -368,42 +370,62 @@ static comm_mpi_started *comm_mpi_push_started(comm *c, comm_mpi_started_kind ki
   return s;
 }
 
+static char *comm_mpi_copy(const void *src, int64_t n_bytes) {
+  char *p = XMALLOC((size_t)(n_bytes > 0 ? n_bytes : 1));
+  if (n_bytes > 0) memcpy(p, src, (size_t)n_bytes);
+  return p;
+}
+
 static void comm_mpi_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_REDUCE, t);
   s->buf = buf, s->n_elem = n_elem, s->op = op;
+  s->copy = comm_mpi_copy(buf, n_elem * comm_dtype_bytes(t));
 }
 
 static void comm_mpi_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                           comm_redop op) {
   comm_mpi_started *s = comm_mpi_push_started(c, STARTED_REDUCE_SCATTER, t);
-  s->send = send, s->buf = recv, s->n_elem = n_elem, s->op = op;
+  s->buf = recv, s->n_elem = n_elem, s->op = op;
+  s->copy = comm_mpi_copy(send, (int64_t)c->size * n_elem * comm_dtype_bytes(t));
 }
 
 static void comm_mpi_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
                                               int n_regions, comm_dtype t) {
   comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_GATHER_REGIONS, t);
+  const int64_t esz = comm_dtype_bytes(t);
+  int64_t total = 0;
+  for (int i = 0; i < n_regions; i++) total += n_elem[i];
   s->buf = buf, s->n_regions = n_regions;
-  s->at = XMALLOC((size_t)(n_regions > 0 ? n_regions : 1) * sizeof *s->at);
-  s->len = XMALLOC((size_t)(n_regions > 0 ? n_regions : 1) * sizeof *s->len);
-  if (n_regions > 0) {
-    memcpy(s->at, at, (size_t)n_regions * sizeof *at);
-    memcpy(s->len, n_elem, (size_t)n_regions * sizeof *n_elem);
-  }
+  s->at = (int64_t *)comm_mpi_copy(at, n_regions * (int64_t)sizeof *at);
+  s->len = (int64_t *)comm_mpi_copy(n_elem, n_regions * (int64_t)sizeof *n_elem);
+  s->copy = XMALLOC((size_t)(total > 0 ? total * esz : 1));
+  int64_t o = 0;
+  for (int i = 0; i < n_regions; o += n_elem[i], i++)
+    memcpy(s->copy + o * esz, (char *)buf + (at[i] + c->rank * n_elem[i]) * esz, (size_t)(n_elem[i] * esz));
 }
 
 static void comm_mpi_wait(comm *c) {
   comm_mpi *m = c->impl;
   for (int i = 0; i < m->n_started; i++) {
     comm_mpi_started *s = &m->started[i];
+    const int64_t esz = comm_dtype_bytes(s->t);
     switch (s->kind) {
-      case STARTED_ALL_REDUCE: comm_mpi_all_reduce(c, s->buf, s->n_elem, s->t, s->op); break;
-      case STARTED_REDUCE_SCATTER: comm_mpi_reduce_scatter(c, s->send, s->buf, s->n_elem, s->t, s->op); break;
-      case STARTED_ALL_GATHER_REGIONS:
+      case STARTED_ALL_REDUCE:
+        memcpy(s->buf, s->copy, (size_t)(s->n_elem * esz));
+        comm_mpi_all_reduce(c, s->buf, s->n_elem, s->t, s->op);
+        break;
+      case STARTED_REDUCE_SCATTER: comm_mpi_reduce_scatter(c, s->copy, s->buf, s->n_elem, s->t, s->op); break;
+      case STARTED_ALL_GATHER_REGIONS: {
+        int64_t o = 0;
+        for (int k = 0; k < s->n_regions; o += s->len[k], k++)
+          memcpy((char *)s->buf + (s->at[k] + c->rank * s->len[k]) * esz, s->copy + o * esz, (size_t)(s->len[k] * esz));
         comm_mpi_all_gather_regions(c, s->buf, s->at, s->len, s->n_regions, s->t);
         free(s->at);
         free(s->len);
         break;
+      }
     }
+    free(s->copy);
   }
   m->n_started = 0;
 }

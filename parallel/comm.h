@@ -37,9 +37,9 @@ typedef struct comm_ops {
   // backward). A start takes the data as the work queued before it leaves it (on GPUs: the
   // communicator's stream, which is the compute stream) and returns at once; its buffers must not
   // be touched until wait. No groups around them. Every rank starts the same calls in the same
-  // order. MPI (host buffers): a start is recorded and runs at the next wait or drain, as the
-  // blocking call (the same bits; a result read before its wait is stale, as it may be on GPUs).
-  // NCCL: the collective runs on a side stream.
+  // order. MPI (host buffers): a start copies what it reads and the next wait or drain runs it,
+  // as the blocking call (the same bits; a result read before its wait is stale and data
+  // written after its start is not sent, as on GPUs). NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
   // In place, over regions: region i starts at element at[i] of buf and holds size blocks of
