@@ -14,18 +14,22 @@
 #include "kernels/bf16.h"
 #include "kernels/check.h"
 
+typedef struct comm_req_list {
+  MPI_Request *r;
+  int n, cap;
+} comm_req_list;
+
 typedef struct comm_mpi {
   MPI_Op bf16_sum;       // user ops: MPI has no bf16 type, predefined ops would sum bit patterns
   MPI_Op bf16_max;
   int64_t chunk_elems;   // largest count passed to one MPI call
   int in_group;          // between group_start and group_end: p2p calls only post requests
-  MPI_Request *reqs;     // (n_reqs) requests posted in the open group
-  int n_reqs, cap_reqs;
+  comm_req_list group;    // requests posted in the open group
   struct comm_mpi_started *started;  // (n_started) collectives started since the last wait, in order
   int n_started, cap_started;
-  MPI_Request *xreqs;    // (n_xreqs) requests of the transfers started since xfer_reset
-  int *xfirst;           // (n_tickets + 1) ticket i owns xreqs[xfirst[i], xfirst[i + 1])
-  int n_xreqs, cap_xreqs, n_tickets, cap_tickets;
+  comm_req_list xfer;     // requests of the transfers started since xfer_reset
+  int *xfirst;            // (n_tickets + 1) ticket i owns xfer.r[xfirst[i], xfirst[i + 1])
+  int n_tickets, cap_tickets;
 } comm_mpi;
 
 int comm_dtype_bytes(comm_dtype t) {
@@ -184,52 +188,52 @@ static void comm_mpi_all_to_all(comm *c, const void *send, void *recv, int64_t n
 
 // ---- point-to-point --------------------------------------------------------------------------
 
-static MPI_Request *comm_push_req(comm *c) {
-  comm_mpi *m = c->impl;
-  if (m->n_reqs == m->cap_reqs) {
-    int cap = m->cap_reqs ? 2 * m->cap_reqs : 16;
-    MPI_Request *r = realloc(m->reqs, (size_t)cap * sizeof *r);
-    CHECK(r, "comm %s: out of memory growing the request list to %d", c->name, cap);
-    m->reqs = r;
-    m->cap_reqs = cap;
-  }
-  return &m->reqs[m->n_reqs++];
+// Makes room for need elements of elem bytes in *p (capacity *cap), doubling.
+static void comm_grow(const comm *c, void **p, int *cap, int need, size_t elem, const char *what) {
+  if (need <= *cap) return;
+  int n = *cap ? *cap : 16;
+  while (n < need) n *= 2;
+  void *q = realloc(*p, (size_t)n * elem);
+  CHECK(q, "comm %s: out of memory growing the %s to %d", c->name, what, n);
+  *p = q;
+  *cap = n;
+}
+
+static MPI_Request *comm_push_req(const comm *c, comm_req_list *l) {
+  comm_grow(c, (void **)&l->r, &l->cap, l->n + 1, sizeof *l->r, "request list");
+  return &l->r[l->n++];
 }
 
 // One tag for everything: like NCCL, messages between a pair are matched in posting order,
 // so chunk k of a send meets chunk k of the receive, and callers must post in matching order.
 enum { COMM_P2P_TAG = 0 };
 
-static void comm_mpi_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
-  CHECK(n_elem >= 0, "comm %s: send of %lld elements", c->name, (long long)n_elem);
-  CHECK(peer >= 0 && peer < c->size, "comm %s: send peer %d outside [0, %d)", c->name, peer, c->size);
-  comm_mpi *m = c->impl;
+// A send or receive in chunks of at most chunk_elems: posted into l (non-blocking), or blocking
+// when l is NULL. what names it in errors.
+static void comm_mpi_p2p(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send, int tag,
+                         comm_req_list *l, const char *what) {
+  CHECK(n_elem >= 0, "comm %s: %s of %lld elements", c->name, what, (long long)n_elem);
+  CHECK(peer >= 0 && peer < c->size, "comm %s: %s peer %d outside [0, %d)", c->name, what, peer, c->size);
   const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
   for (int64_t o = 0; o < n_elem || o == 0; o += step) {  // n_elem == 0 still sends one message
     int n = (int)(n_elem - o < step ? n_elem - o : step);
-    const char *p = (const char *)buf + o * esz;
-    if (m->in_group)
-      MPI_CHECK(MPI_Isend(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, comm_push_req(c)));
-    else
-      MPI_CHECK(MPI_Send(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi));
+    char *p = (char *)buf + o * esz;
+    if (is_send && l) MPI_CHECK(MPI_Isend(p, n, comm_mpi_type(t), peer, tag, c->mpi, comm_push_req(c, l)));
+    else if (is_send) MPI_CHECK(MPI_Send(p, n, comm_mpi_type(t), peer, tag, c->mpi));
+    else if (l) MPI_CHECK(MPI_Irecv(p, n, comm_mpi_type(t), peer, tag, c->mpi, comm_push_req(c, l)));
+    else MPI_CHECK(MPI_Recv(p, n, comm_mpi_type(t), peer, tag, c->mpi, MPI_STATUS_IGNORE));
     if (n_elem == 0) break;
   }
 }
 
-static void comm_mpi_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
-  CHECK(n_elem >= 0, "comm %s: recv of %lld elements", c->name, (long long)n_elem);
-  CHECK(peer >= 0 && peer < c->size, "comm %s: recv peer %d outside [0, %d)", c->name, peer, c->size);
+static void comm_mpi_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
   comm_mpi *m = c->impl;
-  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
-  for (int64_t o = 0; o < n_elem || o == 0; o += step) {
-    int n = (int)(n_elem - o < step ? n_elem - o : step);
-    char *p = (char *)buf + o * esz;
-    if (m->in_group)
-      MPI_CHECK(MPI_Irecv(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, comm_push_req(c)));
-    else
-      MPI_CHECK(MPI_Recv(p, n, comm_mpi_type(t), peer, COMM_P2P_TAG, c->mpi, MPI_STATUS_IGNORE));
-    if (n_elem == 0) break;
-  }
+  comm_mpi_p2p(c, (void *)buf, n_elem, t, peer, 1, COMM_P2P_TAG, m->in_group ? &m->group : NULL, "send");
+}
+
+static void comm_mpi_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
+  comm_mpi *m = c->impl;
+  comm_mpi_p2p(c, buf, n_elem, t, peer, 0, COMM_P2P_TAG, m->in_group ? &m->group : NULL, "recv");
 }
 
 static void comm_mpi_group_start(comm *c) {
@@ -238,15 +242,15 @@ static void comm_mpi_group_start(comm *c) {
   // most likely be a missing group_end, so say so instead of silently nesting.
   CHECK(!m->in_group, "comm %s: group_start inside an open group (missing group_end?)", c->name);
   m->in_group = 1;
-  m->n_reqs = 0;
+  m->group.n = 0;
 }
 
 static void comm_mpi_group_end(comm *c) {
   comm_mpi *m = c->impl;
   CHECK(m->in_group, "comm %s: group_end without group_start", c->name);
   m->in_group = 0;
-  if (m->n_reqs) MPI_CHECK(MPI_Waitall(m->n_reqs, m->reqs, MPI_STATUSES_IGNORE));
-  m->n_reqs = 0;
+  if (m->group.n) MPI_CHECK(MPI_Waitall(m->group.n, m->group.r, MPI_STATUSES_IGNORE));
+  m->group.n = 0;
 }
 
 // ---- transfers overlapping compute -----------------------------------------------------------
@@ -262,30 +266,11 @@ static int comm_mpi_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t,
                                const int *after, int n_after) {
   (void)after;
   (void)n_after;
-  CHECK(n_elem >= 0, "comm %s: transfer of %lld elements", c->name, (long long)n_elem);
-  CHECK(peer >= 0 && peer < c->size, "comm %s: transfer peer %d outside [0, %d)", c->name, peer, c->size);
   comm_mpi *m = c->impl;
-  if (m->n_tickets + 2 > m->cap_tickets) {
-    m->cap_tickets = m->cap_tickets ? 2 * m->cap_tickets : 64;
-    m->xfirst = realloc(m->xfirst, (size_t)m->cap_tickets * sizeof *m->xfirst);
-    CHECK(m->xfirst, "comm %s: out of memory growing the transfer tickets to %d", c->name, m->cap_tickets);
-  }
-  m->xfirst[m->n_tickets] = m->n_xreqs;
-  const int64_t step = comm_chunk(c), esz = comm_dtype_bytes(t);
-  for (int64_t o = 0; o < n_elem || o == 0; o += step) {
-    if (m->n_xreqs == m->cap_xreqs) {
-      m->cap_xreqs = m->cap_xreqs ? 2 * m->cap_xreqs : 64;
-      m->xreqs = realloc(m->xreqs, (size_t)m->cap_xreqs * sizeof *m->xreqs);
-      CHECK(m->xreqs, "comm %s: out of memory growing the transfer requests to %d", c->name, m->cap_xreqs);
-    }
-    int n = (int)(n_elem - o < step ? n_elem - o : step);
-    char *p = (char *)buf + o * esz;
-    MPI_Request *r = &m->xreqs[m->n_xreqs++];
-    if (is_send) MPI_CHECK(MPI_Isend(p, n, comm_mpi_type(t), peer, COMM_XFER_TAG, c->mpi, r));
-    else MPI_CHECK(MPI_Irecv(p, n, comm_mpi_type(t), peer, COMM_XFER_TAG, c->mpi, r));
-    if (n_elem == 0) break;
-  }
-  m->xfirst[m->n_tickets + 1] = m->n_xreqs;
+  comm_grow(c, (void **)&m->xfirst, &m->cap_tickets, m->n_tickets + 2, sizeof *m->xfirst, "transfer tickets");
+  m->xfirst[m->n_tickets] = m->xfer.n;
+  comm_mpi_p2p(c, buf, n_elem, t, peer, is_send, COMM_XFER_TAG, &m->xfer, "transfer");
+  m->xfirst[m->n_tickets + 1] = m->xfer.n;
   return m->n_tickets++;
 }
 
@@ -299,14 +284,14 @@ static void comm_mpi_xfer_wait(comm *c, int ticket) {
   if (ticket < 0) return;
   CHECK(ticket < m->n_tickets, "comm %s: wait for transfer ticket %d of %d", c->name, ticket, m->n_tickets);
   int a = m->xfirst[ticket];
-  MPI_CHECK(MPI_Waitall(m->xfirst[ticket + 1] - a, m->xreqs + a, MPI_STATUSES_IGNORE));
+  MPI_CHECK(MPI_Waitall(m->xfirst[ticket + 1] - a, m->xfer.r + a, MPI_STATUSES_IGNORE));
 }
 
 static void comm_mpi_xfer_reset(comm *c) {
   comm_mpi *m = c->impl;
-  for (int i = 0; i < m->n_xreqs; i++)
-    CHECK(m->xreqs[i] == MPI_REQUEST_NULL, "comm %s: xfer_reset with transfer request %d not waited for", c->name, i);
-  m->n_xreqs = m->n_tickets = 0;
+  for (int i = 0; i < m->xfer.n; i++)
+    CHECK(m->xfer.r[i] == MPI_REQUEST_NULL, "comm %s: xfer_reset with transfer request %d not waited for", c->name, i);
+  m->xfer.n = m->n_tickets = 0;
 }
 
 static void comm_mpi_barrier(comm *c) { MPI_CHECK(MPI_Barrier(c->mpi)); }
@@ -327,9 +312,9 @@ static void comm_mpi_free(comm *c) {
     if (c->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&c->mpi));
   }
   if (m) {
-    free(m->reqs);
+    free(m->group.r);
     free(m->started);
-    free(m->xreqs);
+    free(m->xfer.r);
     free(m->xfirst);
   }
   free(m);
@@ -358,11 +343,7 @@ typedef struct comm_mpi_started {
 
 static comm_mpi_started *comm_mpi_push_started(comm *c, comm_mpi_started_kind kind, comm_dtype t) {
   comm_mpi *m = c->impl;
-  if (m->n_started == m->cap_started) {
-    m->cap_started = m->cap_started ? 2 * m->cap_started : 16;
-    m->started = realloc(m->started, (size_t)m->cap_started * sizeof *m->started);
-    CHECK(m->started, "comm %s: out of memory growing the started collectives to %d", c->name, m->cap_started);
-  }
+  comm_grow(c, (void **)&m->started, &m->cap_started, m->n_started + 1, sizeof *m->started, "started collectives");
   comm_mpi_started *s = &m->started[m->n_started++];
   memset(s, 0, sizeof *s);
   s->kind = kind;
