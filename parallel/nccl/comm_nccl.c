@@ -329,15 +329,21 @@ static void comm_nccl_reduce_scatter(comm *c, const void *send, void *recv, int6
 // stream, where it runs while later kernels of the main stream run. NCCL orders the operations
 // of one communicator whatever stream they are on, so blocking and started calls may mix.
 
+// Highest priority: a collective's or transfer's kernel should get SMs as soon as it is ready,
+// not after the compute kernels queued before it.
+static cudaStream_t comm_nccl_priority_stream(void) {
+  int lo = 0, hi = 0;
+  cudaStream_t s;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+  return s;
+}
+
 static cudaStream_t comm_nccl_side_ready(comm *c, const char *what) {
   comm_nccl *m = comm_nccl_live_impl(c, what);
   CHECK(comm_nccl_group_depth == 0, "comm %s: %s inside an open group", c->name, what);
   if (!m->side) {
-    // Highest priority: a collective's kernel should get SMs as soon as it is ready, not after
-    // the backward kernels queued before it.
-    int lo = 0, hi = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&m->side, cudaStreamNonBlocking, hi));
+    m->side = comm_nccl_priority_stream();
     CUDA_CHECK(cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming));
   }
@@ -490,11 +496,7 @@ static void comm_nccl_xfer_open(comm *c) {
   for (int k = 0; k < 6; k++) {
     int used = c->size == 2 ? k < 2 : c->size % 2 ? 1 : k != 2 && k != 5;  // the classes link_class returns
     if (!used) continue;
-    int lo, hi;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    cudaStream_t s;
-    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
-    comm_nccl_next_stream = s;
+    comm_nccl_next_stream = comm_nccl_priority_stream();
     char name[16];
     snprintf(name, sizeof name, "%.9s.link%d", c->name, k);
     m->link[k] = comm_nccl_create(c->mpi, name);
