@@ -75,6 +75,9 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, grad_reduce_bf16, 0,
            "reduce DP gradients in bf16: half the traffic, each rank's gradient rounded to bf16 before the sum; "
            "false = fp32; no effect with dp 1"),
+  CFG_STRING(parallel, gpu_comm, "nccl",
+             "communicator of GPU ranks: nccl | mpi (mpi: device buffers copied through host memory, slow, but "
+             "several ranks may share a GPU, e.g. to test a layout on one GPU; NCCL needs one GPU per rank)"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),
@@ -603,6 +606,8 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            t->steps);
   static const char *const devices[] = {"auto", "cpu", "cuda"}, *const recomputes[] = {"none", "selective", "full"};
   CFG_RULE(cfg_is_one_of(t->device, devices, 3), "train.device = '%s' is not one of: auto, cpu, cuda", t->device);
+  static const char *const gpu_comms[] = {"nccl", "mpi"};
+  CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
   CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
            t->recompute);
   CFG_RULE(c->checkpoint.resume[0] != '\0',

@@ -35,6 +35,7 @@ typedef struct cfg_parallel {
   int distributed_optimizer;  // bool: ZeRO-1 over dp
   float bucket_mb;            // DP gradient bucket size in MiB
   int grad_reduce_bf16;       // DP gradient reduction in bf16 (0: fp32)
+  char gpu_comm[CFG_STR];     // GPU ranks' communicator: nccl | mpi (staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
 } cfg_parallel;
 

@@ -11,6 +11,7 @@
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #include "parallel/nccl/comm_nccl.h"
+#include "parallel/nccl/comm_staged.h"
 #endif
 #include <mpi.h>
 #include <stdio.h>
@@ -93,14 +94,17 @@ int main(int argc, char **argv) {
 #ifdef TRAINER_HAVE_CUDA
   if (use_cuda) {
     // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes.
-    be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
+    // NCCL needs one GPU per rank (its own check says so); the staged MPI communicator does not.
+    int staged = strcmp(c.parallel.gpu_comm, "mpi") == 0;
+    be = k_backend_cuda_create(staged ? comm_nccl_local_rank() % n_gpus : comm_nccl_set_device());
     comm_nccl_set_stream(k_cuda_stream());
-    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_nccl_create);
+    comm *(*create_comm)(MPI_Comm, const char *) = staged ? comm_staged_create : comm_nccl_create;
+    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, create_comm);
     if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) {
       // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
       // communicator of their own, slow the backward less (the rest keep NCCL's choice).
       comm_nccl_set_max_ctas(c.parallel.dp_overlap_ctas);
-      grid_add_dp_overlap(&g, comm_nccl_create);
+      grid_add_dp_overlap(&g, create_comm);
       comm_nccl_set_max_ctas(0);
     }
   }

@@ -2,7 +2,9 @@
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, bitwise ZeRO resume, killing a rank of a dp2 run, and the
-# default config on 1 GPU.
+# default config on 1 GPU. On a host with one GPU, the 2-rank steps run with both ranks on it
+# over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
+# per rank; the staged communicator's own test runs either way.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,18 +16,23 @@ mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_E
 n_fail=0; n_pass=0
 step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
 nvidia-smi -L
+n_gpus=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$n_gpus" -ge 2 ]; then on="2 GPUs"; comm_arg=""; else on="1 GPU, staged MPI"; comm_arg="parallel.gpu_comm=mpi"; fi
 step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
 step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"
 step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
 step "multi-tensor optimizer ops vs CPU reference" bash -c "'$bin/test_optim_ranges' --gpu > '$logs/optim_ranges.log' 2>&1; r=\$?; tail -1 '$logs/optim_ranges.log'; exit \$r"
-step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
+if [ "$n_gpus" -ge 2 ]; then
+  step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
+fi
+step "staged MPI communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' --staged > '$logs/staged.log' 2>&1; r=\$?; tail -1 '$logs/staged.log'; exit \$r"
 export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
-export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4"
+export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 while read -r name args; do
-  step "parity $name on 2 GPUs vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
+  step "parity $name on $on vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
 done < <(grep -v '^#' tests/parity_gpu.txt)
-step "bitwise resume of dp2 with the distributed optimizer on 2 GPUs" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"
-step "kill a rank of a dp2 run on 2 GPUs: the job ends with a message" bash -c "TRAINER_TEST_ARGS=train.device=cuda sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
+step "bitwise resume of dp2 with the distributed optimizer on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"
+step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
 echo "$n_pass passed, $n_fail failed"

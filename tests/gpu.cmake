@@ -1,6 +1,7 @@
-# Layout parity on GPUs (label gpu, 2 GPUs): 20 steps of each layout of tests/parity_gpu.txt
-# against the 1-GPU run, within bf16 tolerance (2e-2 relative), through the same script as the
-# CPU parity tests.
+# Layout parity on GPUs (label gpu): 20 steps of each layout of tests/parity_gpu.txt against the
+# 1-GPU run, within bf16 tolerance (2e-2 relative), through the same script as the CPU parity
+# tests: on 2 GPUs over NCCL (gpu_parity_*), and on one GPU shared by both ranks over the staged
+# MPI communicator (gpu1_parity_*).
 if(TRAINER_HAVE_CUDA)
   set(PARITY_PREFIX gpu_)
   set(PARITY_LABEL gpu)
@@ -10,6 +11,14 @@ if(TRAINER_HAVE_CUDA)
     separate_arguments(args UNIX_COMMAND "${line}")
     list(POP_FRONT args name)
     trainer_add_parity(${name} 2 ${args})
+  endforeach()
+  # The same layouts with both ranks on one GPU, over the staged MPI communicator
+  # (parallel.gpu_comm=mpi): the model's GPU code under every layout where NCCL cannot run.
+  set(PARITY_PREFIX gpu1_)
+  foreach(line ${layouts})
+    separate_arguments(args UNIX_COMMAND "${line}")
+    list(POP_FRONT args name)
+    trainer_add_parity(${name} 2 ${args} parallel.gpu_comm=mpi)
   endforeach()
 
   # The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.

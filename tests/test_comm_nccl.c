@@ -1,7 +1,8 @@
 // NCCL communicator under mpirun -np 2, one GPU per rank (ctest label gpu): the checks of
 // tests/test_comm.c on device buffers, with rank-number payloads so every expected value is
 // known by hand, for every dtype; stream ordering of sends outside a group; nested groups;
-// large and empty transfers; grid_init with NCCL groups. With --timeout-check, rank 0 enters a
+// large and empty transfers; grid_init with NCCL groups. With --staged, the same checks of the
+// staged MPI communicator (both ranks may share one GPU). With --timeout-check, rank 0 enters a
 // barrier that rank 1 never joins, and the job must end with the timeout message (a second
 // ctest entry matches it).
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "parallel/comm_payload.h"
 #include "parallel/grid.h"
 #include "parallel/nccl/comm_nccl.h"
+#include "parallel/nccl/comm_staged.h"
 #include "parallel/nccl/nccl_check.h"
 #include "tests/test_util.h"
 
@@ -395,15 +397,15 @@ static void test_comm_all(comm *c) {
 
 // The 2-rank layouts; group sums of world ranks are 1 for a group of both ranks and the rank
 // itself for a singleton.
-static void test_grid(void) {
+static void test_grid(comm *(*create)(MPI_Comm, const char *), int (*is)(const comm *)) {
   static const int layouts[][3] = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
   for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
     const int *L = layouts[k];
     grid g;
-    grid_init(&g, L[0], L[1], L[2], comm_nccl_create);
+    grid_init(&g, L[0], L[1], L[2], create);
     const int w = g.world_rank;
-    EXPECT(comm_nccl_is(g.tp_c) && comm_nccl_is(g.dp_c) && comm_nccl_is(g.pp_c) && !comm_nccl_is(g.world),
-           "grid %d/%d/%d: tp/dp/pp must be NCCL, world MPI", L[0], L[1], L[2]);
+    EXPECT(is(g.tp_c) && is(g.dp_c) && is(g.pp_c) && !is(g.world),
+           "grid %d/%d/%d: tp/dp/pp must be the device communicator, world MPI", L[0], L[1], L[2]);
     comm *cs[3] = {g.tp_c, g.dp_c, g.pp_c};
     int64_t *d = dev_alloc(sizeof(int64_t));
     for (int a = 0; a < 3; a++) {
@@ -449,8 +451,32 @@ static int run_timeout_check(void) {
   return 1;
 }
 
+// --staged: the staged MPI communicator (comm_staged.h) instead of NCCL, on the same device
+// buffers; both ranks may share one GPU.
+static int run_staged(void) {
+  CHECK(comm_nccl_device_count() > 0, "--staged: no CUDA device is visible");
+  CUDA_CHECK(cudaSetDevice(comm_nccl_local_rank() % comm_nccl_device_count()));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
+  comm_nccl_set_stream(S);
+  comm *c = comm_staged_create(MPI_COMM_WORLD, "world");
+  int cmp = MPI_IDENT;
+  MPI_Comm_compare(c->mpi, MPI_COMM_WORLD, &cmp);
+  EXPECT(cmp == MPI_CONGRUENT, "comm_staged_create must duplicate the communicator (compare = %d)", cmp);
+  EXPECT(comm_staged_is(c) && !comm_nccl_is(c) && comm_nccl_stream(c) == NULL, "communicator kind");
+  if (c->rank == 0) printf("test_comm_nccl --staged: device %d of %d\n", comm_nccl_local_rank() % comm_nccl_device_count(),
+                           comm_nccl_device_count());
+  test_comm_all(c);
+  comm_free(&c);
+  test_grid(comm_staged_create, comm_staged_is);
+  CUDA_CHECK(cudaStreamDestroy(S));
+  int rc = test_summary();
+  MPI_Finalize();
+  return rc;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
+  if (argc > 1 && !strcmp(argv[1], "--staged")) return run_staged();
   int dev = comm_nccl_set_device();
   CUDA_CHECK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
   comm_nccl_set_stream(S);
@@ -484,7 +510,7 @@ int main(int argc, char **argv) {
   EXPECT(!comm_nccl_is(m) && comm_nccl_stream(m) == NULL, "an MPI communicator is not NCCL");
   comm_free(&m);
 
-  test_grid();
+  test_grid(comm_nccl_create, comm_nccl_is);
   CUDA_CHECK(cudaStreamDestroy(S));
   int rc = test_summary();
   MPI_Finalize();

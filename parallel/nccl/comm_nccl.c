@@ -75,7 +75,9 @@ int comm_nccl_set_device(void) {
                "CUDA_VISIBLE_DEVICES, or use the CPU backend", local);
   // NCCL refuses two ranks of one communicator on one GPU, so say so before it does, in words.
   CHECK(comm_nccl_local_size_v <= n, "%d ranks run on this node but it has %d visible GPUs: NCCL needs one GPU "
-                                     "per rank; start at most %d ranks per node", comm_nccl_local_size_v, n, n);
+                                     "per rank; start at most %d ranks per node (or, to test a layout, "
+                                     "parallel.gpu_comm=mpi lets ranks share a GPU, slowly)",
+        comm_nccl_local_size_v, n, n);
   int d = local % n;
   CUDA_CHECK(cudaSetDevice(d));
   return d;
@@ -108,6 +110,12 @@ double comm_nccl_timeout(void) {
     return v;
   }
   return comm_nccl_timeout_s;
+}
+
+void *comm_nccl_stream_setting(const char *who) {
+  CHECK(comm_nccl_stream_set, "%s: no CUDA stream set: call comm_nccl_set_stream(k_cuda_stream()) after creating "
+                              "the CUDA backend", who);
+  return comm_nccl_next_stream;
 }
 
 int comm_nccl_is(const comm *c) { return c && c->ops == &comm_nccl_ops; }
@@ -661,14 +669,15 @@ comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
   // NVLink multicast (NVLS) can take a shared host's GPUs out of service; it stays off unless
   // the user explicitly asked otherwise. Set before the first NCCL call, which reads it.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
-  CHECK(comm_nccl_stream_set, "comm_nccl_create(%s): no CUDA stream set: call comm_nccl_set_stream(k_cuda_stream()) "
-                              "after creating the CUDA backend", name ? name : "?");
+  char who[48];
+  snprintf(who, sizeof who, "comm_nccl_create(%s)", name ? name : "?");
+  cudaStream_t stream = (cudaStream_t)comm_nccl_stream_setting(who);
   comm *c = XCALLOC(1, sizeof *c);
   comm_nccl *m = XCALLOC(1, sizeof *m);
   c->ops = &comm_nccl_ops;
   c->impl = m;
   snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
-  m->stream = (cudaStream_t)comm_nccl_next_stream;
+  m->stream = stream;
   // The caller may free mpi right after (grid_init does), so the bootstrap below and anyone
   // reading c->mpi later use a private duplicate.
   MPI_CHECK(MPI_Comm_dup(mpi, &c->mpi));

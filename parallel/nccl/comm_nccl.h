@@ -37,6 +37,9 @@ void comm_nccl_set_stream(void *cuda_stream);
 void comm_nccl_set_max_ctas(int max_ctas);
 // The stream c enqueues on (NULL for a communicator that is not NCCL).
 void *comm_nccl_stream(const comm *c);
+// The stream of the last comm_nccl_set_stream (the staged MPI communicator uses it too);
+// aborts, naming who asked, when none was set.
+void *comm_nccl_stream_setting(const char *who);
 
 // Longest time any blocking wait (comm_nccl_wait, barrier, communicator set-up and tear-down)
 // may take before the job is aborted as hung. Default 600 s. The environment variable
