@@ -14,8 +14,10 @@
 #   scripts/validate_8gpu.sh [BIN_DIR (default build)] [STEPS (default 50)]
 # TRAINER_VALIDATE_CPU=1 runs the same layouts on 8 CPU ranks with a tiny model of the same
 # layout rules (6 steps by default): it checks this script and the layouts, not the figures
-# (tests/test_validate_8gpu.sh). TRAINER_VALIDATE_OUT moves the logs, TRAINER_VALIDATE_DATA
-# sets data.train for every run.
+# (tests/test_validate_8gpu.sh). TRAINER_VALIDATE_SHARED=1 runs that tiny model on the GPUs of
+# a host with fewer than 8, the 8 ranks sharing them over the staged MPI communicator
+# (parallel.gpu_comm=mpi): the CUDA backend under the 8-GPU layouts, again not the figures.
+# TRAINER_VALIDATE_OUT moves the logs, TRAINER_VALIDATE_DATA sets data.train for every run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build}
@@ -26,11 +28,14 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 small=()
 [ -n "${TRAINER_VALIDATE_DATA:-}" ] && small=("data.train=$TRAINER_VALIDATE_DATA")
-if [ "${TRAINER_VALIDATE_CPU:-0}" = 1 ]; then
+tiny=0
+[ "${TRAINER_VALIDATE_CPU:-0}" = 1 ] && tiny=1 && small+=(train.device=cpu)
+[ "${TRAINER_VALIDATE_SHARED:-0}" = 1 ] && tiny=1 && small+=(train.device=cuda parallel.gpu_comm=mpi)
+if [ "$tiny" = 1 ]; then
   steps=${2:-6}
   export OMP_NUM_THREADS=1
   mpi="$mpi --oversubscribe -x OMP_NUM_THREADS ${TRAINER_MPIRUN_ARGS:-}"
-  small+=(train.device=cpu train.warmup_steps=1 model.dim=64 model.n_layers=8 model.n_heads=4 model.n_kv_heads=4 model.ffn_dim=128
+  small+=(train.warmup_steps=1 model.dim=64 model.n_layers=8 model.n_heads=4 model.n_kv_heads=4 model.ffn_dim=128
          model.vocab_size=256 model.seq_len=32)
 else
   steps=${2:-50}
@@ -49,7 +54,7 @@ layouts="7b_tp2_dp4 7b_tp2_pp2_dp2 7b_tp4_dp2 7b_dp8_distopt 7b_pp4_vpp2"
 for l in $layouts; do run "$l" 8 "$l"; done
 if [ -x "$bin/commbench" ]; then
   echo "== commbench on 8 ranks"
-  if [ "${TRAINER_VALIDATE_CPU:-0}" = 1 ]; then cb=(--backend mpi --max-bytes 65536); else cb=(--max-bytes 1073741824); fi
+  if [ "$tiny" = 1 ]; then cb=(--backend mpi --max-bytes 65536); else cb=(--max-bytes 1073741824); fi
   $mpi -np 8 "$bin/commbench" "${cb[@]}" > "$out/commbench.txt" 2>&1 < /dev/null || { tail -5 "$out/commbench.txt"; failed=1; }
   grep -E "^(op|all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|all_to_all) " "$out/commbench.txt" | tail -12
 fi
