@@ -14,4 +14,16 @@ for l in 7b_tp2_dp4 7b_tp2_pp2_dp2 7b_tp4_dp2 7b_dp8_distopt 7b_pp4_vpp2; do
   grep -q "^$l  *[0-9]" "$WORK/out.txt" && pass "$l in the summary" || fail "$l missing from the summary"
 done
 grep -q "^ 8 GPU(s)  *[0-9]" "$WORK/out.txt" && pass "weak scaling to 8 ranks in the summary" || fail "no 8-rank weak-scaling row"
+# Split over calls: `summary` alone runs nothing and summarises the runs already there.
+v() { TRAINER_VALIDATE_CPU=1 TRAINER_VALIDATE_OUT="$WORK/validate8" bash "$SRC/scripts/validate_8gpu.sh" "$BUILD" 6 "$@"; }
+if v summary > "$WORK/summary.txt" 2>&1 && grep -q "^7b_pp4_vpp2  *[0-9]" "$WORK/summary.txt" &&
+   ! grep -q "^== " "$WORK/summary.txt"; then
+  pass "the summary part reads the earlier runs without running any"
+else
+  fail "summary part: $(tail -20 "$WORK/summary.txt")"
+fi
+rm "$WORK/validate8/7b_tp4_dp2.jsonl"
+v summary > "$WORK/summary.txt" 2>&1 && fail "summary passed with 7b_tp4_dp2's run missing" || pass "summary fails on a missing run"
+rc=0; v 7b_tp2_dp4x > /dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] && pass "an unknown part is refused" || fail "an unknown part was not refused with exit 2"
 summary
