@@ -94,42 +94,71 @@ __device__ int find_range(const dev_range *r, int n, int64_t j) {
 
 enum { OPT_THREADS = 256, OPT_PER_THREAD = 16, OPT_SLICE = OPT_THREADS * OPT_PER_THREAD };
 
+// AdamW on element i of the moments and gradient, ip of the weights.
+template <typename PC>
+__device__ __forceinline__ void adamw_elem(float *p, PC *pc, const float *g, float *m, float *v, int64_t i, int64_t ip,
+                                           float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2,
+                                           float g_scale) {
+  const float gi = g[i] * g_scale;
+  const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+  const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const float pi = p[ip] - lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p[ip]);
+  p[ip] = pi;
+  if (pc) pc[ip] = k_st<PC>(pi);
+}
+
 // Each block: virtual elements [blockIdx.x * OPT_SLICE, + OPT_SLICE), thread t takes every
-// OPT_THREADS-th, so consecutive threads touch consecutive addresses inside a range.
+// OPT_THREADS-th, so consecutive threads touch consecutive addresses inside a range. A slice
+// inside one range (nearly every one) takes a path with no range walk, whose unrolled
+// iterations keep several loads in flight; a slice across ranges walks them element by element.
 template <typename PC>
 __global__ void adamw_ranges_kernel(float *p, PC *pc, const float *g, float *m, float *v, const dev_range *r, int n,
                                     int64_t total, float lr, float beta1, float beta2, float eps, float weight_decay,
                                     float bc1, float bc2, float g_scale) {
   const int64_t j0 = (int64_t)blockIdx.x * OPT_SLICE;
   int k = find_range(r, n, j0 + threadIdx.x < total ? j0 + threadIdx.x : total - 1);
+  if (j0 + OPT_SLICE <= r[k].vstart + r[k].n_elem) {
+    const int64_t base = r[k].offset - r[k].vstart, pbase = r[k].p_offset - r[k].vstart;
+    const float wd = r[k].decay ? weight_decay : 0.0f;
+#pragma unroll 4
+    for (int it = 0; it < OPT_PER_THREAD; it++) {
+      const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+      adamw_elem(p, pc, g, m, v, base + j, pbase + j, lr, beta1, beta2, eps, wd, bc1, bc2, g_scale);
+    }
+    return;
+  }
   for (int it = 0; it < OPT_PER_THREAD; it++) {
     const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
     if (j >= total) break;
     while (j >= r[k].vstart + r[k].n_elem) k++;
-    const int64_t i = r[k].offset + (j - r[k].vstart), ip = r[k].p_offset + (j - r[k].vstart);
-    const float wd = r[k].decay ? weight_decay : 0.0f;
-    const float gi = g[i] * g_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float pi = p[ip] - lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p[ip]);
-    p[ip] = pi;
-    if (pc) pc[ip] = k_st<PC>(pi);
+    adamw_elem(p, pc, g, m, v, r[k].offset + (j - r[k].vstart), r[k].p_offset + (j - r[k].vstart), lr, beta1, beta2,
+               eps, r[k].decay ? weight_decay : 0.0f, bc1, bc2, g_scale);
   }
 }
 
+// The same slices; the sum runs in the same order on both paths.
 __global__ void sumsq_ranges_part(const float *x, const dev_range *r, int n, int64_t total, double *part) {
   __shared__ double sh[32];
   const int64_t j0 = (int64_t)blockIdx.x * OPT_SLICE;
   int k = find_range(r, n, j0 + threadIdx.x < total ? j0 + threadIdx.x : total - 1);
   double s = 0.0;
-  for (int it = 0; it < OPT_PER_THREAD; it++) {
-    const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
-    if (j >= total) break;
-    while (j >= r[k].vstart + r[k].n_elem) k++;
-    const float xi = x[r[k].offset + (j - r[k].vstart)];
-    s += (double)xi * xi;
+  if (j0 + OPT_SLICE <= r[k].vstart + r[k].n_elem) {
+    const float *xs = x + (r[k].offset - r[k].vstart) + j0 + threadIdx.x;
+    float xv[OPT_PER_THREAD];
+#pragma unroll
+    for (int it = 0; it < OPT_PER_THREAD; it++) xv[it] = xs[it * OPT_THREADS];
+#pragma unroll
+    for (int it = 0; it < OPT_PER_THREAD; it++) s += (double)xv[it] * xv[it];
+  } else {
+    for (int it = 0; it < OPT_PER_THREAD; it++) {
+      const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+      if (j >= total) break;
+      while (j >= r[k].vstart + r[k].n_elem) k++;
+      const float xi = x[r[k].offset + (j - r[k].vstart)];
+      s += (double)xi * xi;
+    }
   }
   s = k_block_sum(s, sh);
   if (threadIdx.x == 0) part[blockIdx.x] = s;
