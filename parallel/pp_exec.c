@@ -167,17 +167,27 @@ static uint16_t *staging(pp_exec *e, uint16_t **b) {
 
 // Overlap: posts a group's transfers on the xfer channels, in the listed order. Sends start
 // once the compute queued so far (which wrote them, and with comm_bf16 rounded them into the
-// set's out16) is done; a receive once its buffer's previous users are done with it.
+// set's out16) is done; a receive once its buffer's previous users are done with it, and, when
+// this group made its buffer (a new set or staging buffer, zero-filled on the compute stream),
+// once that fill is done: else the fill could land after the data.
 static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
   comm *pc = e->m->g->pp_c;
   int64_t n = e->m->dims.rows_s * e->m->dims.d;
   comm_dtype ct = e->comm_bf16 ? COMM_BF16 : COMM_F32;
+  int sets_before = e->n_created, fresh = 0;
   for (int k = i; k < j; k++) {
     pp_tickets *t = &e->slot_t[st[k].micro * e->m->vpp + st[k].chunk];
-    if (e->comm_bf16 && (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD))
-      e->m->be->cast(staging(e, &t->out16), K_BF16, comm_buf(e, &st[k]), K_F32, n);
+    float *buf = comm_buf(e, &st[k]);
+    if (!e->comm_bf16) continue;
+    if (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD) {
+      e->m->be->cast(staging(e, &t->out16), K_BF16, buf, K_F32, n);
+    } else {
+      fresh |= !t->in16;
+      staging(e, &t->in16);
+    }
   }
-  int written = pc->ops->xfer_mark(pc);
+  fresh |= e->n_created != sets_before;
+  int written = pc->ops->xfer_mark(pc), filled = fresh ? written : -1;
   for (int k = i; k < j; k++) {
     const pp_step *s = &st[k];
     float *buf = comm_buf(e, s);
@@ -188,8 +198,8 @@ static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
     } else {
       CHECK(t->recv < 0, "pipeline executor: second receive into (micro %d, chunk %d) before the first was read",
             s->micro, s->chunk);
-      int after[4] = {t->free, t->send_out, t->send_gin, t->widened};
-      t->recv = pc->ops->xfer_start(pc, e->comm_bf16 ? (void *)staging(e, &t->in16) : buf, n, ct, s->peer, 0, after, 4);
+      int after[5] = {t->free, t->send_out, t->send_gin, t->widened, filled};
+      t->recv = pc->ops->xfer_start(pc, e->comm_bf16 ? (void *)t->in16 : buf, n, ct, s->peer, 0, after, 5);
     }
   }
 }
@@ -210,8 +220,10 @@ static void wait_receive(pp_exec *e, pp_tickets *t, float *buf) {
   if (tm) tm->pp_comm += timing_now(e->m->be) - t0;
 }
 
-// Overlap, end of a step: every send has been waited for and the host waits for the GPU, so the
-// next step's transfers need no ticket of this one (whose numbers start again).
+// Overlap, end of a step (or of a forward pass, whose marks order nothing past the next step's
+// first sync): every send has been waited for, the links have drained (xfer_reset, bounded on
+// GPUs) and the host waits for the GPU, so the next step's transfers need no ticket of this one
+// (whose numbers start again).
 static void finish_transfers(pp_exec *e) {
   comm *pc = e->m->g->pp_c;
   for (int c = 0; c < e->m->vpp; c++)
@@ -220,8 +232,8 @@ static void finish_transfers(pp_exec *e) {
       wait_transfer(e, &e->pool_t[k].send_gin);
       clear_tickets(&e->pool_t[k]);
     }
-  e->m->be->sync(e->m->be);
   pc->ops->xfer_reset(pc);
+  e->m->be->sync(e->m->be);
 }
 
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
@@ -299,5 +311,6 @@ double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets
     }
     acts_put(e, 0, chunk);
   }
+  if (e->overlap) finish_transfers(e);
   return loss;
 }

@@ -32,6 +32,7 @@ typedef struct comm_nccl {
   // (marks) or on a link's stream after its transfer.
   comm *link[6];
   cudaEvent_t *tickets;
+  char *in_flight;          // (cap_tickets) a transfer's ticket not yet waited for (marks: 0)
   int n_tickets, cap_tickets;
 } comm_nccl;
 
@@ -540,11 +541,14 @@ static int comm_nccl_ticket(comm *c) {
   if (m->n_tickets == m->cap_tickets) {
     int cap = m->cap_tickets ? 2 * m->cap_tickets : 64;
     cudaEvent_t *t = realloc(m->tickets, (size_t)cap * sizeof *t);
-    CHECK(t, "comm %s: out of memory growing the transfer tickets to %d", c->name, cap);
+    char *f = realloc(m->in_flight, (size_t)cap);
+    CHECK(t && f, "comm %s: out of memory growing the transfer tickets to %d", c->name, cap);
     for (int i = m->cap_tickets; i < cap; i++) CUDA_CHECK(cudaEventCreateWithFlags(&t[i], cudaEventDisableTiming));
     m->tickets = t;
+    m->in_flight = f;
     m->cap_tickets = cap;
   }
+  m->in_flight[m->n_tickets] = 0;
   return m->n_tickets++;
 }
 
@@ -554,6 +558,8 @@ static int comm_nccl_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t
   CHECK(peer >= 0 && peer < c->size, "comm %s: transfer peer %d outside [0, %d)", c->name, peer, c->size);
   comm_nccl *m = comm_nccl_live_impl(c, "xfer_start");
   CHECK(m->link[0], "comm %s: xfer_start before xfer_open", c->name);
+  // In a group the transfer would only be recorded, and its ticket would complete before it ran.
+  CHECK(comm_nccl_group_depth == 0, "comm %s: xfer_start inside an open group", c->name);
   comm *l = m->link[is_send ? comm_nccl_link_class(c, c->rank, peer) : comm_nccl_link_class(c, peer, c->rank)];
   comm_nccl *lm = comm_nccl_live_impl(l, "xfer_start");
   for (int i = 0; i < n_after; i++) {
@@ -572,6 +578,7 @@ static int comm_nccl_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t
   snprintf(m->last_op, sizeof m->last_op, "%.72s (on %.15s)", lm->last_op, l->name);
   int k = comm_nccl_ticket(c);
   CUDA_CHECK(cudaEventRecord(m->tickets[k], lm->stream));
+  m->in_flight[k] = 1;
   return k;
 }
 
@@ -587,11 +594,22 @@ static void comm_nccl_xfer_wait(comm *c, int ticket) {
   if (ticket < 0) return;
   CHECK(ticket < m->n_tickets, "comm %s: wait for transfer ticket %d of %d", c->name, ticket, m->n_tickets);
   CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->tickets[ticket], 0));
+  m->in_flight[ticket] = 0;
 }
 
+// Every transfer must have been waited for (comm.h). The host then waits, bounded by the
+// timeout, for each link's stream: compute waits for links, so a dead or stuck peer would
+// otherwise leave the next host sync waiting forever instead of ending the job with a message.
 // Events may be recorded again once forgotten: a stream already told to wait for one waits for
 // the recording it saw.
-static void comm_nccl_xfer_reset(comm *c) { comm_nccl_live_impl(c, "xfer_reset")->n_tickets = 0; }
+static void comm_nccl_xfer_reset(comm *c) {
+  comm_nccl *m = comm_nccl_live_impl(c, "xfer_reset");
+  for (int i = 0; i < m->n_tickets; i++)
+    CHECK(!m->in_flight[i], "comm %s: xfer_reset with transfer ticket %d not waited for", c->name, i);
+  for (int k = 0; k < 6; k++)
+    if (m->link[k]) comm_nccl_drain(m->link[k], __func__, __FILE__, __LINE__);
+  m->n_tickets = 0;
+}
 
 // ---- life cycle -------------------------------------------------------------------------------
 
@@ -625,6 +643,7 @@ static void comm_nccl_free(comm *c) {
     }
     for (int i = 0; i < m->cap_tickets; i++) CUDA_CHECK(cudaEventDestroy(m->tickets[i]));
     free(m->tickets);
+    free(m->in_flight);
     if (m->scratch) CUDA_CHECK(cudaFree(m->scratch));
     if (m->side) {
       CUDA_CHECK(cudaStreamSynchronize(m->side));
