@@ -10,6 +10,11 @@
 // with SP splits by rows (model/block.c's gemm_gathered and proj_residual, so that the tp
 // collectives overlap them) with tp 2's shapes: whole, and as its two row halves back to back;
 // and the head's, which block.c keeps whole because of what this shows.
+// `build/bench_ceiling SHAPE algos` times each GEMM of a layer and of the head as the backend
+// runs it against every algorithm cuBLASLt's heuristic offers for the same problem (up to 16,
+// deterministic reduction schemes only, the backend's 32 MiB workspace): what choosing by
+// measurement instead of by heuristic would gain.
+#include <cublasLt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,13 +189,103 @@ static void tp2_split_bench(int R, int d, int qkvd, int qd, int F, int V, const 
          100.0 * (sum_split - sum_whole) / sum_whole, peak);
 }
 
+// Best ms over N_RUNS calls (after N_WARM) of one cuBLASLt algorithm on o's operands, or -1 if it
+// fails; D = C for beta 1, as the backend's in-place accumulation (linear_residual: D != C).
+static double lt_time(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                      cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo,
+                      const void *x, const void *y, const void *c, void *d, float beta, void *ws, size_t ws_bytes) {
+  cudaStream_t s = (cudaStream_t)k_cuda_stream();
+  const float one = 1.0f;
+  for (int i = 0; i < N_WARM; i++)
+    if (cublasLtMatmul(h, desc, &one, x, la, y, lb, &beta, c, lc, d, lc, algo, ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS)
+      return -1;
+  CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < N_RUNS; i++) {
+    cublasLtMatmul(h, desc, &one, x, la, y, lb, &beta, c, lc, d, lc, algo, ws, ws_bytes, s);
+    CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
+  }
+  CUDA_CHECK(cudaEventSynchronize(ev[N_RUNS]));
+  float best = 1e30f;
+  for (int i = 0; i < N_RUNS; i++) {
+    float ms;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+    if (ms < best) best = ms;
+  }
+  return best;
+}
+
+// For each GEMM of ops: the backend's time, the heuristic's first algorithm's and the fastest of
+// its first 16 (row-major C (M,N) = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as
+// k_cuda_gemm passes it to cublasGemmEx).
+static void algos_bench(const op *ops, int n, const attn_bufs *x, double *sum_backend, double *sum_first,
+                        double *sum_best) {
+  cublasLtHandle_t h;
+  CUBLAS_CHECK(cublasLtCreate(&h));
+  const size_t ws_bytes = (size_t)32 << 20;
+  void *ws = G->alloc(G, ws_bytes);
+  for (int i = 0; i < n; i++) {
+    const op *o = &ops[i];
+    if (o->kind != OP_GEMM && o->kind != OP_LINEAR_RESIDUAL) continue;
+    double backend, med;
+    op_time(o, x, &backend, &med);
+    // linear_residual is D (M,N) = A W^T + C: the GEMM ta = 0, tb = 1 with beta 1, D != C.
+    const int lr = o->kind == OP_LINEAR_RESIDUAL, ta = lr ? 0 : o->ta, tb = lr ? 1 : o->tb;
+    const k_dtype ct = lr ? K_F32 : o->c_type;
+    const cudaDataType ab = CUDA_R_16BF, cdt = ct == K_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof opy));
+    // X = B: (N,K) col-major when not transposed, else (K,N); Y = A: (K,M), else (M,K); C^T (N,M).
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, tb ? o->K : o->N, tb ? o->N : o->K, tb ? o->K : o->N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, ta ? o->M : o->K, ta ? o->K : o->M, ta ? o->M : o->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, cdt, o->N, o->M, o->N));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                      sizeof ws_bytes));
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int n_res = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 16, res, &n_res) != CUBLAS_STATUS_SUCCESS)
+      n_res = 0;
+    void *a = alloc_filled(G->act, (int64_t)o->M * o->K), *b = alloc_filled(G->act, (int64_t)o->K * o->N);
+    void *c = alloc_filled(ct, (int64_t)o->M * o->N), *d = lr ? alloc_filled(K_F32, (int64_t)o->M * o->N) : c;
+    double first = -1, best = -1;
+    int best_i = -1;
+    for (int k = 0; k < n_res; k++) {
+      double t = lt_time(h, desc, la, lb, lc, &res[k].algo, b, a, c, d, o->beta, ws, ws_bytes);
+      if (k == 0) first = t;
+      if (t > 0 && (best < 0 || t < best)) best = t, best_i = k;
+    }
+    printf("  %-14s M=%6d N=%6d K=%6d  backend %7.3f ms  heuristic's first %7.3f ms  best of %2d %7.3f ms (#%d)  "
+           "%+5.1f%% against the backend\n",
+           o->name, o->M, o->N, o->K, backend, first, n_res, best, best_i,
+           best > 0 ? 100.0 * (best - backend) / backend : 0.0);
+    *sum_backend += backend;
+    *sum_first += first > 0 ? first : backend;
+    *sum_best += best > 0 ? best : backend;
+    G->free(G, a), G->free(G, b), G->free(G, c);
+    if (lr) G->free(G, d);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  G->free(G, ws);
+  cublasLtDestroy(h);
+}
+
 int main(int argc, char **argv) {
   const shape *sh = NULL;
   for (size_t i = 0; (argc == 2 || argc == 3) && i < sizeof shapes / sizeof shapes[0]; i++)
     if (strcmp(argv[1], shapes[i].name) == 0) sh = &shapes[i];
-  const int tp2 = argc == 3 && strcmp(argv[2], "tp2") == 0;
-  if (!sh || (argc == 3 && !tp2)) {
-    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2]\n", argv[0]);
+  const int tp2 = argc == 3 && strcmp(argv[2], "tp2") == 0, algos = argc == 3 && strcmp(argv[2], "algos") == 0;
+  if (!sh || (argc == 3 && !tp2 && !algos)) {
+    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2|algos]\n", argv[0]);
     return 2;
   }
   if (k_cuda_device_count() == 0) {
@@ -262,6 +357,18 @@ int main(int argc, char **argv) {
       {"head dX", OP_GEMM, 0, 0, R, d, V, 0, K_F32},
       {"head dW", OP_GEMM, 1, 0, V, d, R, 1, K_F32},
   };
+  if (algos) {
+    double lb = 0, lf = 0, lbest = 0, hb = 0, hf = 0, hbest = 0;
+    printf("one layer's GEMMs (rows = B*T = %d): the backend's call against cuBLASLt's algorithms, best ms:\n", R);
+    algos_bench(layer, (int)(sizeof layer / sizeof layer[0]), &x, &lb, &lf, &lbest);
+    printf("head:\n");
+    algos_bench(head, (int)(sizeof head / sizeof head[0]), &x, &hb, &hf, &hbest);
+    const double sb = n_micro * (sh->n_layers * lb + hb), sf = n_micro * (sh->n_layers * lf + hf),
+                 sbest = n_micro * (sh->n_layers * lbest + hbest);
+    printf("per step: backend %.3f ms, heuristic's first %.3f ms (%+.1f%%), best of its list %.3f ms (%+.1f%%)\n", sb,
+           sf, 100.0 * (sf - sb) / sb, sbest, 100.0 * (sbest - sb) / sb);
+    return 0;
+  }
   double l_best, l_med, l_fl, h_best, h_med, h_fl;
   printf("one layer (rows = B*T = %d):\n", R);
   ops_bench(layer, (int)(sizeof layer / sizeof layer[0]), &x, peak, &l_best, &l_med, &l_fl);
