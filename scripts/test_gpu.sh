@@ -31,7 +31,13 @@ export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 
 while read -r name args; do
   step "parity $name on $on vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
 done < <(grep -v '^#' tests/parity_gpu.txt)
-step "bitwise resume of dp2 with the distributed optimizer on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_zero.sh > '$logs/resume_zero.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_zero.log'; exit \$r"
+while read -r name args; do
+  step "bitwise resume of $name on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh $name $args > '$logs/resume_$name.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_$name.log'; exit \$r"
+done <<'LAYOUTS'
+dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+tp2_sp parallel.tp=2 parallel.sequence_parallel=true
+pp2_vpp2_bf16_overlap parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true
+LAYOUTS
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"

@@ -1,10 +1,18 @@
-# End-to-end tests of the trainer binary: bitwise resume (one rank, and dp2 with the distributed
-# optimizer) and crash safety, bad input,
-# checkpoints moved between layouts, the dry-run plans, bitwise activation recomputation, and
-# the 8-GPU validation script on CPU ranks.
-foreach(t resume resume_zero bad_input layout_resume dry_run recompute validate_8gpu)
+# End-to-end tests of the trainer binary: bitwise resume (one rank, and three 2-rank layouts) and
+# crash safety, bad input, checkpoints moved between layouts, the dry-run plans, bitwise
+# activation recomputation, and the 8-GPU validation script on CPU ranks.
+foreach(t resume bad_input layout_resume dry_run recompute validate_8gpu)
   add_test(NAME e2e_${t} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_${t}.sh)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
+endforeach()
+set(RESUME_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
+set(RESUME_TP2_SP parallel.tp=2 parallel.sequence_parallel=true)
+set(RESUME_PP2_VPP2_OVERLAP parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true)
+foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP)
+  string(TOLOWER ${t} name)
+  add_test(NAME e2e_resume_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_layout.sh ${name} ${RESUME_${t}})
+  set_tests_properties(e2e_resume_${name} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endforeach()
 # Kill a rank of a 2-rank dp2 run: the job must end with a message (label e2e on CPU ranks;
@@ -16,7 +24,7 @@ if(TRAINER_HAVE_CUDA)
   add_test(NAME gpu_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_kill_rank.sh)
   set_tests_properties(gpu_kill_rank PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
-  add_test(NAME gpu_resume_zero COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_zero.sh)
+  add_test(NAME gpu_resume_zero COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_layout.sh zero ${RESUME_ZERO})
   set_tests_properties(gpu_resume_zero PROPERTIES LABELS gpu ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
 endif()
