@@ -93,10 +93,11 @@ int main(int argc, char **argv) {
   k_backend *be = NULL;
 #ifdef TRAINER_HAVE_CUDA
   if (use_cuda) {
-    // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes.
-    // NCCL needs one GPU per rank (its own check says so); the staged MPI communicator does not.
+    // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes
+    // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
+    // GPU; the staged MPI communicator lets them share it.
     int staged = strcmp(c.parallel.gpu_comm, "mpi") == 0;
-    be = k_backend_cuda_create(staged ? comm_nccl_local_rank() % n_gpus : comm_nccl_set_device());
+    be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
     comm_nccl_set_stream(k_cuda_stream());
     comm *(*create_comm)(MPI_Comm, const char *) = staged ? comm_staged_create : comm_nccl_create;
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, create_comm);
