@@ -27,6 +27,7 @@ typedef struct comm_mpi {
   comm_req_list group;    // requests posted in the open group
   struct comm_mpi_started *started;  // (n_started) collectives started since the last wait, in order
   int n_started, cap_started;
+  int xfer_opened;        // xfer_open was called
   comm_req_list xfer;     // requests of the transfers started since xfer_reset
   int *xfirst;            // (n_tickets + 1) ticket i owns xfer.r[xfirst[i], xfirst[i + 1])
   int n_tickets, cap_tickets;
@@ -256,17 +257,28 @@ static void comm_mpi_group_end(comm *c) {
 // ---- transfers overlapping compute -----------------------------------------------------------
 // Non-blocking sends and receives on their own tag; the host computes meanwhile and waits for a
 // ticket's requests in xfer_wait. Compute on CPU ranks is done when its call returns, so marks
-// and `after` tickets have nothing to order.
+// have nothing to order; nor do the pipeline's transfer tickets in `after`, since a buffer is
+// handed out again only once the sends reading it were waited for (pp_exec's acts_get), and a
+// host wait here could deadlock two ranks whose sends are both still unmatched. The checks are
+// the NCCL communicator's, so a layout that passes here does not fail there on them.
 
 enum { COMM_XFER_TAG = 1 };
 
-static void comm_mpi_xfer_open(comm *c) { (void)c; }
+static void comm_mpi_xfer_open(comm *c) {
+  comm_mpi *m = c->impl;
+  CHECK(!m->xfer_opened, "comm %s: xfer_open called twice", c->name);
+  m->xfer_opened = 1;
+}
 
 static int comm_mpi_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send,
                                const int *after, int n_after) {
-  (void)after;
-  (void)n_after;
   comm_mpi *m = c->impl;
+  CHECK(m->xfer_opened, "comm %s: xfer_start before xfer_open", c->name);
+  CHECK(peer == (c->rank + 1) % c->size || peer == (c->rank + c->size - 1) % c->size,
+        "comm %s: transfer between ranks %d and %d, which are not neighbours (rank +- 1 mod %d): only the "
+        "pipeline's neighbour transfers overlap compute", c->name, c->rank, peer, c->size);
+  for (int i = 0; i < n_after; i++)
+    CHECK(after[i] < m->n_tickets, "comm %s: transfer after ticket %d of %d", c->name, after[i], m->n_tickets);
   comm_grow(c, (void **)&m->xfirst, &m->cap_tickets, m->n_tickets + 2, sizeof *m->xfirst, "transfer tickets");
   m->xfirst[m->n_tickets] = m->xfer.n;
   comm_mpi_p2p(c, buf, n_elem, t, peer, is_send, COMM_XFER_TAG, &m->xfer, "transfer");
@@ -282,7 +294,7 @@ static int comm_mpi_xfer_mark(comm *c) {
 static void comm_mpi_xfer_wait(comm *c, int ticket) {
   comm_mpi *m = c->impl;
   if (ticket < 0) return;
-  CHECK(ticket < m->n_tickets, "comm %s: wait for transfer ticket %d of %d", c->name, ticket, m->n_tickets);
+  CHECK(ticket < m->n_tickets, "comm %s: transfer ticket %d of %d", c->name, ticket, m->n_tickets);
   int a = m->xfirst[ticket];
   MPI_CHECK(MPI_Waitall(m->xfirst[ticket + 1] - a, m->xfer.r + a, MPI_STATUSES_IGNORE));
 }

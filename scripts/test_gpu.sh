@@ -17,6 +17,8 @@ n_fail=0; n_pass=0
 step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
 nvidia-smi -L
 n_gpus=$(nvidia-smi -L | grep -c '^GPU')
+# nvidia-smi lists every GPU; the ranks see only CUDA_VISIBLE_DEVICES's
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && n_gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 if [ "$n_gpus" -ge 2 ]; then on="2 GPUs"; comm_arg=""; else on="1 GPU, staged MPI"; comm_arg="parallel.gpu_comm=mpi"; fi
 step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
 step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"

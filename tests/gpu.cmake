@@ -15,6 +15,7 @@ if(TRAINER_HAVE_CUDA)
   # The same layouts with both ranks on one GPU, over the staged MPI communicator
   # (parallel.gpu_comm=mpi): the model's GPU code under every layout where NCCL cannot run.
   set(PARITY_PREFIX gpu1_)
+  list(APPEND PARITY_ENV "CUDA_VISIBLE_DEVICES=0")  # one GPU even on a host with more
   foreach(line ${layouts})
     separate_arguments(args UNIX_COMMAND "${line}")
     list(POP_FRONT args name)

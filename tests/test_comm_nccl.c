@@ -451,6 +451,62 @@ static int run_timeout_check(void) {
   return 1;
 }
 
+// What the staged communicator promises beyond comm.h (comm_staged.h), which NCCL does not: a
+// started collective reads its operand at the start, its result appears at the wait and not
+// before, and a received transfer appears at its ticket's wait even once the peer's send is
+// done; zero-element starts and transfers are legal.
+static void test_staged_strict(comm *c) {
+  const int n = c->size, r = c->rank, mate = r ^ 1;
+  const int64_t N = 1000;
+  float h[2000], *da = dev_alloc(sizeof h), *dc = dev_alloc(sizeof h);
+  for (int64_t i = 0; i < N; i++) h[i] = (float)(r + 1);
+  up(da, h, (size_t)N * sizeof *h);
+  for (int64_t i = 0; i < 2 * N; i++) h[i] = -7.0f;
+  up(dc, h, 2 * (size_t)N * sizeof *h);
+  c->ops->all_reduce_start(c, da, N, COMM_F32, COMM_SUM);
+  c->ops->reduce_scatter_start(c, dc, dc + N, N / n, COMM_F32, COMM_SUM);
+  for (int64_t i = 0; i < N; i++) h[i] = 1000.0f;  // written after the start: must not be summed
+  up(da, h, (size_t)N * sizeof *h);
+  down(c, h, dc + N, (size_t)(N / n) * sizeof *h);
+  int early = 0;
+  for (int64_t i = 0; i < N / n; i++) early += h[i] != -7.0f;
+  EXPECT(early == 0, "staged: reduce_scatter_start's result appeared before its wait (%d elements)", early);
+  c->ops->all_reduce_start(c, da, 0, COMM_F32, COMM_SUM);  // empty starts are legal
+  c->ops->wait(c);
+  down(c, h, da, (size_t)N * sizeof *h);
+  int bad = 0;
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(n * (n + 1) / 2);
+  EXPECT(bad == 0, "staged: all_reduce_start summed data written after its start (%d elements)", bad);
+  // A transfer: the peer's send is done (its ticket waited, then a barrier), yet the receive
+  // shows nothing until its own ticket is waited for.
+  for (int64_t i = 0; i < N; i++) h[i] = (float)(10 * r + 1);
+  up(da, h, (size_t)N * sizeof *h);
+  for (int64_t i = 0; i < N; i++) h[i] = -1.0f;
+  up(dc, h, (size_t)N * sizeof *h);
+  c->ops->xfer_open(c);
+  int tr = c->ops->xfer_start(c, dc, N, COMM_F32, mate, 0, NULL, 0);
+  int te = c->ops->xfer_start(c, dc + N, 0, COMM_F32, mate, 0, NULL, 0);  // empty transfers are legal
+  int mark = c->ops->xfer_mark(c);
+  int ts = c->ops->xfer_start(c, da, N, COMM_F32, mate, 1, &mark, 1);
+  int tz = c->ops->xfer_start(c, da, 0, COMM_F32, mate, 1, NULL, 0);
+  c->ops->xfer_wait(c, ts);
+  c->ops->xfer_wait(c, tz);
+  c->ops->barrier(c);
+  down(c, h, dc, (size_t)N * sizeof *h);
+  early = 0;
+  for (int64_t i = 0; i < N; i++) early += h[i] != -1.0f;
+  EXPECT(early == 0, "staged: a received transfer appeared before its ticket's wait (%d elements)", early);
+  c->ops->xfer_wait(c, tr);
+  c->ops->xfer_wait(c, te);
+  down(c, h, dc, (size_t)N * sizeof *h);
+  bad = 0;
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(10 * mate + 1);
+  EXPECT(bad == 0, "staged: the received transfer is wrong after its wait (%d elements)", bad);
+  c->ops->xfer_reset(c);
+  CUDA_CHECK(cudaFree(da));
+  CUDA_CHECK(cudaFree(dc));
+}
+
 // --staged: the staged MPI communicator (comm_staged.h) instead of NCCL, on the same device
 // buffers; both ranks may share one GPU.
 static int run_staged(void) {
@@ -466,6 +522,9 @@ static int run_staged(void) {
   if (c->rank == 0) printf("test_comm_nccl --staged: device %d of %d\n", comm_nccl_local_rank() % comm_nccl_device_count(),
                            comm_nccl_device_count());
   test_comm_all(c);
+  comm_free(&c);
+  c = comm_staged_create(MPI_COMM_WORLD, "strict");
+  test_staged_strict(c);
   comm_free(&c);
   test_grid(comm_staged_create, comm_staged_is);
   CUDA_CHECK(cudaStreamDestroy(S));

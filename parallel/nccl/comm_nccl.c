@@ -711,7 +711,9 @@ comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
   cfg.blocking = 0;  // every call returns; hangs are caught by our polling with a deadline
   cfg.commName = c->name;
   if (comm_nccl_next_max_ctas > 0) cfg.maxCTAs = comm_nccl_next_max_ctas;
-  comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks)", c->size);
+  // The usual cause of a failed set-up on one host is two ranks on one GPU: say what to do.
+  comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks; one GPU each, else parallel.gpu_comm=mpi)",
+                 c->size);
   COMM_NCCL_CALL(c, ncclCommInitRankConfig(&m->nccl, c->size, id, c->rank, &cfg));
   CUDA_CHECK(cudaMalloc((void **)&m->scratch, sizeof *m->scratch));
   CUDA_CHECK(cudaMemsetAsync(m->scratch, 0, sizeof *m->scratch, m->stream));

@@ -79,6 +79,12 @@ static char *staged_copy_down(comm_staged *s, const void *dev, int64_t n_bytes) 
   return h;
 }
 
+// Bytes of n_elem elements of t; a negative count is named as such, not as a failed allocation.
+static int64_t staged_bytes(const comm *c, int64_t n_elem, comm_dtype t, const char *what) {
+  CHECK(n_elem >= 0, "comm %s: %s of %lld elements", c->name, what, (long long)n_elem);
+  return n_elem * comm_dtype_bytes(t);
+}
+
 // Scratch buffer i of at least n_bytes, for the blocking calls.
 static char *staged_scratch(comm_staged *s, int i, int64_t n_bytes) {
   if ((size_t)n_bytes > s->scratch_bytes[i]) {
@@ -126,7 +132,7 @@ static void staged_list_free(staged_list *l) {
 
 static void staged_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "all_reduce");
   char *h = staged_scratch(s, 0, nb);
   staged_down(s, h, buf, nb);
   s->mpi->ops->all_reduce(s->mpi, h, n_elem, t, op);
@@ -135,7 +141,7 @@ static void staged_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, 
 
 static void staged_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "all_gather");
   char *hs = staged_scratch(s, 0, nb), *hr = staged_scratch(s, 1, c->size * nb);
   staged_down(s, hs, send, nb);
   s->mpi->ops->all_gather(s->mpi, hs, hr, n_elem, t);
@@ -145,7 +151,7 @@ static void staged_all_gather(comm *c, const void *send, void *recv, int64_t n_e
 static void staged_reduce_scatter(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                   comm_redop op) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "reduce_scatter");
   char *hs = staged_scratch(s, 0, c->size * nb), *hr = staged_scratch(s, 1, nb);
   staged_down(s, hs, send, c->size * nb);
   s->mpi->ops->reduce_scatter(s->mpi, hs, hr, n_elem, t, op);
@@ -154,7 +160,7 @@ static void staged_reduce_scatter(comm *c, const void *send, void *recv, int64_t
 
 static void staged_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "broadcast");
   char *h = staged_scratch(s, 0, nb);
   staged_down(s, h, buf, nb);
   s->mpi->ops->broadcast(s->mpi, h, n_elem, t, root);
@@ -163,7 +169,7 @@ static void staged_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, i
 
 static void staged_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   comm_staged *s = staged(c);
-  const int64_t nb = c->size * n_elem * comm_dtype_bytes(t);
+  const int64_t nb = c->size * staged_bytes(c, n_elem, t, "all_to_all");
   char *hs = staged_scratch(s, 0, nb), *hr = staged_scratch(s, 1, nb);
   staged_down(s, hs, send, nb);
   s->mpi->ops->all_to_all(s->mpi, hs, hr, n_elem, t);
@@ -175,7 +181,7 @@ static void staged_all_to_all(comm *c, const void *send, void *recv, int64_t n_e
 
 static void staged_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
   comm_staged *s = staged(c);
-  char *h = staged_copy_down(s, buf, n_elem * comm_dtype_bytes(t));
+  char *h = staged_copy_down(s, buf, staged_bytes(c, n_elem, t, "send"));
   s->mpi->ops->send(s->mpi, h, n_elem, t, peer);
   staged_list_own(c, &s->group, h);  // a posted send reads it until group_end
   if (!s->in_group) staged_list_publish(s, &s->group);
@@ -183,7 +189,7 @@ static void staged_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, 
 
 static void staged_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "recv");
   char *h = XMALLOC((size_t)(nb > 0 ? nb : 1));
   s->mpi->ops->recv(s->mpi, h, n_elem, t, peer);
   staged_list_copy(c, &s->group, h, buf, nb);
@@ -214,7 +220,7 @@ static void staged_barrier(comm *c) {
 
 static void staged_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "all_reduce_start");
   char *h = staged_copy_down(s, buf, nb);
   s->mpi->ops->all_reduce_start(s->mpi, h, n_elem, t, op);
   staged_list_copy(c, &s->started, h, buf, nb);
@@ -224,7 +230,7 @@ static void staged_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dty
 static void staged_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                         comm_redop op) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "reduce_scatter_start");
   char *hs = staged_copy_down(s, send, c->size * nb), *hr = XMALLOC((size_t)(nb > 0 ? nb : 1));
   s->mpi->ops->reduce_scatter_start(s->mpi, hs, hr, n_elem, t, op);  // copies hs
   free(hs);
@@ -241,6 +247,7 @@ static void staged_all_gather_regions_start(comm *c, void *buf, const int64_t *a
   int64_t total = 0;
   int64_t *host_at = XMALLOC(sizeof *host_at * (size_t)(n_regions > 0 ? n_regions : 1));
   for (int i = 0; i < n_regions; i++) {
+    staged_bytes(c, n_elem[i], t, "all_gather_regions_start region");
     host_at[i] = total;
     total += c->size * n_elem[i];
   }
@@ -269,14 +276,20 @@ static void staged_wait(comm *c) {
 
 // ---- transfers: a send copies its buffer at the start, a receive lands at its ticket's wait ---
 // The device-to-host copy of a send waits for all the compute queued so far, which includes
-// the work behind its `after` tickets.
+// the work behind its `after` marks; a receive among its `after` tickets lands first (a send
+// among them needs nothing: its buffer was copied when it started).
 
 static void staged_xfer_open(comm *c) { staged(c)->mpi->ops->xfer_open(staged(c)->mpi); }
+
+static void staged_xfer_wait(comm *c, int ticket);
 
 static int staged_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer, int is_send,
                              const int *after, int n_after) {
   comm_staged *s = staged(c);
-  const int64_t nb = n_elem * comm_dtype_bytes(t);
+  const int64_t nb = staged_bytes(c, n_elem, t, "transfer");
+  for (int i = 0; i < n_after; i++)
+    if (after[i] >= 0 && after[i] < s->cap_xfer && s->xfer[after[i]].host && s->xfer[after[i]].dev)
+      staged_xfer_wait(c, after[i]);
   char *h = is_send ? staged_copy_down(s, buf, nb) : XMALLOC((size_t)(nb > 0 ? nb : 1));
   int ticket = s->mpi->ops->xfer_start(s->mpi, h, n_elem, t, peer, is_send, after, n_after);
   CHECK(ticket >= 0, "comm %s (staged): transfer ticket %d", c->name, ticket);
@@ -309,6 +322,11 @@ static void staged_xfer_reset(comm *c) {
 static void staged_free(comm *c) {
   if (!c) return;
   comm_staged *s = c->impl;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (s && !finalized)  // MPI may still be writing a buffer of a transfer not waited for
+    for (int i = 0; i < s->cap_xfer; i++)
+      CHECK(!s->xfer[i].host, "comm %s freed with transfer ticket %d not waited for", c->name, i);
   if (s) {
     comm_free(&s->mpi);  // checks for open groups and collectives not waited for
     staged_list_free(&s->group);
