@@ -1,8 +1,8 @@
 #!/bin/bash
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
-# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, bitwise ZeRO resume, killing a rank of a dp2 run, and the
-# default config on 1 GPU. On a host with one GPU, the 2-rank steps run with both ranks on it
+# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, bitwise resume under three 2-rank
+# layouts, killing a rank of a dp2 run, and the default config on 1 GPU. On a host with one GPU, the 2-rank steps run with both ranks on it
 # over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
