@@ -3,12 +3,13 @@
 training step's wall time goes on the GPU, as it ran.
 
 Steps are delimited by the end of a kernel that runs once per step (--marker, a substring of
-its name; the optimizer's by default). Per step: the GPU's busy time (the union of kernels,
+its name; by default the gradient norm's final sum, which runs once per step where AdamW runs
+once per piece of the distributed optimizer's update). Per step: the GPU's busy time (the union of kernels,
 copies and memsets over every stream), its idle time, and the idle gaps longer than --gap-us,
 each named by the work before and after it and by the host's CUDA calls running during it
 (a host-side wait, or a slow launch, shows there). Then the kernels' time per step as they ran,
 to set beside Nsight Compute's isolated replays (scripts/profile_kernels.sh).
-  summary.py TIMELINE.csv [--marker adamw] [--skip 1] [--gap-us 10] [--top 15]
+  summary.py TIMELINE.csv [--marker sumsq_ranges_total] [--skip 1] [--gap-us 10] [--top 15]
 """
 import argparse
 import collections
@@ -24,7 +25,7 @@ def short(name, n=60):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("timeline")
-    ap.add_argument("--marker", default="adamw", help="substring of a kernel name that runs once per step")
+    ap.add_argument("--marker", default="sumsq_ranges_total", help="substring of a kernel name that runs once per step")
     ap.add_argument("--skip", type=int, default=1, help="steps to leave out at the start (warm-up)")
     ap.add_argument("--gap-us", type=float, default=10.0, help="idle gaps shorter than this are not listed")
     ap.add_argument("--top", type=int, default=15)
