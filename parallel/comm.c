@@ -189,13 +189,14 @@ static void comm_mpi_all_to_all(comm *c, const void *send, void *recv, int64_t n
 
 // ---- point-to-point --------------------------------------------------------------------------
 
-// Makes room for need elements of elem bytes in *p (capacity *cap), doubling.
-static void comm_grow(const comm *c, void **p, int *cap, int need, size_t elem, const char *what) {
+// Shared by the communicator implementations (comm.h).
+void comm_grow(const comm *c, void **p, int *cap, int need, size_t elem, const char *what) {
   if (need <= *cap) return;
   int n = *cap ? *cap : 16;
   while (n < need) n *= 2;
   void *q = realloc(*p, (size_t)n * elem);
   CHECK(q, "comm %s: out of memory growing the %s to %d", c->name, what, n);
+  memset((char *)q + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);
   *p = q;
   *cap = n;
 }

@@ -85,5 +85,8 @@ comm *comm_mpi_create(MPI_Comm mpi, const char *name);
 // Safe with NULL and twice (sets *c to NULL).
 void comm_free(comm **c);
 int comm_dtype_bytes(comm_dtype t);
+// Makes room for need entries of elem bytes in the array *p of capacity *cap (doubling; new
+// entries zeroed), for the lists a communicator implementation keeps; what names it in errors.
+void comm_grow(const comm *c, void **p, int *cap, int need, size_t elem, const char *what);
 
 #endif

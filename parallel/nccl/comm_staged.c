@@ -54,18 +54,6 @@ int comm_staged_is(const comm *c) { return c && c->ops == &comm_staged_ops; }
 
 static comm_staged *staged(const comm *c) { return c->impl; }
 
-// Makes room for need entries of elem bytes in *p (capacity *cap), doubling; new entries are zero.
-static void staged_grow(const comm *c, void **p, int *cap, int need, size_t elem) {
-  if (need <= *cap) return;
-  int n = *cap ? *cap : 16;
-  while (n < need) n *= 2;
-  void *q = realloc(*p, (size_t)n * elem);
-  CHECK(q, "comm %s (staged): out of memory growing a list to %d entries", c->name, n);
-  memset((char *)q + (size_t)*cap * elem, 0, (size_t)(n - *cap) * elem);  // new entries hold nothing
-  *p = q;
-  *cap = n;
-}
-
 // Device to host, once the work queued on the compute stream is done.
 static void staged_down(comm_staged *s, void *host, const void *dev, int64_t n_bytes) {
   if (n_bytes > 0) CUDA_CHECK(cudaMemcpyAsync(host, dev, (size_t)n_bytes, cudaMemcpyDeviceToHost, s->stream));
@@ -102,12 +90,12 @@ static void staged_up(comm_staged *s, void *dev, const void *host, int64_t n_byt
 }
 
 static void staged_list_copy(const comm *c, staged_list *l, const char *host, void *dev, int64_t n_bytes) {
-  staged_grow(c, (void **)&l->copy, &l->cap_copy, l->n_copy + 1, sizeof *l->copy);
+  comm_grow(c, (void **)&l->copy, &l->cap_copy, l->n_copy + 1, sizeof *l->copy, "staged copies");
   l->copy[l->n_copy++] = (staged_copy){host, dev, n_bytes};
 }
 
 static void staged_list_own(const comm *c, staged_list *l, char *host) {
-  staged_grow(c, (void **)&l->owned, &l->cap_owned, l->n_owned + 1, sizeof *l->owned);
+  comm_grow(c, (void **)&l->owned, &l->cap_owned, l->n_owned + 1, sizeof *l->owned, "staged host buffers");
   l->owned[l->n_owned++] = host;
 }
 
@@ -293,7 +281,7 @@ static int staged_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, i
   char *h = is_send ? staged_copy_down(s, buf, nb) : XMALLOC((size_t)(nb > 0 ? nb : 1));
   int ticket = s->mpi->ops->xfer_start(s->mpi, h, n_elem, t, peer, is_send, after, n_after);
   CHECK(ticket >= 0, "comm %s (staged): transfer ticket %d", c->name, ticket);
-  staged_grow(c, (void **)&s->xfer, &s->cap_xfer, ticket + 1, sizeof *s->xfer);
+  comm_grow(c, (void **)&s->xfer, &s->cap_xfer, ticket + 1, sizeof *s->xfer, "staged transfers");  // zeroed: no host
   s->xfer[ticket] = (staged_xfer){h, is_send ? NULL : buf, nb};
   return ticket;
 }
