@@ -105,6 +105,13 @@ static int cmp_float(const void *p, const void *q) {
   return (a > b) - (a < b);
 }
 
+// The N_RUNS calls' ms, sorted, once the calls recorded between events ev[0..N_RUNS] are done.
+static void runs_ms(float ms[N_RUNS]) {
+  CUDA_CHECK(cudaEventSynchronize(ev[N_RUNS]));
+  for (int i = 0; i < N_RUNS; i++) CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+  qsort(ms, N_RUNS, sizeof ms[0], cmp_float);
+}
+
 // Times o: N_WARM calls (cuBLASLt and cuDNN plan on the first), then N_RUNS calls back to back
 // on the backend's stream, each between two events. Best and median in ms.
 static void op_time(const op *o, const attn_bufs *x, double *best, double *median) {
@@ -123,10 +130,8 @@ static void op_time(const op *o, const attn_bufs *x, double *best, double *media
     op_run(o, a, b, c, d, x);
     CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
   }
-  CUDA_CHECK(cudaEventSynchronize(ev[N_RUNS]));
   float ms[N_RUNS];
-  for (int i = 0; i < N_RUNS; i++) CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-  qsort(ms, N_RUNS, sizeof ms[0], cmp_float);
+  runs_ms(ms);
   *best = ms[0];
   *median = 0.5 * (ms[(N_RUNS - 1) / 2] + ms[N_RUNS / 2]);
   G->free(G, a), G->free(G, b), G->free(G, c), G->free(G, d);
@@ -204,14 +209,9 @@ static double lt_time(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMat
     cublasLtMatmul(h, desc, &one, x, la, y, lb, &beta, c, lc, d, lc, algo, ws, ws_bytes, s);
     CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
   }
-  CUDA_CHECK(cudaEventSynchronize(ev[N_RUNS]));
-  float best = 1e30f;
-  for (int i = 0; i < N_RUNS; i++) {
-    float ms;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-    if (ms < best) best = ms;
-  }
-  return best;
+  float ms[N_RUNS];
+  runs_ms(ms);
+  return ms[0];
 }
 
 // For each GEMM of ops: the backend's time, the heuristic's first algorithm's and the fastest of
