@@ -6,12 +6,12 @@
 #include "app/plan.h"
 #include "app/train.h"
 #include "kernels/backend.h"
-#include "parallel/grid.h"
-#include "parallel/pp_schedule.h"
+#include "parallel/comm/grid.h"
+#include "parallel/step/pp_schedule.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
-#include "parallel/nccl/comm_nccl.h"
-#include "parallel/nccl/comm_staged.h"
+#include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_staged.h"
 #endif
 #include <mpi.h>
 #include <stdio.h>

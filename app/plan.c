@@ -3,7 +3,7 @@
 #include "app/plan.h"
 #include "model/model.h"
 #include "model/model_internal.h"
-#include "parallel/pp_schedule.h"
+#include "parallel/step/pp_schedule.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -69,7 +69,7 @@ int run_plan(const cfg *c, int world_size) {
       double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
       double w = (gpu ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
-      // two per activation set in flight (parallel/pp_exec.c).
+      // two per activation set in flight (parallel/step/pp_exec.c).
       double n_stage = pc->pp_overlap ? 2.0 * max_in_flight : (double)max_group;
       double stage = pc->pp_comm_bf16 && pp > 1 ? n_stage * dm.rows_s * dm.d * 2.0 : 0.0;
       double acts = (double)act * max_in_flight + stage;

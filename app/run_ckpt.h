@@ -5,7 +5,7 @@
 #define TRAINER_RUN_CKPT_H
 
 #include "app/config.h"
-#include "parallel/optim.h"
+#include "parallel/step/optim.h"
 
 // Collective. Returns 0, or -1 with a message.
 int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, char *err, size_t n_err);

@@ -6,8 +6,8 @@
 #include "data/data.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
-#include "parallel/optim.h"
-#include "parallel/pp_exec.h"
+#include "parallel/step/optim.h"
+#include "parallel/step/pp_exec.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -312,7 +312,7 @@ int run_train(const cfg *c, grid *g, k_backend *be) {
                                     be->device_name);
     printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n", mem_peak / 1073741824.0,
            last_loss, last_val);
-    // The step split (what each figure is: parallel/timing.h; dp comm is the exposed part only).
+    // The step split (what each figure is: parallel/comm/timing.h; dp comm is the exposed part only).
     double k = n_timed > 0 ? 1e3 / n_timed : 0;
     double comm = tm_total.tp_comm + tm_total.pp_comm + tm_total.dp_comm;
     double all = pipe + tm_total.dp_comm + tm_total.optimizer + tm_total.data;

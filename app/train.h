@@ -5,7 +5,7 @@
 
 #include "app/config.h"
 #include "kernels/backend.h"
-#include "parallel/grid.h"
+#include "parallel/comm/grid.h"
 
 // Collective. Returns the process exit code: 0, or 1 after printing the error on rank 0.
 int run_train(const cfg *c, grid *g, k_backend *be);

@@ -1,5 +1,6 @@
 // Failure path of the check macros: one message naming the rank and the place, then MPI_Abort.
 #include "kernels/check.h"
+#include <mpi.h>
 #include <string.h>
 
 void check_fail(const char *file, int line, const char *func, const char *what, const char *msg) {

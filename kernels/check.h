@@ -1,12 +1,13 @@
 // Check macros shared by every module: on failure they print rank, function, file:line, the
 // failed call and the library's own message, then end the whole job (MPI_Abort) cleanly.
+// The library-specific ones build on check_fail where their library is: MPI_CHECK in
+// parallel/comm/mpi_check.h, H5_CHECK in model/ckpt_internal.h, CUDA's in kernels/cuda/cuda_check.h.
 // Asserts are always compiled in; there is no NDEBUG path.
 #ifndef TRAINER_CHECK_H
 #define TRAINER_CHECK_H
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <mpi.h>
 
 void check_fail(const char *file, int line, const char *func, const char *what, const char *msg);
 
@@ -18,22 +19,6 @@ void check_fail(const char *file, int line, const char *func, const char *what, 
       snprintf(check_msg_, sizeof check_msg_, __VA_ARGS__);                           \
       check_fail(__FILE__, __LINE__, __func__, #cond, check_msg_);                    \
     }                                                                                 \
-  } while (0)
-
-#define MPI_CHECK(call)                                                               \
-  do {                                                                                \
-    int mpi_rc_ = (call);                                                             \
-    if (mpi_rc_ != MPI_SUCCESS) {                                                     \
-      char mpi_msg_[MPI_MAX_ERROR_STRING]; int mpi_len_ = 0;                          \
-      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                 \
-      check_fail(__FILE__, __LINE__, __func__, #call, mpi_msg_);                      \
-    }                                                                                 \
-  } while (0)
-
-// HDF5 calls return a negative value on failure; HDF5 prints its own error stack first.
-#define H5_CHECK(call)                                                                \
-  do {                                                                                \
-    if ((long long)(call) < 0) check_fail(__FILE__, __LINE__, __func__, #call, "HDF5 error (stack above)"); \
   } while (0)
 
 void *check_malloc(size_t n_bytes, const char *file, int line);

@@ -11,7 +11,7 @@
 #include "kernels/check.h"
 #include "model/model.h"
 #include "model/model_internal.h"
-#include "parallel/tp.h"
+#include "parallel/comm/tp.h"
 #include <math.h>
 #include <string.h>
 

@@ -5,6 +5,7 @@
 #include "model/ckpt.h"
 #include "model/ckpt_internal.h"
 #include "kernels/check.h"
+#include "parallel/comm/mpi_check.h"
 
 #include <errno.h>
 #include <hdf5.h>
@@ -17,6 +18,12 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "trainer-checkpoint"  // value of the root attribute "format"
+
+// HDF5 calls return a negative value on failure; HDF5 prints its own error stack first.
+#define H5_CHECK(call)                                                                \
+  do {                                                                                \
+    if ((long long)(call) < 0) check_fail(__FILE__, __LINE__, __func__, #call, "HDF5 error (stack above)"); \
+  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers

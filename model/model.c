@@ -165,7 +165,7 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
     off += m->tensors[i].n_elem;
   }
   // Padded to a multiple of dp * 128, so that the distributed optimizer's buckets split into dp
-  // parts of whole 128-element blocks (parallel/optim_layout.c) and every part starts aligned.
+  // parts of whole 128-element blocks (parallel/step/optim_layout.c) and every part starts aligned.
   int64_t unit = (int64_t)g->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;

@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include "app/config.h"
 #include "kernels/backend.h"
-#include "parallel/grid.h"
-#include "parallel/timing.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/timing.h"
 
 typedef enum model_kind {
   MODEL_EMBED,        // (V, d), vocab split over tp

@@ -4,7 +4,7 @@
 Runs every rank's exact step list (build/pp_schedule_dump) on model clocks: forwards and
 backwards take the given times, and transfers take XFER milliseconds once both sides have posted
 them. Three ways to run the transfers (--semantics):
-  groups  a rank blocks on each group until all its transfers are done (parallel/pp_exec.c
+  groups  a rank blocks on each group until all its transfers are done (parallel/step/pp_exec.c
           without parallel.pp_overlap);
   side    the same groups on one side stream, compute waiting only for its own receives;
   links   one stream per directed link, each transfer starting once its sender has computed it

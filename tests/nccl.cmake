@@ -14,6 +14,6 @@ if(TRAINER_HAVE_CUDA)
   add_test(NAME test_comm_staged COMMAND ${TRAINER_MPIRUN} -np 2 $<TARGET_FILE:test_comm_nccl> --staged)
   set_tests_properties(test_comm_staged PROPERTIES LABELS gpu TIMEOUT 300)
 
-  add_executable(commbench parallel/nccl/commbench.c)
-  target_link_libraries(commbench PRIVATE trainer_core)
+  add_executable(commbench parallel/comm/nccl/commbench.c)
+  target_link_libraries(commbench PRIVATE trainer_comm_nccl)
 endif()

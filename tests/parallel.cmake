@@ -4,7 +4,7 @@ trainer_add_test(test_comm tests/test_comm.c NP 4)
 trainer_add_test(test_pp_schedule tests/test_pp_schedule.c)
 # A tool: every rank's schedule as text, for scripts/pp_bubble_model.py.
 add_executable(pp_schedule_dump tests/pp_schedule_dump.c)
-target_link_libraries(pp_schedule_dump PRIVATE trainer_core)
+target_link_libraries(pp_schedule_dump PRIVATE trainer_step)
 # The schedules on model clocks (equal stages, free transfers): every rank idle exactly the
 # theoretical (p-1)/(v*m+p-1), for 1F1B and interleaved shapes up to pp 8.
 add_test(NAME pp_bubble_theory COMMAND python3 ${CMAKE_SOURCE_DIR}/scripts/pp_bubble_model.py --bin ${CMAKE_BINARY_DIR}

@@ -1,6 +1,6 @@
 # Layout parity on CPU ranks: each layout against the single-rank run (tests/test_parity.sh).
 add_executable(ckpt_compare tests/ckpt_compare.c)
-target_link_libraries(ckpt_compare PRIVATE trainer_core)
+target_link_libraries(ckpt_compare PRIVATE trainer_app)
 set(PARITY_PREFIX "")
 set(PARITY_LABEL parity)
 set(PARITY_ENV "")

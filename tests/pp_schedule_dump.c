@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "parallel/pp_schedule.h"
+#include "parallel/step/pp_schedule.h"
 
 int main(int argc, char **argv) {
   if (argc != 4) {

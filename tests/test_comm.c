@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/comm.h"
-#include "parallel/comm_payload.h"
-#include "parallel/grid.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/comm_payload.h"
+#include "parallel/comm/grid.h"
 #include "tests/test_util.h"
 
 // Values are small integers (|x| <= 256) plus, for 64-bit types, a 2^40 offset that a 32-bit

@@ -10,12 +10,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include "parallel/comm.h"
-#include "parallel/comm_payload.h"
-#include "parallel/grid.h"
-#include "parallel/nccl/comm_nccl.h"
-#include "parallel/nccl/comm_staged.h"
-#include "parallel/nccl/nccl_check.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/comm_payload.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_staged.h"
+#include "parallel/comm/nccl/nccl_check.h"
 #include "tests/test_util.h"
 
 // The test's own stream, as the trainer would pass k_cuda_stream(): non-blocking, so nothing

@@ -6,7 +6,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "model/model.h"
-#include "parallel/grid.h"
+#include "parallel/comm/grid.h"
 #include "tests/test_util.h"
 #include <math.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/pp_schedule.h"
+#include "parallel/step/pp_schedule.h"
 #include "tests/test_util.h"
 
 static const char *op_name(pp_op op) {

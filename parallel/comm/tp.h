@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 #include "kernels/backend.h"
-#include "parallel/comm.h"
-#include "parallel/timing.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/timing.h"
 
 typedef struct tp_region {
   comm *c;         // the tp group

@@ -1,5 +1,5 @@
 // Tensor/sequence-parallel collectives in two halves (see tp.h).
-#include "parallel/tp.h"
+#include "parallel/comm/tp.h"
 
 // Timed from the compute queued before the finish being done (a sync) to the collective's end,
 // so the figure is its exposed part; tp 1 adds no syncs.

@@ -4,7 +4,7 @@
 // Counts are int64 but MPI 3 counts are int, so every call is cut into chunks of at most
 // chunk_elems elements (INT_MAX by default; TRAINER_COMM_CHUNK_ELEMS lowers it so tests can
 // exercise the chunked paths with small buffers).
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -13,6 +13,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/check.h"
+#include "parallel/comm/mpi_check.h"
 
 typedef struct comm_req_list {
   MPI_Request *r;

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include "app/config.h"
 #include "model/model.h"
-#include "parallel/timing.h"
+#include "parallel/comm/timing.h"
 
 // A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi); cut into parts of len
 // elements (one per dp rank with ZeRO), this rank's part at shard_off in its shard.

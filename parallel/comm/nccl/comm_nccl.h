@@ -1,11 +1,11 @@
-// NCCL implementation of the communicator table (parallel/comm.h) over device buffers, plus
+// NCCL implementation of the communicator table (parallel/comm/comm.h) over device buffers, plus
 // the device-selection, stream and timeout settings it needs. Every operation is enqueued on
 // one CUDA stream (the compute stream, so collectives are ordered with the kernels without
 // extra synchronisation) and returns without waiting for the GPU; comm_nccl_wait is the one
 // blocking wait, bounded by a timeout so a dead or hung peer ends the job with a message
 // instead of a silent hang.
 //
-// What "completes" means here: parallel/comm.h says p2p calls outside a group, and the calls
+// What "completes" means here: parallel/comm/comm.h says p2p calls outside a group, and the calls
 // of a group at group_end, complete before returning. For NCCL that is "enqueued in stream
 // order": every later kernel, copy or collective on the same stream sees the data, and the
 // send buffer may be overwritten by later work on that stream; the host sees the result only
@@ -16,7 +16,7 @@
 
 #include <mpi.h>
 
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 
 // Node-local rank (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) over MPI_COMM_WORLD), so the same
 // command picks distinct GPUs on every node. Collective over MPI_COMM_WORLD the first time;

@@ -1,8 +1,8 @@
 // Pipeline executor (see pp_exec.h). Consecutive send/recv steps of a schedule are posted as
 // one group and completed together, which is the contract pp_schedule_build is built for.
-#include "parallel/pp_exec.h"
+#include "parallel/step/pp_exec.h"
 #include "kernels/check.h"
-#include "parallel/trace.h"
+#include "kernels/trace.h"
 #include <string.h>
 
 // What an activation set carries with parallel.pp_overlap: transfer tickets (comm xfer_*, -1 =

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "kernels/bf16.h"
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 
 static inline void comm_payload_set(void *buf, int64_t i, comm_dtype t, double v) {
   switch (t) {

@@ -1,10 +1,11 @@
 // Process grid: splits MPI_COMM_WORLD into the tensor-, data- and pipeline-parallel groups of
 // this rank (tp fastest, then dp, then pp) and wraps each in a communicator of the backend.
-#include "parallel/grid.h"
+#include "parallel/comm/grid.h"
 
 #include <string.h>
 
 #include "kernels/check.h"
+#include "parallel/comm/mpi_check.h"
 
 // Splits world by color and wraps the piece; key orders ranks inside a group so that the
 // group rank is the coordinate along that axis (MPI_Comm_split sorts by key).

@@ -3,7 +3,7 @@
 // NCCL call can block the host forever) bootstrapped over a duplicate of its MPI group, and
 // enqueues every operation on one CUDA stream. Errors and hangs end the job with a message
 // that names the group and the operation; see comm_nccl.h for what "complete" means here.
-#include "parallel/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_nccl.h"
 
 #include <sched.h>
 #include <stdarg.h>
@@ -16,7 +16,8 @@
 #include <nccl.h>
 
 #include "kernels/check.h"
-#include "parallel/nccl/nccl_check.h"
+#include "parallel/comm/mpi_check.h"
+#include "parallel/comm/nccl/nccl_check.h"
 
 typedef struct comm_nccl {
   ncclComm_t nccl;          // NULL once destroyed or aborted

@@ -3,7 +3,7 @@
 // MPI communicator on the host copies, and copies the results back on the compute stream.
 // Copies the caller must not see early (results of started collectives, received transfers)
 // are kept as pending host-to-device copies until the wait that publishes them.
-#include "parallel/nccl/comm_staged.h"
+#include "parallel/comm/nccl/comm_staged.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_check.h"
-#include "parallel/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_nccl.h"
 
 // A result waiting on the host: n_bytes from host to dev when published.
 typedef struct staged_copy {

@@ -1,6 +1,6 @@
 // The MPI communicator over device buffers, staged through host memory: what GPU ranks use with
 // parallel.gpu_comm=mpi. Every call waits for the work queued on the compute stream, copies
-// what it reads to the host, runs the MPI communicator (parallel/comm.c) there and copies the
+// what it reads to the host, runs the MPI communicator (parallel/comm/comm.c) there and copies the
 // results back, so it is slow; but it needs no NCCL and lets several ranks share one GPU, which
 // NCCL refuses: the layouts of the parallel layer can then be tested against one GPU on a
 // machine with one GPU (scripts/test_gpu.sh does when it sees one).
@@ -12,7 +12,7 @@
 
 #include <mpi.h>
 
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 
 // Over the ranks of mpi (duplicated), on the stream set by comm_nccl_set_stream (which must
 // have been called). Returns a communicator to comm_free.

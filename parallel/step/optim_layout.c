@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "kernels/check.h"
-#include "parallel/optim.h"
+#include "parallel/step/optim.h"
 
 // Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
 // fills it from the end), each with the tensors it overlaps. Each bucket is cut into `parts`

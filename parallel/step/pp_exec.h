@@ -6,7 +6,7 @@
 #define TRAINER_PP_EXEC_H
 
 #include "model/model.h"
-#include "parallel/pp_schedule.h"
+#include "parallel/step/pp_schedule.h"
 
 typedef struct pp_exec {
   model *m;

@@ -19,10 +19,11 @@
 #include <mpi.h>
 
 #include "kernels/check.h"
-#include "parallel/comm.h"
-#include "parallel/comm_payload.h"
-#include "parallel/nccl/comm_nccl.h"
-#include "parallel/nccl/nccl_check.h"
+#include "parallel/comm/mpi_check.h"
+#include "parallel/comm/comm.h"
+#include "parallel/comm/comm_payload.h"
+#include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/nccl_check.h"
 
 typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_SENDRECV, OP_ALL_TO_ALL, N_OPS } bench_op;
 static const char *op_names[N_OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all"};

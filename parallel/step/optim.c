@@ -1,7 +1,7 @@
 // Gradient synchronisation and AdamW (see optim.h).
-#include "parallel/optim.h"
+#include "parallel/step/optim.h"
 #include "kernels/check.h"
-#include "parallel/trace.h"
+#include "kernels/trace.h"
 #include <math.h>
 #include <string.h>
 

@@ -4,7 +4,7 @@
 #ifndef TRAINER_GRID_H
 #define TRAINER_GRID_H
 
-#include "parallel/comm.h"
+#include "parallel/comm/comm.h"
 
 typedef struct grid {
   int world_rank, world_size;

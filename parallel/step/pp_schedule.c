@@ -3,7 +3,7 @@
 // so that the executor can run every run of consecutive send/recv steps as one group without
 // deadlock (see pp_schedule_build). tests/test_pp_schedule.c simulates every rank under those
 // group semantics for all small shapes and checks that nothing deadlocks.
-#include "parallel/pp_schedule.h"
+#include "parallel/step/pp_schedule.h"
 
 #include <limits.h>
 #include <stdio.h>
