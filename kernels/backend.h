@@ -45,56 +45,56 @@ typedef struct k_backend {
   int64_t (*mem_used)(struct k_backend *b);
   // Ops.
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
-  void (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
+  void (*gemm)(struct k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                int ldb, float beta, void *C, int ldc, k_dtype c_type);
   // A linear layer adding into the residual stream: D (M,N) = A (M,K) W (N,K)^T + C (M,N); A, W
   // in act dtype, C and D fp32 (D == C allowed).
-  void (*linear_residual)(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
+  void (*linear_residual)(struct k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D);
   // dst[i] = src[i] converted (a copy when the dtypes agree).
-  void (*cast)(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
-  void (*rmsnorm_bwd)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+  void (*cast)(struct k_backend *b, void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
+  void (*rmsnorm_bwd)(struct k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                       int64_t rows, int d);
   // y (rows, d) = x / rms(x) * w in act dtype (the norm and the cast for a GEMM in one pass);
   // rstd (rows) = 1 / rms(x), kept for the backward.
-  void (*rmsnorm_fwd_act)(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
+  void (*rmsnorm_fwd_act)(struct k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
   // rmsnorm_bwd that also writes the updated dx (rows, d) in act dtype to dx_act (NULL: not).
-  void (*rmsnorm_bwd_act)(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+  void (*rmsnorm_bwd_act)(struct k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                           void *dx_act, int64_t rows, int d);
   // Sequence-major (row (t, b) = t*B + b); rows of q/k/v and their gradients at stride ld, so
   // they can be column blocks of one fused QKV projection (see k_cpu_attn_fwd).
-  void (*rope)(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
-  void (*attn_fwd)(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T, int nh,
+  void (*rope)(struct k_backend *b, void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
+  void (*attn_fwd)(struct k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T, int nh,
                    int nkv, int hd);
-  void (*attn_bwd)(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+  void (*attn_bwd)(struct k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                    const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
   // gu (rows, 2n): gate columns then up columns (one fused projection); out (rows, n).
-  void (*swiglu_fwd)(const void *gu, void *out, int64_t rows, int n);
-  void (*swiglu_bwd)(const void *dout, const void *gu, void *dgu, int64_t rows, int n);
+  void (*swiglu_fwd)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n);
+  void (*swiglu_bwd)(struct k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n);
   // table in the act dtype (the compute copy): out is the same on every rank that holds it,
   // whoever updated the fp32 master.
-  void (*embed_fwd)(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
+  void (*embed_fwd)(struct k_backend *b, const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                     int n_vocab_local);
-  void (*embed_bwd)(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
+  void (*embed_bwd)(struct k_backend *b, const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                     int n_vocab_local);
-  void (*ce_local_stats)(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+  void (*ce_local_stats)(struct k_backend *b, const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                          float *row_max, float *row_sumexp, float *target_logit);
-  void (*ce_bwd)(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+  void (*ce_bwd)(struct k_backend *b, void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
                  float scale);
   // Combining the stats of ce_local_stats on the device (no host round trip): ce_rescale moves
   // each rank's sum of exponentials to the global max; ce_loss writes lse = gmax + log(sumexp)
   // and *loss (one double in backend memory) = sum over rows of lse - target_logit.
-  void (*ce_rescale)(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
-  void (*ce_loss)(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+  void (*ce_rescale)(struct k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
+  void (*ce_loss)(struct k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                   double *loss);
-  void (*add)(float *y, const float *x, int64_t n);
+  void (*add)(struct k_backend *b, float *y, const float *x, int64_t n);
   // Multi-tensor optimizer ops: one pass over a list of ranges, with no host round trip per
   // range (kernels/cpu/optim_cpu.c is the reference). Sum of squares of x over the ranges: each
   // range as k_cpu_sumsq sums it, the range sums added in list order in fp64; one read by the host.
-  double (*sumsq_ranges)(const float *x, const k_range *r, int n_ranges);
+  double (*sumsq_ranges)(struct k_backend *b, const float *x, const k_range *r, int n_ranges);
   // AdamW as k_cpu_adamw does it, over the ranges, on g * g_scale (clipping folded in), weight_decay
   // where the range's decay is set; offset indexes g, m and v, p_offset p and pc. pc (NULL: none)
   // gets the updated p rounded to pc_type, the compute copy of the weights.
-  void (*adamw_ranges)(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
+  void (*adamw_ranges)(struct k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
                        int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
                        float bc2, float g_scale);
 } k_backend;

@@ -35,16 +35,16 @@ void k_backend_set_peak(k_backend *b) {
 
 // The CPU backend computes in fp32 only (act = K_F32): the act-typed pointers of the table are
 // float arrays, and these wrappers only change the pointer types.
-static void cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
-                     float beta, void *C, int ldc, k_dtype c_type) {
+static void cpu_gemm(k_backend *b, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
+                     float beta, void *C, int ldc, k_dtype c_type) { (void)b;
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
   k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-static void cpu_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
+static void cpu_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D) { (void)b;
   k_cpu_linear_residual(M, N, K, A, W, C, D);
 }
 // Activations are fp32 on the CPU; bf16 appears only as the DP gradient reduction's wire type.
-static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
+static void cpu_cast(k_backend *b, void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) { (void)b;
   if (dst_type == K_BF16 && src_type == K_F32) {
     for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = k_f32_to_bf16(((const float *)src)[i]);
   } else if (dst_type == K_F32 && src_type == K_BF16) {
@@ -54,36 +54,75 @@ static void cpu_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_t
     if (n && dst != src) memmove(dst, src, (size_t)n * k_dtype_bytes(dst_type));
   }
 }
-static void cpu_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+static void cpu_rope(k_backend *b, void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) { (void)b;
   k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);
 }
-static void cpu_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps) {
+static void cpu_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps) { (void)b;
   k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
 }
-static void cpu_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
-                                void *dx_act, int64_t rows, int d) {
+static void cpu_rmsnorm_bwd_act(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+                                void *dx_act, int64_t rows, int d) { (void)b;
   k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
   if (dx_act && dx_act != (void *)dx) memcpy(dx_act, dx, sizeof(float) * (size_t)(rows * d));
 }
-static void cpu_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
-                         int nh, int nkv, int hd) {
+static void cpu_attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+                         int nh, int nkv, int hd) { (void)b;
   k_cpu_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
 }
-static void cpu_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
-                         const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
+static void cpu_attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+                         const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) { (void)b;
   k_cpu_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
-static void cpu_swiglu_fwd(const void *gu, void *out, int64_t rows, int n) { k_cpu_swiglu_fwd(gu, out, rows, n); }
-static void cpu_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+static void cpu_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n) { (void)b; k_cpu_swiglu_fwd(gu, out, rows, n); }
+static void cpu_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n) { (void)b;
   k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
 }
-static void cpu_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
-                               float *row_max, float *row_sumexp, float *target_logit) {
+static void cpu_ce_local_stats(k_backend *b, const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+                               float *row_max, float *row_sumexp, float *target_logit) { (void)b;
   k_cpu_ce_local_stats(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit);
 }
-static void cpu_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
-                       float scale) {
+static void cpu_ce_bwd(k_backend *b, void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+                       float scale) { (void)b;
   k_cpu_ce_bwd(logits, targets, lse, rows, n_vocab_local, v0, scale);
+}
+
+static void cpu_rmsnorm_bwd(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd,
+                            float *dx, float *dw, int64_t rows, int d) {
+  (void)b;
+  k_cpu_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
+}
+static void cpu_embed_fwd(k_backend *b, const int32_t *tokens, const void *table, float *out, int64_t n, int d,
+                          int v0, int n_vocab_local) {
+  (void)b;
+  k_cpu_embed_fwd(tokens, table, out, n, d, v0, n_vocab_local);
+}
+static void cpu_embed_bwd(k_backend *b, const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d,
+                          int v0, int n_vocab_local) {
+  (void)b;
+  k_cpu_embed_bwd(tokens, dout, dtable, n, d, v0, n_vocab_local);
+}
+static void cpu_ce_rescale(k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
+  (void)b;
+  k_cpu_ce_rescale(row_sumexp, row_max, gmax, rows);
+}
+static void cpu_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse,
+                        int64_t rows, double *loss) {
+  (void)b;
+  k_cpu_ce_loss(gmax, sumexp, target_logit, lse, rows, loss);
+}
+static void cpu_add(k_backend *b, float *y, const float *x, int64_t n) {
+  (void)b;
+  k_cpu_add(y, x, n);
+}
+static double cpu_sumsq_ranges(k_backend *b, const float *x, const k_range *r, int n_ranges) {
+  (void)b;
+  return k_cpu_sumsq_ranges(x, r, n_ranges);
+}
+static void cpu_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
+                             const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, float bc1, float bc2, float g_scale) {
+  (void)b;
+  k_cpu_adamw_ranges(p, pc, pc_type, g, m, v, r, n_ranges, lr, beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
 }
 
 k_backend *k_backend_cpu_create(void) {
@@ -103,7 +142,7 @@ k_backend *k_backend_cpu_create(void) {
   b->gemm = cpu_gemm;
   b->linear_residual = cpu_linear_residual;
   b->cast = cpu_cast;
-  b->rmsnorm_bwd = k_cpu_rmsnorm_bwd;
+  b->rmsnorm_bwd = cpu_rmsnorm_bwd;
   b->rmsnorm_fwd_act = cpu_rmsnorm_fwd_act;
   b->rmsnorm_bwd_act = cpu_rmsnorm_bwd_act;
   b->rope = cpu_rope;
@@ -111,15 +150,15 @@ k_backend *k_backend_cpu_create(void) {
   b->attn_bwd = cpu_attn_bwd;
   b->swiglu_fwd = cpu_swiglu_fwd;
   b->swiglu_bwd = cpu_swiglu_bwd;
-  b->embed_fwd = k_cpu_embed_fwd;
-  b->embed_bwd = k_cpu_embed_bwd;
+  b->embed_fwd = cpu_embed_fwd;
+  b->embed_bwd = cpu_embed_bwd;
   b->ce_local_stats = cpu_ce_local_stats;
   b->ce_bwd = cpu_ce_bwd;
-  b->ce_rescale = k_cpu_ce_rescale;
-  b->ce_loss = k_cpu_ce_loss;
-  b->add = k_cpu_add;
-  b->sumsq_ranges = k_cpu_sumsq_ranges;
-  b->adamw_ranges = k_cpu_adamw_ranges;
+  b->ce_rescale = cpu_ce_rescale;
+  b->ce_loss = cpu_ce_loss;
+  b->add = cpu_add;
+  b->sumsq_ranges = cpu_sumsq_ranges;
+  b->adamw_ranges = cpu_adamw_ranges;
   return b;
 }
 

@@ -206,7 +206,7 @@ static int exit_is_copy(const tp_region *R) { return R->c->size == 1; }
 static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, const void *A, const void *B, int ldb,
                       void *C, k_dtype ct) {
   if (r1 <= r0) return;
-  m->be->gemm(0, tb, (int)(r1 - r0), N, K, 1, at(m, (void *)A, r0 * K), K, B, ldb, 0,
+  m->be->gemm(m->be, 0, tb, (int)(r1 - r0), N, K, 1, at(m, (void *)A, r0 * K), K, B, ldb, 0,
               (char *)C + r0 * N * (int64_t)k_dtype_bytes(ct), N, ct);
 }
 
@@ -227,7 +227,7 @@ static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const v
 static void norm_enter_start(model *m, const float *x, const float *w, float *rstd, void *hn) {
   const model_dims *dm = &m->dims;
   const tp_region *R = &m->work->region;
-  m->be->rmsnorm_fwd_act(x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
   tp_gather_start(R, hn, dm->d, m->be->act);
 }
 
@@ -247,11 +247,11 @@ static void proj_residual(model *m, const void *a, int K, const void *w, const f
   int d = dm->d;
   int64_t rs = dm->rows_s, r0 = tp_own_row(R), r1 = r0 + rs;
   if (exit_is_copy(R)) {
-    be->linear_residual((int)dm->rows, d, K, a, w, xin, xout);
+    be->linear_residual(be, (int)dm->rows, d, K, a, w, xin, xout);
     return;
   }
   if (!R->sp) {
-    be->gemm(0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
+    be->gemm(be, 0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
     tp_reduce_start(R, wk->f1, wk->s2, d);
     tp_reduce_finish(R, wk->f1, wk->s2, d);
   } else {
@@ -259,12 +259,12 @@ static void proj_residual(model *m, const void *a, int K, const void *w, const f
     gemm_rows(m, r1, dm->rows, 1, d, K, a, w, K, wk->f1, K_F32);
     be->zero(be, wk->f1 + r0 * d, (size_t)(rs * d) * sizeof(float));
     tp_reduce_start(R, wk->f1, wk->s2, d);
-    be->gemm(0, 1, (int)rs, d, K, 1, at(m, (void *)a, r0 * K), K, w, K, 0, wk->s1, d, K_F32);
+    be->gemm(be, 0, 1, (int)rs, d, K, 1, at(m, (void *)a, r0 * K), K, w, K, 0, wk->s1, d, K_F32);
     tp_reduce_finish(R, wk->f1, wk->s2, d);
-    be->add(wk->s2, wk->s1, rs * d);
+    be->add(be, wk->s2, wk->s1, rs * d);
   }
   be->copy(be, xout, xin, (size_t)(rs * d) * sizeof(float));
-  be->add(xout, wk->s2, rs * d);
+  be->add(be, xout, wk->s2, rs * d);
 }
 
 // The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a
@@ -275,11 +275,11 @@ static void grad_exit_start(model *m, const float *g) {
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   if (enter_is_copy(&wk->region)) {
-    if (!wk->fa_ready) be->cast(wk->fa, be->act, g, K_F32, dm->rows * dm->d);
+    if (!wk->fa_ready) be->cast(be, wk->fa, be->act, g, K_F32, dm->rows * dm->d);
     wk->fa_ready = 0;
     return;
   }
-  be->cast(at(m, wk->fa, tp_own_row(&wk->region) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
+  be->cast(be, at(m, wk->fa, tp_own_row(&wk->region) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
   tp_gather_start(&wk->region, wk->fa, dm->d, be->act);
 }
 
@@ -303,7 +303,7 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
     dn = wk->s1;
   }
   wk->fa_ready = enter_is_copy(&wk->region);
-  be->rmsnorm_bwd_act(dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
+  be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
@@ -318,13 +318,13 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
 
   norm_enter_start(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
   gemm_gathered(m, 1, qkvd, d, L.hf, ly->wq->pc, d, L.qkv, A);
-  be->rope(L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
-  be->attn_fwd(L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
+  be->rope(be, L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
+  be->attn_fwd(be, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
   proj_residual(m, L.att, qd, ly->wo->pc, xin, L.x2);
 
   norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
   gemm_gathered(m, 1, 2 * ffn, d, L.h2f, ly->w_gate->pc, d, L.gu, A);
-  be->swiglu_fwd(L.gu, L.act, rows, ffn);
+  be->swiglu_fwd(be, L.gu, L.act, rows, ffn);
   proj_residual(m, L.act, ffn, ly->w_down->pc, L.x2, xout);
 }
 
@@ -337,7 +337,7 @@ static void layer_recompute(model *m, model_layer *ly, model_acts *a, int i) {
   } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
     layer_acts L = layer_view(m, a, i);
     norm_enter(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
-    m->be->swiglu_fwd(L.gu, L.act, m->dims.rows, m->dims.ffn);
+    m->be->swiglu_fwd(m->be, L.gu, L.act, m->dims.rows, m->dims.ffn);
     norm_enter(m, L.x, ly->attn_norm->p, L.rstd1, L.hf);
   }
 }
@@ -356,23 +356,23 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   grad_exit_start(m, g);
   gemm_gathered(m, 0, ffn, d, w->fa, ly->w_down->pc, ffn, w->ff1, A);
-  be->gemm(1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
-  be->swiglu_bwd(w->ff1, L.gu, w->gu1, rows, ffn);
-  be->gemm(0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
+  be->gemm(be, 1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
+  be->swiglu_bwd(be, w->ff1, L.gu, w->gu1, rows, ffn);
+  be->gemm(be, 0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
   grad_enter_start(m, w->f2);
-  be->gemm(1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
+  be->gemm(be, 1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   grad_exit_start(m, g);
   gemm_gathered(m, 0, qd, d, w->fa, ly->wo->pc, qd, w->q1, A);
-  be->gemm(1, 0, d, qd, rows, 1, w->fa, d, L.att, qd, 1, ly->wo->g, qd, K_F32);
-  be->attn_bwd(w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
+  be->gemm(be, 1, 0, d, qd, rows, 1, w->fa, d, L.att, qd, 1, ly->wo->g, qd, K_F32);
+  be->attn_bwd(be, w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
-  be->rope(w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
-  be->gemm(0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
+  be->rope(be, w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
+  be->gemm(be, 0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
   grad_enter_start(m, w->f2);
-  be->gemm(1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
+  be->gemm(be, 1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
   grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
 
@@ -385,17 +385,17 @@ static double ce_fwd(model *m, model_acts *a, const int32_t *targets) {
   const model_dims *dm = &m->dims;
   int64_t rows = dm->rows;
   comm *tc = m->g->tp_c;
-  be->ce_local_stats(a->logits, targets, rows, dm->vocab, dm->v0, w->ce_max, w->ce_sum, w->ce_tgt);
+  be->ce_local_stats(be, a->logits, targets, rows, dm->vocab, dm->v0, w->ce_max, w->ce_sum, w->ce_tgt);
   const float *gmax = w->ce_max;
   if (tc->size > 1) {
     be->copy(be, w->ce_gmax, w->ce_max, (size_t)rows * sizeof(float));
     tc->ops->all_reduce(tc, w->ce_gmax, rows, COMM_F32, COMM_MAX);
-    be->ce_rescale(w->ce_sum, w->ce_max, w->ce_gmax, rows);
+    be->ce_rescale(be, w->ce_sum, w->ce_max, w->ce_gmax, rows);
     tc->ops->all_reduce(tc, w->ce_sum, rows, COMM_F32, COMM_SUM);
     tc->ops->all_reduce(tc, w->ce_tgt, rows, COMM_F32, COMM_SUM);
     gmax = w->ce_gmax;
   }
-  be->ce_loss(gmax, w->ce_sum, w->ce_tgt, a->lse_ce, rows, w->ce_loss);
+  be->ce_loss(be, gmax, w->ce_sum, w->ce_tgt, a->lse_ce, rows, w->ce_loss);
   double loss = 0;
   be->to_host(be, &loss, w->ce_loss, sizeof loss);
   return loss;
@@ -409,9 +409,9 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   int d = dm->d;
   if (ch->embed) {
     if (exit_is_copy(&w->region)) {
-      be->embed_fwd(tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
+      be->embed_fwd(be, tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
     } else {
-      be->embed_fwd(tokens, ch->embed->pc, w->f1, dm->rows, d, dm->v0, dm->vocab);
+      be->embed_fwd(be, tokens, ch->embed->pc, w->f1, dm->rows, d, dm->v0, dm->vocab);
       tp_reduce_start(&w->region, w->f1, a->x, d);
       tp_reduce_finish(&w->region, w->f1, a->x, d);
     }
@@ -421,7 +421,7 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   // Whole: split into row halves the head GEMM costs more than the gather it would hide
   // (bench_ceiling SHAPE tp2: +11% on 7b-layers' head, +14% on 1b's).
   norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
-  be->gemm(0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
+  be->gemm(be, 0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
   return ce_fwd(m, a, targets);
 }
 
@@ -436,10 +436,10 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   float *g = a->dx_in;
   w->fa_ready = 0;
   if (ch->lm_head) {
-    be->ce_bwd(a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
-    be->gemm(0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
+    be->ce_bwd(be, a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
+    be->gemm(be, 0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
     grad_enter_start(m, w->f1);
-    be->gemm(1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
+    be->gemm(be, 1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
     be->zero(be, g, n_bytes);
     grad_enter_norm(m, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_HEAD);
@@ -459,7 +459,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
       tp_gather_finish(&w->region);
       ge = w->f1;
     }
-    be->embed_bwd(tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
+    be->embed_bwd(be, tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_EMBED);
   }
 }

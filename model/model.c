@@ -214,7 +214,7 @@ static float normal_at(uint64_t key, uint64_t i) {
 }
 
 void model_sync_compute_weights(model *m) {
-  if (m->params_c != (void *)m->params) m->be->cast(m->params_c, m->be->act, m->params, K_F32, m->n_params);
+  if (m->params_c != (void *)m->params) m->be->cast(m->be, m->params_c, m->be->act, m->params, K_F32, m->n_params);
 }
 
 void model_init_weights(model *m, uint64_t seed) {

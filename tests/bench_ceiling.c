@@ -86,15 +86,15 @@ static void op_run(const op *o, void *a, void *b, void *c, void *d, const attn_b
   char *qkv = x->qkv, *dqkv = x->dqkv;
   switch (o->kind) {
     case OP_GEMM:
-      G->gemm(o->ta, o->tb, o->M, o->N, o->K, 1.0f, a, o->ta ? o->M : o->K, b, o->tb ? o->K : o->N, o->beta, c, o->N,
+      G->gemm(G, o->ta, o->tb, o->M, o->N, o->K, 1.0f, a, o->ta ? o->M : o->K, b, o->tb ? o->K : o->N, o->beta, c, o->N,
               o->c_type);
       break;
-    case OP_LINEAR_RESIDUAL: G->linear_residual(o->M, o->N, o->K, a, b, c, d); break;
+    case OP_LINEAR_RESIDUAL: G->linear_residual(G, o->M, o->N, o->K, a, b, c, d); break;
     case OP_ATTN_FWD:
-      G->attn_fwd(qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, x->B, x->T, x->nh, x->nkv, x->hd);
+      G->attn_fwd(G, qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, x->B, x->T, x->nh, x->nkv, x->hd);
       break;
     case OP_ATTN_BWD:
-      G->attn_bwd(x->dout, qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, dqkv, dqkv + qd * eb,
+      G->attn_bwd(G, x->dout, qkv, qkv + qd * eb, qkv + (qd + kvd) * eb, x->ld, x->o, x->lse, dqkv, dqkv + qd * eb,
                   dqkv + (qd + kvd) * eb, x->B, x->T, x->nh, x->nkv, x->hd);
       break;
   }
@@ -316,7 +316,7 @@ int main(int argc, char **argv) {
   pool_f32 = G->alloc(G, sizeof(float) * POOL);
   pool_act = G->alloc(G, k_dtype_bytes(G->act) * POOL);
   G->from_host(G, pool_f32, host, sizeof(float) * POOL);
-  G->cast(pool_act, G->act, pool_f32, K_F32, POOL);
+  G->cast(G, pool_act, G->act, pool_f32, K_F32, POOL);
   free(host);
   for (int i = 0; i <= N_RUNS; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
 

@@ -263,7 +263,7 @@ static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, flo
   float *C0 = copy_buf(C, nc);
   void *dA = dev_put_act(A, na), *dB = dev_put_act(B, nb), *dC = dev_put_typed(C, nc, c_type);
   k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  G->gemm(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc, c_type);
+  G->gemm(G, ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc, c_type);
   float *g = dev_get_typed(dC, nc, c_type);
   for (int64_t i = 0; i < na; i++) A[i] = fabsf(A[i]);
   for (int64_t i = 0; i < nb; i++) B[i] = fabsf(B[i]);
@@ -312,8 +312,8 @@ static void test_gemm_accum(int M, int N, int K) {
   float *w0 = copy_buf(w, nw);
   for (int i = 0; i < 2; i++) {
     k_cpu_gemm(1, 0, N, K, M, 1.0f, dy[i], N, x[i], K, 1.0f, w, K);
-    G->gemm(1, 0, N, K, M, 1.0f, d_dy[i], N, d_x[i], K, 1.0f, d_w, K, K_F32);
-    G->gemm(1, 0, N, K, M, 1.0f, d_dy[i], N, d_x[i], K, 1.0f, d_w2, K, K_F32);
+    G->gemm(G, 1, 0, N, K, M, 1.0f, d_dy[i], N, d_x[i], K, 1.0f, d_w, K, K_F32);
+    G->gemm(G, 1, 0, N, K, M, 1.0f, d_dy[i], N, d_x[i], K, 1.0f, d_w2, K, K_F32);
     for (int64_t j = 0; j < ny; j++) dy[i][j] = fabsf(dy[i][j]);
     for (int64_t j = 0; j < nx; j++) x[i][j] = fabsf(x[i][j]);
     k_cpu_gemm(1, 0, N, K, M, 1.0f, dy[i], N, x[i], K, 1.0f, bound, K);
@@ -372,7 +372,7 @@ static void test_linear_residual_case(int M, int N, int K, int in_place) {
   void *dA = dev_put_act(A, na), *dW = dev_put_act(W, nw);
   float *dC = dev_putf(C, nc), *dD = in_place ? dC : G->alloc(G, sizeof(float) * nc), *dD2 = NULL;
   k_cpu_linear_residual(M, N, K, A, W, C, D);
-  G->linear_residual(M, N, K, dA, dW, dC, dD);
+  G->linear_residual(G, M, N, K, dA, dW, dC, dD);
   float *g = dev_getf(dD, nc), *c_after = dev_getf(dC, nc);
   for (int64_t i = 0; i < na; i++) A[i] = fabsf(A[i]);
   for (int64_t i = 0; i < nw; i++) W[i] = fabsf(W[i]);
@@ -389,7 +389,7 @@ static void test_linear_residual_case(int M, int N, int K, int in_place) {
   }
   if (!in_place) {  // the same call again gives the same bits
     dD2 = G->alloc(G, sizeof(float) * nc);
-    G->linear_residual(M, N, K, dA, dW, dC, dD2);
+    G->linear_residual(G, M, N, K, dA, dW, dC, dD2);
     EXPECT(dev_equal(dD, dD2, nc), "[%s] linear_residual M=%d N=%d K=%d not bitwise repeatable", ACT, M, N, K);
     dev_free(dD2);
   }
@@ -424,9 +424,9 @@ static void test_cast_case(int64_t n, int offset) {
   float *d_f2 = G->alloc(G, sizeof(float) * (size_t)(n + offset));
   uint16_t *d_h2 = G->alloc(G, sizeof(uint16_t) * (size_t)(n + offset));
   // An offset of 1 element misaligns both sides: the scalar path.
-  G->cast(d_h + offset, K_BF16, d_f + offset, K_F32, n);
-  G->cast(d_f2 + offset, K_F32, d_h + offset, K_BF16, n);
-  G->cast(d_h2 + offset, K_BF16, d_h + offset, K_BF16, n);
+  G->cast(G, d_h + offset, K_BF16, d_f + offset, K_F32, n);
+  G->cast(G, d_f2 + offset, K_F32, d_h + offset, K_BF16, n);
+  G->cast(G, d_h2 + offset, K_BF16, d_h + offset, K_BF16, n);
   uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n), *h2 = malloc(sizeof(uint16_t) * (size_t)n);
   float *f2 = malloc(sizeof(float) * (size_t)n);
   G->to_host(G, h, d_h + offset, sizeof(uint16_t) * (size_t)n);
@@ -448,10 +448,10 @@ static void test_cast_case(int64_t n, int offset) {
   EXPECT(bad_back == 0, "cast bf16->f32 n=%lld offset %d: %lld elements not exact", (long long)n, offset,
          (long long)bad_back);
   EXPECT(memcmp(h, h2, sizeof(uint16_t) * (size_t)n) == 0, "cast bf16->bf16 n=%lld is not a copy", (long long)n);
-  G->cast(d_f2 + offset, K_F32, d_f + offset, K_F32, n);
+  G->cast(G, d_f2 + offset, K_F32, d_f + offset, K_F32, n);
   EXPECT(dev_equal_bytes(d_f2 + offset, d_f + offset, sizeof(float) * (size_t)n), "cast f32->f32 n=%lld is not a copy",
          (long long)n);
-  G->cast(d_f2, K_F32, d_f, K_BF16, 0);  // n == 0 does nothing
+  G->cast(G, d_f2, K_F32, d_f, K_BF16, 0);  // n == 0 does nothing
   free(x), free(h), free(h2), free(f2);
   dev_free(d_f), dev_free(d_h), dev_free(d_f2), dev_free(d_h2);
 }
@@ -486,7 +486,7 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
     void *d_ya = dev_alloc_act(n);
     float *ya = copy_buf(y, n);
     if (G->act == K_BF16) round_act(ya, n);
-    G->rmsnorm_fwd_act(d_x, d_w, d_ya, d_r, rows, d, 1e-5f);
+    G->rmsnorm_fwd_act(G, d_x, d_w, d_ya, d_r, rows, d, 1e-5f);
     snprintf(what, sizeof what, "rmsnorm_fwd_act y rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
     compare_act(what, d_ya, ya, n, tol_act(1e-5), tol_act(1e-5));
     snprintf(what, sizeof what, "rmsnorm_fwd_act rstd rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
@@ -502,7 +502,7 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
     void *d_dxa = dev_alloc_act(n);
     float *dxa = copy_buf(dx, n);
     if (G->act == K_BF16) round_act(dxa, n);
-    G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, d_dx2, d_dw2, d_dxa, rows, d);
+    G->rmsnorm_bwd_act(G, d_dy, d_x, d_w, d_r, d_dx2, d_dw2, d_dxa, rows, d);
     snprintf(what, sizeof what, "rmsnorm_bwd_act dx rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
     compare_dev(what, d_dx2, dx, n, 1e-5, 1e-5);
     snprintf(what, sizeof what, "rmsnorm_bwd_act dw rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
@@ -512,8 +512,8 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
     if (!inject) {  // bitwise repeatable, with or without the act copy
       float *e_dx = G->alloc(G, sizeof(float) * n), *e_dw = G->alloc(G, sizeof(float) * d);
       float *f_dx = G->alloc(G, sizeof(float) * n), *f_dw = G->alloc(G, sizeof(float) * d);
-      G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, e_dx, e_dw, d_dxa, rows, d);
-      G->rmsnorm_bwd_act(d_dy, d_x, d_w, d_r, f_dx, f_dw, NULL, rows, d);
+      G->rmsnorm_bwd_act(G, d_dy, d_x, d_w, d_r, e_dx, e_dw, d_dxa, rows, d);
+      G->rmsnorm_bwd_act(G, d_dy, d_x, d_w, d_r, f_dx, f_dw, NULL, rows, d);
       EXPECT(dev_equal(e_dx, f_dx, n) && dev_equal(e_dw, f_dw, d),
              "[%s] rmsnorm_bwd_act rows=%lld d=%d not bitwise repeatable", ACT, (long long)rows, d);
       dev_free(e_dx), dev_free(e_dw), dev_free(f_dx), dev_free(f_dw);
@@ -521,7 +521,7 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
     free(dxa);
     dev_free(d_dxa), dev_free(d_dx2), dev_free(d_dw2);
   }
-  G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, d_dx, d_dw, rows, d);
+  G->rmsnorm_bwd(G, d_dy, d_x, d_w, d_r, d_dx, d_dw, rows, d);
   snprintf(what, sizeof what, "rmsnorm_bwd dx rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
   compare_dev(what, d_dx, dx, n, 1e-5, 1e-5);
   snprintf(what, sizeof what, "rmsnorm_bwd dw rows=%lld d=%d%s", (long long)rows, d, inject ? " +nan" : "");
@@ -529,8 +529,8 @@ static void test_rmsnorm_case(int64_t rows, int d, int inject) {
   if (!inject) {  // determinism: the same accumulation from the same start, twice
     float *e_dx = G->alloc(G, sizeof(float) * n), *e_dw = G->alloc(G, sizeof(float) * d);
     float *f_dx = G->alloc(G, sizeof(float) * n), *f_dw = G->alloc(G, sizeof(float) * d);
-    G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, e_dx, e_dw, rows, d);
-    G->rmsnorm_bwd(d_dy, d_x, d_w, d_r, f_dx, f_dw, rows, d);
+    G->rmsnorm_bwd(G, d_dy, d_x, d_w, d_r, e_dx, e_dw, rows, d);
+    G->rmsnorm_bwd(G, d_dy, d_x, d_w, d_r, f_dx, f_dw, rows, d);
     EXPECT(dev_equal(e_dx, f_dx, n) && dev_equal(e_dw, f_dw, d),
            "[%s] rmsnorm_bwd rows=%lld d=%d not bitwise repeatable", ACT, (long long)rows, d);
     dev_free(e_dx), dev_free(e_dw), dev_free(f_dx), dev_free(f_dw);
@@ -567,7 +567,7 @@ static void test_rope_case(int B, int T, int H, int hd, int pad, int pos0, float
   if (inject) x[n / 2] = NAN, x[n - 1] = INFINITY;
   void *d_x = dev_put_act(x, n);
   k_cpu_rope(x, B, T, H, hd, ld, pos0, theta, inverse);
-  G->rope(d_x, B, T, H, hd, ld, pos0, theta, inverse);
+  G->rope(G, d_x, B, T, H, hd, ld, pos0, theta, inverse);
   snprintf(what, sizeof what, "rope B=%d T=%d H=%d hd=%d ld=%lld pos0=%d inv=%d%s", B, T, H, hd, (long long)ld, pos0,
            inverse, inject ? " +nan" : "");
   compare_act(what, d_x, x, n, tol_act(1e-5), tol_act(1e-5));
@@ -609,7 +609,7 @@ static void test_attn_case(int B, int T, int nh, int nkv, int hd, int pad) {
   void *d_k = (char *)d_x + ko * (int64_t)k_dtype_bytes(G->act), *d_v = (char *)d_x + vo * (int64_t)k_dtype_bytes(G->act);
   void *d_o = dev_alloc_act(nq);
   float *d_l = G->alloc(G, sizeof(float) * nl);
-  G->attn_fwd(d_x, d_k, d_v, ld, d_o, d_l, B, T, nh, nkv, hd);
+  G->attn_fwd(G, d_x, d_k, d_v, ld, d_o, d_l, B, T, nh, nkv, hd);
   snprintf(what, sizeof what, "attn_fwd o B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd, (long long)ld);
   compare_act(what, d_o, o, nq, tol_act(1e-4), tol_act(1e-3));
   snprintf(what, sizeof what, "attn_fwd lse B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd, (long long)ld);
@@ -624,7 +624,7 @@ static void test_attn_case(int B, int T, int nh, int nkv, int hd, int pad) {
   const int64_t eb = (int64_t)k_dtype_bytes(G->act);
   for (int r = 0; r < 2; r++) {
     g[r] = dev_alloc_act(nx);
-    G->attn_bwd(d_do, d_x, d_k, d_v, ld, d_o, d_l, g[r], (char *)g[r] + ko * eb, (char *)g[r] + vo * eb, B, T, nh,
+    G->attn_bwd(G, d_do, d_x, d_k, d_v, ld, d_o, d_l, g[r], (char *)g[r] + ko * eb, (char *)g[r] + vo * eb, B, T, nh,
                 nkv, hd);
   }
   snprintf(what, sizeof what, "attn_bwd dq|dk|dv B=%d T=%d nh=%d nkv=%d hd=%d ld=%lld", B, T, nh, nkv, hd,
@@ -662,8 +662,8 @@ static void test_swiglu_case(int64_t rows, int n, int inject) {
   void *d_out = dev_alloc_act(m), *d_dgu = dev_alloc_act(2 * m);
   k_cpu_swiglu_fwd(gu, out, rows, n);
   k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
-  G->swiglu_fwd(d_gu, d_out, rows, n);
-  G->swiglu_bwd(d_d, d_gu, d_dgu, rows, n);
+  G->swiglu_fwd(G, d_gu, d_out, rows, n);
+  G->swiglu_bwd(G, d_d, d_gu, d_dgu, rows, n);
   snprintf(what, sizeof what, "swiglu_fwd rows=%lld n=%d%s", (long long)rows, n, inject ? " +nan" : "");
   compare_act(what, d_out, out, m, tol_act(1e-5), tol_act(1e-5));
   snprintf(what, sizeof what, "swiglu_bwd dgate|dup rows=%lld n=%d%s", (long long)rows, n, inject ? " +nan" : "");
@@ -708,12 +708,12 @@ static void test_embed_case(int64_t n, int d, int v0, int nvl) {
   float *d_out = G->alloc(G, sizeof(float) * no), *d_dout = dev_putf(dout, no);
   float *d_dtab = dev_putf(dtab, nt), *d_dtab2 = dev_putf(dtab, nt);
   k_cpu_embed_fwd(tok, table, out, n, d, v0, nvl);
-  G->embed_fwd(d_tok, d_table, d_out, n, d, v0, nvl);
+  G->embed_fwd(G, d_tok, d_table, d_out, n, d, v0, nvl);
   snprintf(what, sizeof what, "embed_fwd n=%lld d=%d v0=%d nvl=%d", (long long)n, d, v0, nvl);
   compare_dev(what, d_out, out, no, 0.0, 0.0);
   k_cpu_embed_bwd(tok, dout, dtab, n, d, v0, nvl);
-  G->embed_bwd(d_tok, d_dout, d_dtab, n, d, v0, nvl);
-  G->embed_bwd(d_tok, d_dout, d_dtab2, n, d, v0, nvl);
+  G->embed_bwd(G, d_tok, d_dout, d_dtab, n, d, v0, nvl);
+  G->embed_bwd(G, d_tok, d_dout, d_dtab2, n, d, v0, nvl);
   snprintf(what, sizeof what, "embed_bwd n=%lld d=%d v0=%d nvl=%d", (long long)n, d, v0, nvl);
   compare_dev(what, d_dtab, dtab, nt, 1e-6, 1e-6);
   // Sums in token order like the reference: the same bits, and the same again on a second run.
@@ -751,7 +751,7 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   float *d_se = G->alloc(G, sizeof(float) * rows), *d_tl = G->alloc(G, sizeof(float) * rows);
   int32_t *d_tgt = dev_puti(tgt, rows);
   k_cpu_ce_local_stats(logits, tgt, rows, nvl, v0, mx, se, tl);
-  G->ce_local_stats(d_lg, d_tgt, rows, nvl, v0, d_mx, d_se, d_tl);
+  G->ce_local_stats(G, d_lg, d_tgt, rows, nvl, v0, d_mx, d_se, d_tl);
   snprintf(what, sizeof what, "ce_local_stats max rows=%lld nvl=%d%s", (long long)rows, nvl, inject ? " +nan" : "");
   compare_dev(what, d_mx, mx, rows, 0.0, 0.0);
   snprintf(what, sizeof what, "ce_local_stats sumexp rows=%lld nvl=%d%s", (long long)rows, nvl,
@@ -767,12 +767,12 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   float *d_gm = dev_putf(gm, rows), *d_se2 = dev_putf(se, rows), *d_lse2 = G->alloc(G, sizeof(float) * rows);
   double *d_loss = G->alloc(G, sizeof(double)), loss = 0, loss_ref = 0;
   k_cpu_ce_rescale(se2, mx, gm, rows);
-  G->ce_rescale(d_se2, d_mx, d_gm, rows);
+  G->ce_rescale(G, d_se2, d_mx, d_gm, rows);
   snprintf(what, sizeof what, "ce_rescale rows=%lld%s", (long long)rows, inject ? " +nan" : "");
   compare_dev(what, d_se2, se2, rows, 1e-6, 1e-6);
   G->from_host(G, d_se2, se2, sizeof(float) * rows);
   k_cpu_ce_loss(gm, se2, tl, lse2, rows, &loss_ref);
-  G->ce_loss(d_gm, d_se2, d_tl, d_lse2, rows, d_loss);
+  G->ce_loss(G, d_gm, d_se2, d_tl, d_lse2, rows, d_loss);
   G->to_host(G, &loss, d_loss, sizeof loss);
   snprintf(what, sizeof what, "ce_loss lse rows=%lld%s", (long long)rows, inject ? " +nan" : "");
   compare_dev(what, d_lse2, lse2, rows, 1e-6, 1e-6);
@@ -787,7 +787,7 @@ static void test_ce_case(int64_t rows, int nvl, int v0, int inject) {
   for (int64_t r = 0; r < rows; r++) lse[r] = mx[r] + logf(se[r]);
   float *d_lse = dev_putf(lse, rows);
   k_cpu_ce_bwd(logits, tgt, lse, rows, nvl, v0, 0.125f);
-  G->ce_bwd(d_lg, d_tgt, d_lse, rows, nvl, v0, 0.125f);
+  G->ce_bwd(G, d_lg, d_tgt, d_lse, rows, nvl, v0, 0.125f);
   snprintf(what, sizeof what, "ce_bwd rows=%lld nvl=%d%s", (long long)rows, nvl, inject ? " +nan" : "");
   compare_act(what, d_lg, logits, n, tol_act(1e-5), tol_act(1e-5));
   free(logits), free(tgt), free(mx), free(se), free(tl), free(lse);
@@ -822,7 +822,7 @@ static void test_vector_ops(void) {
     if (n >= 10) x[n / 3] = NAN, y[n / 2] = INFINITY;
     float *d_x = dev_putf(x, n), *d_y = dev_putf(y, n);
     k_cpu_add(y, x, n);
-    G->add(d_y, d_x, n);
+    G->add(G, d_y, d_x, n);
     compare_dev("add", d_y, y, n, 0.0, 0.0);
     free(x), free(y);
     dev_free(d_x), dev_free(d_y);
@@ -844,16 +844,16 @@ static void bench_attn(int B, int T, int nh, int nkv, int hd, int reps) {
   void *dout = dev_put_act(h, nq), *o = dev_alloc_act(nq);
   float *lse = G->alloc(G, sizeof(float) * (size_t)B * nh * T);
   free(h);
-  G->attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
+  G->attn_fwd(G, q, k, v, ld, o, lse, B, T, nh, nkv, hd);
   G->sync(G);
   double t0 = now_s();
-  for (int r = 0; r < reps; r++) G->attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
+  for (int r = 0; r < reps; r++) G->attn_fwd(G, q, k, v, ld, o, lse, B, T, nh, nkv, hd);
   G->sync(G);
   const double t_fwd = (now_s() - t0) / reps;
-  G->attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  G->attn_bwd(G, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
   G->sync(G);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) G->attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  for (int r = 0; r < reps; r++) G->attn_bwd(G, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
   G->sync(G);
   const double t_bwd = (now_s() - t0) / reps;
   const double fl = 2.0 * B * nh * (double)T * T * hd;  // causal: half of the 4 B nh T^2 hd of QK^T and PV
@@ -872,10 +872,10 @@ static void bench_gemm(int M, int N, int K, k_dtype c_type, int wgrad, int reps)
   free(h);
   const int ta = wgrad ? 1 : 0, tb = wgrad ? 0 : 1, lda = wgrad ? M : K, ldb = wgrad ? N : K;
   const float beta = wgrad ? 1.0f : 0.0f;
-  G->gemm(ta, tb, M, N, K, 1, A, lda, W, ldb, beta, C, N, c_type);
+  G->gemm(G, ta, tb, M, N, K, 1, A, lda, W, ldb, beta, C, N, c_type);
   G->sync(G);
   const double t0 = now_s();
-  for (int r = 0; r < reps; r++) G->gemm(ta, tb, M, N, K, 1, A, lda, W, ldb, beta, C, N, c_type);
+  for (int r = 0; r < reps; r++) G->gemm(G, ta, tb, M, N, K, 1, A, lda, W, ldb, beta, C, N, c_type);
   G->sync(G);
   const double t = (now_s() - t0) / reps;
   printf("bench [%s] gemm %dx%dx%d%s C %s: %.3f ms (%.1f TFLOP/s)\n", ACT, M, N, K, wgrad ? " (A^T B, beta 1)" : "",
@@ -895,10 +895,10 @@ static void bench(void) {
   // fp32 -> bf16 cast of 64 Mi elements (the per-step compute copy of the weights).
   const int64_t n = (int64_t)64 << 20;
   void *f = G->alloc(G, sizeof(float) * (size_t)n), *hb = G->alloc(G, sizeof(uint16_t) * (size_t)n);
-  G->cast(hb, K_BF16, f, K_F32, n);
+  G->cast(G, hb, K_BF16, f, K_F32, n);
   G->sync(G);
   double t0 = now_s();
-  for (int r = 0; r < reps; r++) G->cast(hb, K_BF16, f, K_F32, n);
+  for (int r = 0; r < reps; r++) G->cast(G, hb, K_BF16, f, K_F32, n);
   G->sync(G);
   double t = (now_s() - t0) / reps;
   printf("bench [%s] cast f32->bf16 n=%lld: %.3f ms (%.0f GB/s)\n", ACT, (long long)n, 1e3 * t, 6.0 * n / t * 1e-9);
@@ -909,7 +909,7 @@ static void bench(void) {
   float *w = G->alloc(G, 4 * d), *rs = G->alloc(G, 4 * M), *dw = G->alloc(G, 4 * d);
   float *dx = G->alloc(G, 4 * (int64_t)M * d);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) G->rmsnorm_bwd(dy, x, w, rs, dx, dw, M, d);
+  for (int r = 0; r < reps; r++) G->rmsnorm_bwd(G, dy, x, w, rs, dx, dw, M, d);
   G->sync(G);
   printf("bench rmsnorm_bwd rows=%d d=%d: %.3f ms\n", M, d, 1e3 * (now_s() - t0) / reps);
   const int n_tok = 16384, vocab = 32768;
@@ -917,10 +917,10 @@ static void bench(void) {
   for (int i = 0; i < n_tok; i++) htok[i] = (int32_t)((rng_uniform() * 0.5 + 0.5) * vocab) % vocab;
   int32_t *tok = dev_puti(htok, n_tok);
   float *dout = G->alloc(G, 4 * (int64_t)n_tok * d), *dtab = G->alloc(G, 4 * (int64_t)vocab * d);
-  G->embed_bwd(tok, dout, dtab, n_tok, d, 0, vocab);
+  G->embed_bwd(G, tok, dout, dtab, n_tok, d, 0, vocab);
   G->sync(G);
   t0 = now_s();
-  for (int r = 0; r < reps; r++) G->embed_bwd(tok, dout, dtab, n_tok, d, 0, vocab);
+  for (int r = 0; r < reps; r++) G->embed_bwd(G, tok, dout, dtab, n_tok, d, 0, vocab);
   G->sync(G);
   printf("bench embed_bwd n=%d d=%d vocab=%d: %.3f ms\n", n_tok, d, vocab, 1e3 * (now_s() - t0) / reps);
   free(htok);

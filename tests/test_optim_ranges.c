@@ -82,13 +82,13 @@ static void test_gpu(void) {
   float *dp = be->alloc(be, nb), *dg = be->alloc(be, nb), *dm = be->alloc(be, nb), *dv = be->alloc(be, nb);
   uint16_t *dpc = be->alloc(be, (size_t)N * 2), *hpc = malloc((size_t)N * 2), *want_pc = malloc((size_t)N * 2);
   be->from_host(be, dp, p, nb), be->from_host(be, dg, g, nb), be->from_host(be, dm, m, nb), be->from_host(be, dv, v, nb);
-  double want = k_cpu_sumsq_ranges(g, R, NR), got = be->sumsq_ranges(dg, R, NR);
+  double want = k_cpu_sumsq_ranges(g, R, NR), got = be->sumsq_ranges(be, dg, R, NR);
   EXPECT(fabs(got - want) <= 1e-12 * want, "GPU sumsq_ranges %.17g, CPU %.17g", got, want);
-  double again = be->sumsq_ranges(dg, R, NR);
+  double again = be->sumsq_ranges(be, dg, R, NR);
   EXPECT(again == got, "GPU sumsq_ranges not deterministic: %.17g then %.17g", got, again);
   for (int rep = 0; rep < 2; rep++) {  // the second call reuses the uploaded range table
     k_cpu_adamw_ranges(p, want_pc, K_BF16, g, m, v, R, NR, LR, B1, B2, EPS, WD, BC1, BC2, S);
-    be->adamw_ranges(dp, dpc, K_BF16, dg, dm, dv, R, NR, LR, B1, B2, EPS, WD, BC1, BC2, S);
+    be->adamw_ranges(be, dp, dpc, K_BF16, dg, dm, dv, R, NR, LR, B1, B2, EPS, WD, BC1, BC2, S);
   }
   float *hp = malloc(nb), *hm = malloc(nb), *hv = malloc(nb);
   be->to_host(be, hp, dp, nb), be->to_host(be, hm, dm, nb), be->to_host(be, hv, dv, nb);

@@ -371,7 +371,7 @@ static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const
   }
 }
 
-extern "C" void k_cuda_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B,
+extern "C" void k_cuda_attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B,
                                 int T, int nh, int nkv, int hd) {
   att_check(B, T, nh, nkv, hd);
   CHECK(ld >= (int64_t)nh * hd && ld >= (int64_t)nkv * hd, "attention: row stride %lld too small", (long long)ld);
@@ -381,7 +381,7 @@ extern "C" void k_cuda_attn_fwd(const void *q, const void *k, const void *v, int
   else att_fwd_run<float>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
 }
 
-extern "C" void k_cuda_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld,
+extern "C" void k_cuda_attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld,
                                 const void *o, const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh,
                                 int nkv, int hd) {
   att_check(B, T, nh, nkv, hd);

@@ -105,7 +105,7 @@ static cudaDataType k_cuda_data_type(k_dtype t) { return t == K_BF16 ? CUDA_R_16
 // split-K reductions included (see the math mode set at creation), so a bf16 C is rounded once.
 // Any leading dimension works, but bf16 operands reach the fast kernels only when every ld is a
 // multiple of 8 elements and the pointers are 16-byte aligned.
-extern "C" void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+extern "C" void k_cuda_gemm(k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
                             const void *B, int ldb, float beta, void *C, int ldc, k_dtype c_type) {
   CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape M=%d N=%d K=%d must be non-negative", M, N, K);
   k_cuda_ctx *c = k_cuda_cur();
@@ -161,18 +161,18 @@ static int use_cudnn_attn(void) {
   return !own && k_cuda_act() == K_BF16;
 }
 
-static void attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+static void attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
                      int nh, int nkv, int hd) {
   if (use_cudnn_attn() && k_cudnn_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd, k_cuda_stream()) == 0) return;
-  k_cuda_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd);
+  k_cuda_attn_fwd(b, q, k, v, ld, o, lse, B, T, nh, nkv, hd);
 }
 
-static void attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+static void attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                      const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
   if (use_cudnn_attn() &&
       k_cudnn_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, k_cuda_stream()) == 0)
     return;
-  k_cuda_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  k_cuda_attn_bwd(b, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
 
 static void cuda_release(k_backend *b) {

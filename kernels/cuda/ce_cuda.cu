@@ -149,7 +149,7 @@ static void ce_stats_run(const void *logits, const int32_t *targets, int64_t row
   CUDA_LAUNCH_CHECK("k_ce_local_stats");
 }
 
-extern "C" void k_cuda_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
+extern "C" void k_cuda_ce_local_stats(k_backend *b, const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local,
                                       int v0, float *row_max, float *row_sumexp, float *target_logit) {
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
@@ -159,7 +159,7 @@ extern "C" void k_cuda_ce_local_stats(const void *logits, const int32_t *targets
     ce_stats_run<float>(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit);
 }
 
-extern "C" void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
+extern "C" void k_cuda_ce_bwd(k_backend *b, void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
                               int v0, float scale) {
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
@@ -195,14 +195,14 @@ __global__ void k_ce_loss(const float *gmax, const float *sumexp, const float *t
   if (threadIdx.x == 0) *loss = s;
 }
 
-extern "C" void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
+extern "C" void k_cuda_ce_rescale(k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
   if (rows <= 0) return;
   k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(row_sumexp, row_max,
                                                                                                  gmax, rows);
   CUDA_LAUNCH_CHECK("k_ce_rescale");
 }
 
-extern "C" void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse,
+extern "C" void k_cuda_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse,
                                int64_t rows, double *loss) {
   k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_cur()->stream>>>(gmax, sumexp, target_logit, lse, rows > 0 ? rows : 0,
                                                              loss);

@@ -66,7 +66,7 @@ static lt_plan *lt_plan_get(k_cuda_ctx *cx, int M, int N, int K) {
   return p;
 }
 
-extern "C" void k_cuda_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
+extern "C" void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D) {
   CHECK(M >= 0 && N >= 0 && K >= 0, "linear_residual shape M=%d N=%d K=%d must be non-negative", M, N, K);
   if (M == 0 || N == 0) return;
   k_cuda_ctx *cx = k_cuda_cur();
@@ -74,7 +74,7 @@ extern "C" void k_cuda_linear_residual(int M, int N, int K, const void *A, const
   if (!p || !p->ok) {
     if (D != C)
       CUDA_CHECK(cudaMemcpyAsync(D, C, sizeof(float) * (size_t)M * N, cudaMemcpyDeviceToDevice, cx->stream));
-    k_cuda_gemm(0, 1, M, N, K, 1.0f, A, K, W, K, 1.0f, D, N, K_F32);
+    k_cuda_gemm(b, 0, 1, M, N, K, 1.0f, A, K, W, K, 1.0f, D, N, K_F32);
     return;
   }
   const float one = 1.0f;

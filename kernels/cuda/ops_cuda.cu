@@ -58,7 +58,7 @@ __global__ void k_cast_bf16_f32_x4(float *dst, const k_bf16 *src, int64_t n4) {
   }
 }
 
-extern "C" void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
+extern "C" void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n) {
   CHECK((dst_type == K_F32 || dst_type == K_BF16) && (src_type == K_F32 || src_type == K_BF16),
         "cast: unknown dtype (%d -> %d)", (int)src_type, (int)dst_type);
   if (n <= 0) return;
@@ -235,7 +235,7 @@ __global__ void k_rmsnorm_bwd_dw_sum(const float *part, float *dw, int d, int n_
   dw[j] += s;
 }
 
-extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+extern "C" void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
                                        float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
@@ -250,7 +250,7 @@ extern "C" void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, 
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_act");
 }
 
-extern "C" void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+extern "C" void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                                    float *dw, int64_t rows, int d) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
@@ -337,13 +337,13 @@ static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_fused");
 }
 
-extern "C" void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
+extern "C" void k_cuda_rmsnorm_bwd_act(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                                        float *dw, void *dx_act, int64_t rows, int d) {
   if (rows <= 0 || d <= 0) return;
   cudaStream_t s = k_cuda_cur()->stream;
   if (d > 8 * RB_MAX_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
-    k_cuda_rmsnorm_bwd(dy, x, w, rstd, dx, dw, rows, d);
-    if (dx_act) k_cuda_cast(dx_act, k_cuda_act(), dx, K_F32, rows * d);
+    k_cuda_rmsnorm_bwd(b, dy, x, w, rstd, dx, dw, rows, d);
+    if (dx_act) k_cuda_cast(b, dx_act, k_cuda_act(), dx, K_F32, rows * d);
     return;
   }
   // Blocks of 256 threads (more for d > 2048) with up to 8 columns each: many independent loads
@@ -455,7 +455,7 @@ static void rope_run(void *x, int64_t rows, int B, int H, int hd, int64_t ld, in
   CUDA_LAUNCH_CHECK("k_rope");
 }
 
-extern "C" void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+extern "C" void k_cuda_rope(k_backend *b, void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
   CHECK(hd % 2 == 0, "rope needs an even head dim, got hd=%d", hd);
   CHECK(ld >= (int64_t)H * hd, "rope: row stride %lld < H*hd = %d", (long long)ld, H * hd);
   const int64_t rows = (int64_t)B * T, n = rows * (hd / 2);
@@ -559,13 +559,13 @@ static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t 
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
 }
 
-extern "C" void k_cuda_swiglu_fwd(const void *gu, void *out, int64_t rows, int n) {
+extern "C" void k_cuda_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n) {
   if (rows <= 0 || n <= 0) return;
   if (k_cuda_act() == K_BF16) swiglu_fwd_run<k_bf16>(gu, out, rows, n);
   else swiglu_fwd_run<float>(gu, out, rows, n);
 }
 
-extern "C" void k_cuda_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+extern "C" void k_cuda_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
   if (rows <= 0 || n <= 0) return;
   if (k_cuda_act() == K_BF16) swiglu_bwd_run<k_bf16>(dout, gu, dgu, rows, n);
   else swiglu_bwd_run<float>(dout, gu, dgu, rows, n);
@@ -609,7 +609,7 @@ __global__ void k_embed_bwd_rows(const uint32_t *keys, const int32_t *pos, const
   }
 }
 
-extern "C" void k_cuda_embed_fwd(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
+extern "C" void k_cuda_embed_fwd(k_backend *b, const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                                  int n_vocab_local) {
   if (n <= 0 || d <= 0) return;
   CHECK(n <= INT_MAX, "embed: %lld tokens is more than one launch takes", (long long)n);
@@ -621,7 +621,7 @@ extern "C" void k_cuda_embed_fwd(const int32_t *tokens, const void *table, float
   CUDA_LAUNCH_CHECK("k_embed_fwd");
 }
 
-extern "C" void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
+extern "C" void k_cuda_embed_bwd(k_backend *b, const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                                  int n_vocab_local) {
   if (n <= 0 || d <= 0 || n_vocab_local <= 0) return;
   CHECK(n < INT_MAX / 4, "embed: %lld tokens is more than the sort takes", (long long)n);
@@ -653,7 +653,7 @@ __global__ void k_add(float *y, const float *x, int64_t n) {
   GRID_STRIDE(i, n) y[i] += x[i];
 }
 
-extern "C" void k_cuda_add(float *y, const float *x, int64_t n) {
+extern "C" void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n) {
   if (n <= 0) return;
   k_add<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(y, x, n);
   CUDA_LAUNCH_CHECK("k_add");

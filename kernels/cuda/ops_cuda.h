@@ -20,44 +20,44 @@ extern "C" {
 
 // kernels/cuda/backend_cuda.cu (cuBLAS, fp32 accumulation; fp32 activations use TF32 only with
 // TRAINER_CUDA_TF32=1). A, B in act dtype; C in c_type (act or K_F32).
-void k_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
+void k_cuda_gemm(k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                  int ldb, float beta, void *C, int ldc, k_dtype c_type);
 
 // kernels/cuda/gemm_lt.cu (cuBLASLt): D (M,N) fp32 = A (M,K) W (N,K)^T + C (M,N) fp32.
-void k_cuda_linear_residual(int M, int N, int K, const void *A, const void *W, const float *C, float *D);
+void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D);
 // Frees the cached descriptors and the cuBLASLt handle (backend free); safe twice.
 void k_cuda_linear_residual_free(void);
 
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.
-void k_cuda_cast(void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
-void k_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);
+void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                         int64_t rows, int d);
 // rmsnorm_bwd in one pass; dx_act (may be NULL) gets the updated dx in the act dtype.
-void k_cuda_rmsnorm_bwd_act(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
+void k_cuda_rmsnorm_bwd_act(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                             void *dx_act, int64_t rows, int d);
-void k_cuda_rmsnorm_fwd_act(const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
-void k_cuda_rope(void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
-void k_cuda_swiglu_fwd(const void *gu, void *out, int64_t rows, int n);
-void k_cuda_swiglu_bwd(const void *dout, const void *gu, void *dgu, int64_t rows, int n);
-void k_cuda_embed_fwd(const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
+void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
+void k_cuda_rope(k_backend *b, void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
+void k_cuda_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n);
+void k_cuda_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n);
+void k_cuda_embed_fwd(k_backend *b, const int32_t *tokens, const void *table, float *out, int64_t n, int d, int v0,
                       int n_vocab_local);
-void k_cuda_embed_bwd(const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
+void k_cuda_embed_bwd(k_backend *b, const int32_t *tokens, const float *dout, float *dtable, int64_t n, int d, int v0,
                       int n_vocab_local);
-void k_cuda_ce_local_stats(const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
+void k_cuda_ce_local_stats(k_backend *b, const void *logits, const int32_t *targets, int64_t rows, int n_vocab_local, int v0,
                            float *row_max, float *row_sumexp, float *target_logit);
-void k_cuda_ce_bwd(void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
+void k_cuda_ce_bwd(k_backend *b, void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local, int v0,
                    float scale);
-void k_cuda_ce_rescale(float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
-void k_cuda_ce_loss(const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
+void k_cuda_ce_rescale(k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
+void k_cuda_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                     double *loss);
-void k_cuda_add(float *y, const float *x, int64_t n);
+void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n);
 
 // kernels/cuda/attention.cu. Head dims: a multiple of 4, at most 256. q/k/v/o/dout/dq/dk/dv in
 // act dtype, lse fp32; sequence-major, q/k/v/dq/dk/dv rows at stride ld (see k_cpu_attn_fwd).
-void k_cuda_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
+void k_cuda_attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
                      int nh, int nkv, int hd);
-void k_cuda_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
+void k_cuda_attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                      const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
 
 #ifdef __cplusplus

@@ -178,7 +178,7 @@ double *g_total_host;    // pinned: the one read of the step
 
 }  // namespace
 
-extern "C" double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ranges) {
+extern "C" double k_cuda_sumsq_ranges(k_backend *b, const float *x, const k_range *r, int n_ranges) {
   if (n_ranges <= 0) return 0.0;
   const range_table *t = table_get(&g_sumsq_tables, r, n_ranges);
   if (t->total == 0) return 0.0;
@@ -201,7 +201,7 @@ extern "C" double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ra
   return *g_total_host;
 }
 
-extern "C" void k_cuda_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
+extern "C" void k_cuda_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
                                     const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
                                     float weight_decay, float bc1, float bc2, float g_scale) {
   if (n_ranges <= 0) return;

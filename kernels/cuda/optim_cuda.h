@@ -9,8 +9,8 @@
 extern "C" {
 #endif
 
-double k_cuda_sumsq_ranges(const float *x, const k_range *r, int n_ranges);
-void k_cuda_adamw_ranges(float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
+double k_cuda_sumsq_ranges(k_backend *b, const float *x, const k_range *r, int n_ranges);
+void k_cuda_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
                          int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
                          float bc2, float g_scale);
 

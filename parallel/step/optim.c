@@ -122,7 +122,7 @@ static void opt_start_buckets(opt_state *o, comm *dc) {
     trace_push_range("dp bucket start");
     if (o->reduce_bf16) {  // the bucket rounded to bf16 (compute stream), reduced as bf16
       uint16_t *g = o->grads_bf16 + b->lo;
-      o->m->be->cast(g, K_BF16, o->m->grads + b->lo, K_F32, b->hi - b->lo);
+      o->m->be->cast(o->m->be, g, K_BF16, o->m->grads + b->lo, K_F32, b->hi - b->lo);
       if (o->zero)
         dc->ops->reduce_scatter_start(dc, g, o->grad_shard_bf16 + b->shard_off, b->len, COMM_BF16, COMM_SUM);
       else
@@ -199,10 +199,10 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   trace_push_range("optimizer");
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
   if (o->reduce_bf16) {  // back to fp32 for the norm and the update
-    if (o->zero) be->cast(o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
-    else be->cast(m->grads, K_F32, o->grads_bf16, K_BF16, m->n_params);
+    if (o->zero) be->cast(be, o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
+    else be->cast(be, m->grads, K_F32, o->grads_bf16, K_BF16, m->n_params);
   }
-  double sumsq = be->sumsq_ranges(grad, o->norm_ranges, o->n_norm_ranges);
+  double sumsq = be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
   double norm = sqrt(sumsq);
@@ -217,7 +217,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
   for (int k = 0; k < o->n_pieces; k++) {
     int r0 = o->piece_first[k];
-    be->adamw_ranges(m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
+    be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
                      o->piece_first[k + 1] - r0, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2,
                      g_scale);
     int b0 = o->piece_bucket[k], nb = o->piece_bucket[k + 1] - b0;

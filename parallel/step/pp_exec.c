@@ -132,7 +132,7 @@ static uint16_t *stage_buf(pp_exec *e, int k) {
 // compute stream, before its group opens: a group holds transfers only), a receive lands in
 // staging buffer k and is widened once its group has ended (stage_recv).
 static void stage_send(pp_exec *e, const float *buf, int k) {
-  if (e->comm_bf16) e->m->be->cast(stage_buf(e, k), K_BF16, buf, K_F32, e->m->dims.rows_s * e->m->dims.d);
+  if (e->comm_bf16) e->m->be->cast(e->m->be, stage_buf(e, k), K_BF16, buf, K_F32, e->m->dims.rows_s * e->m->dims.d);
 }
 
 static void post(pp_exec *e, pp_op op, float *buf, int peer, int k) {
@@ -145,7 +145,7 @@ static void post(pp_exec *e, pp_op op, float *buf, int peer, int k) {
 }
 
 static void stage_recv(pp_exec *e, float *buf, int k) {
-  if (e->comm_bf16) e->m->be->cast(buf, K_F32, stage_buf(e, k), K_BF16, e->m->dims.rows_s * e->m->dims.d);
+  if (e->comm_bf16) e->m->be->cast(e->m->be, buf, K_F32, stage_buf(e, k), K_BF16, e->m->dims.rows_s * e->m->dims.d);
 }
 
 // Overlap: compute waits for send ticket t (a send still reading a buffer it writes); the host
@@ -180,7 +180,7 @@ static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
     float *buf = comm_buf(e, &st[k]);
     if (!e->comm_bf16) continue;
     if (st[k].op == PP_SEND_ACT || st[k].op == PP_SEND_GRAD) {
-      e->m->be->cast(staging(e, &t->out16), K_BF16, buf, K_F32, n);
+      e->m->be->cast(e->m->be, staging(e, &t->out16), K_BF16, buf, K_F32, n);
     } else {
       fresh |= !t->in16;
       staging(e, &t->in16);
@@ -214,7 +214,7 @@ static void wait_receive(pp_exec *e, pp_tickets *t, float *buf) {
   pc->ops->xfer_wait(pc, t->recv);
   t->recv = -1;
   if (e->comm_bf16) {
-    e->m->be->cast(buf, K_F32, t->in16, K_BF16, e->m->dims.rows_s * e->m->dims.d);
+    e->m->be->cast(e->m->be, buf, K_F32, t->in16, K_BF16, e->m->dims.rows_s * e->m->dims.d);
     t->widened = pc->ops->xfer_mark(pc);
   }
   if (tm) tm->pp_comm += timing_now(e->m->be) - t0;
