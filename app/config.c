@@ -36,6 +36,10 @@ typedef struct cfg_key {
 #define CFG_INT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(sec.k, int), lo, hi, d, NULL, doc}
 #define CFG_FLOAT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(sec.k, float), lo, hi, d, NULL, doc}
 #define CFG_BOOL(sec, k, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(sec.k, int), 0, 1, d, NULL, doc}
+// Keys whose field belongs to a module's own config struct (the optimizer's, cfg.optim).
+#define CFG_INT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(field, int), lo, hi, d, NULL, doc}
+#define CFG_FLOAT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(field, float), lo, hi, d, NULL, doc}
+#define CFG_BOOL_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(field, int), 0, 1, d, NULL, doc}
 #define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
 #define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
 
@@ -70,9 +74,9 @@ static const cfg_key cfg_keys[] = {
            "for the transfer it reads; false = each group of transfers completes before the next compute; no "
            "effect with pp 1"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
-  CFG_BOOL(parallel, distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
-  CFG_FLOAT(parallel, bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
-  CFG_BOOL(parallel, grad_reduce_bf16, 0,
+  CFG_BOOL_IN(parallel, distributed_optimizer, optim.distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
+  CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
+  CFG_BOOL_IN(parallel, grad_reduce_bf16, optim.grad_reduce_bf16, 0,
            "reduce DP gradients in bf16: half the traffic, each rank's gradient rounded to bf16 before the sum; "
            "false = fp32; no effect with dp 1"),
   CFG_STRING(parallel, gpu_comm, "nccl",
@@ -81,21 +85,35 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),
+  CFG_FLOAT(parallel, comm_timeout_s, 0.001, 1e6, 600,
+            "GPUs: seconds a collective or transfer may wait for its peers before the job ends with a message "
+            "naming the group and the operation (a dead or stuck rank)"),
+  CFG_INT(parallel, mpi_chunk_elems, 0, 2147483647, 0,
+          "MPI communicator: the largest message in elements, longer ones are sent in pieces; 0 = no limit"),
 
   CFG_INT(train, steps, 1, 1000000000, 300, "optimizer steps"),
   CFG_INT(train, stop_at, 0, 1000000000, 0, "stop after this step, schedule unchanged (split a run over jobs); 0 = off"),
   CFG_INT(train, global_batch, 1, 100000000, 32, "sequences per optimizer step, over all dp ranks"),
   CFG_INT(train, micro_batch, 1, 1000000, 8, "sequences per micro-batch on one rank"),
-  CFG_FLOAT(train, lr, 0, 10, 3e-3, "peak learning rate, reached after warmup"),
-  CFG_FLOAT(train, min_lr, 0, 10, 3e-4, "floor of the cosine decay; <= lr"),
-  CFG_INT(train, warmup_steps, 0, 1000000000, 30, "linear warmup steps; <= steps"),
-  CFG_FLOAT(train, weight_decay, 0, 10, 0.1, "AdamW decoupled weight decay"),
-  CFG_FLOAT(train, beta1, 0, 0.9999999, 0.9, "AdamW first-moment decay"),
-  CFG_FLOAT(train, beta2, 0, 0.9999999, 0.95, "AdamW second-moment decay"),
-  CFG_FLOAT(train, eps, 0, 1, 1e-8, "AdamW denominator epsilon"),
-  CFG_FLOAT(train, grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
+  CFG_FLOAT_IN(train, lr, optim.lr, 0, 10, 3e-3, "peak learning rate, reached after warmup"),
+  CFG_FLOAT_IN(train, min_lr, optim.min_lr, 0, 10, 3e-4, "floor of the cosine decay; <= lr"),
+  CFG_INT_IN(train, warmup_steps, optim.warmup_steps, 0, 1000000000, 30, "linear warmup steps; <= steps"),
+  CFG_FLOAT_IN(train, weight_decay, optim.weight_decay, 0, 10, 0.1, "AdamW decoupled weight decay"),
+  CFG_FLOAT_IN(train, beta1, optim.beta1, 0, 0.9999999, 0.9, "AdamW first-moment decay"),
+  CFG_FLOAT_IN(train, beta2, optim.beta2, 0, 0.9999999, 0.95, "AdamW second-moment decay"),
+  CFG_FLOAT_IN(train, eps, optim.eps, 0, 1, 1e-8, "AdamW denominator epsilon"),
+  CFG_FLOAT_IN(train, grad_clip, optim.grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
   CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
+  CFG_STRING(train, precision, "auto",
+             "arithmetic of activations and GEMMs: auto | fp32 | tf32 | bf16 (auto: bf16 on GPUs, fp32 on CPU "
+             "ranks; tf32: fp32 activations with TF32 GEMMs, GPUs only); master weights, gradients and optimizer "
+             "state are fp32 in every case"),
+  CFG_STRING(train, attention, "cudnn",
+             "GPU attention kernel: cudnn (cuDNN's fused attention with bf16 activations; the own kernel for fp32 "
+             "or a shape cuDNN refuses) | own (the project's own kernel always)"),
+  CFG_STRING(train, cpu_isa, "auto",
+             "widest vector instruction set of the CPU GEMM: auto (the widest the CPU has) | avx512 | avx2 | sse"),
   CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
@@ -110,6 +128,12 @@ static const cfg_key cfg_keys[] = {
   CFG_STRING(log, metrics, "runs/default/metrics.jsonl", "JSON-lines metrics file; empty = none"),
   CFG_INT(log, eval_every, 0, 1000000000, 50, "steps between val-loss evaluations; 0 = only at the end"),
   CFG_INT(log, eval_batches, 1, 1000000, 8, "micro-batches (of micro_batch sequences) per evaluation"),
+  CFG_BOOL(log, time_tp, 0,
+           "time the tensor-parallel collectives in the run report (a GPU sync around each, which slows the step); "
+           "false = they count as compute"),
+  CFG_FLOAT(log, peak_tflops, 0, 1e6, 0,
+            "dense peak TFLOP/s of one rank's device, for MFU; 0 = the device's known bf16 peak (989.4 for H100 "
+            "and H200), else no MFU"),
 };
 #define CFG_N_KEYS ((int)(sizeof cfg_keys / sizeof cfg_keys[0]))
 
@@ -563,9 +587,10 @@ static int cfg_is_one_of(const char *v, const char *const *options, int n) {
 }
 
 int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
-  const cfg_model *m = &c->model;
+  const model_config *m = &c->model;
   cfg_parallel *p = &c->parallel;
   const cfg_train *t = &c->train;
+  const opt_config *o = &c->optim;
   if (err && n_err) err[0] = '\0';
 #define CFG_RULE(cond, ...) \
   if (!(cond)) return cfg_fail(err, n_err, NULL, __VA_ARGS__)
@@ -599,10 +624,10 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(t->micro_batch <= t->global_batch,
            "train.micro_batch = %d is larger than train.global_batch = %d: lower micro_batch or raise global_batch",
            t->micro_batch, t->global_batch);
-  CFG_RULE(t->min_lr <= t->lr, "train.min_lr = %.9g is larger than train.lr = %.9g: set min_lr <= lr",
-           (double)t->min_lr, (double)t->lr);
-  CFG_RULE(t->warmup_steps <= t->steps,
-           "train.warmup_steps = %d is larger than train.steps = %d: set warmup_steps <= steps", t->warmup_steps,
+  CFG_RULE(o->min_lr <= o->lr, "train.min_lr = %.9g is larger than train.lr = %.9g: set min_lr <= lr",
+           (double)o->min_lr, (double)o->lr);
+  CFG_RULE(o->warmup_steps <= t->steps,
+           "train.warmup_steps = %d is larger than train.steps = %d: set warmup_steps <= steps", o->warmup_steps,
            t->steps);
   static const char *const devices[] = {"auto", "cpu", "cuda"}, *const recomputes[] = {"none", "selective", "full"};
   CFG_RULE(cfg_is_one_of(t->device, devices, 3), "train.device = '%s' is not one of: auto, cpu, cuda", t->device);
@@ -610,6 +635,17 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
   CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
            t->recompute);
+  static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16"}, *const attentions[] = {"cudnn", "own"},
+                           *const isas[] = {"auto", "avx512", "avx2", "sse"};
+  CFG_RULE(cfg_is_one_of(t->precision, precisions, 4), "train.precision = '%s' is not one of: auto, fp32, tf32, bf16",
+           t->precision);
+  CFG_RULE(cfg_is_one_of(t->attention, attentions, 2), "train.attention = '%s' is not one of: cudnn, own",
+           t->attention);
+  CFG_RULE(cfg_is_one_of(t->cpu_isa, isas, 4), "train.cpu_isa = '%s' is not one of: auto, avx512, avx2, sse",
+           t->cpu_isa);
+  CFG_RULE(strcmp(t->device, "cpu") != 0 || strcmp(t->precision, "tf32") != 0 && strcmp(t->precision, "bf16") != 0,
+           "train.precision = %s with train.device = cpu: CPU ranks compute in fp32; set train.precision=fp32 (or "
+           "auto), or train.device=cuda", t->precision);
   CFG_RULE(c->checkpoint.resume[0] != '\0',
            "checkpoint.resume is empty: set it to none, auto, or the path of a checkpoint file");
   if (world_size <= 0) return 0;
@@ -718,4 +754,24 @@ size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf) {
   // Too small: the contract is to return the size needed (the caller retries with n + 1).
   if (buf && n_buf && o.n >= n_buf) buf[n_buf - 1] = '\0';
   return o.n;
+}
+
+model_layout cfg_model_layout(const cfg *c) {
+  const char *r = c->train.recompute;
+  return (model_layout){
+      .pp = c->parallel.pp,
+      .vpp = c->parallel.vpp,
+      .last_stage_layers = c->parallel.last_stage_layers,
+      .sequence_parallel = c->parallel.sequence_parallel,
+      .micro_batch = c->train.micro_batch,
+      .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
+                   : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
+                                                 : MODEL_RECOMPUTE_NONE,
+  };
+}
+
+int cfg_n_micro(const cfg *c) { return c->train.global_batch / (c->parallel.dp * c->train.micro_batch); }
+
+int cfg_act_bf16(const cfg *c) {
+  return strcmp(c->train.precision, "auto") == 0 || strcmp(c->train.precision, "bf16") == 0;
 }

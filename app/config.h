@@ -6,22 +6,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "model/model_config.h"
+#include "parallel/step/optim_config.h"
 
 #define CFG_STR 256
-
-typedef struct cfg_model {
-  int dim;             // model width d
-  int n_layers;
-  int n_heads;
-  int n_kv_heads;      // grouped-query heads; divides n_heads
-  int ffn_dim;         // SwiGLU hidden width
-  int vocab_size;
-  int seq_len;         // tokens per sequence (context length)
-  float norm_eps;
-  float rope_theta;
-  int tie_embeddings;  // bool: LM head shares the embedding table
-  float init_std;      // std of the normal init of matrices
-} cfg_model;
 
 typedef struct cfg_parallel {
   int tp;                     // tensor-parallel ranks
@@ -32,11 +20,10 @@ typedef struct cfg_parallel {
   int pp_comm_bf16;           // pipeline transfers in bf16 (0: fp32)
   int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
-  int distributed_optimizer;  // bool: ZeRO-1 over dp
-  float bucket_mb;            // DP gradient bucket size in MiB
-  int grad_reduce_bf16;       // DP gradient reduction in bf16 (0: fp32)
   char gpu_comm[CFG_STR];     // GPU ranks' communicator: nccl | mpi (staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
+  float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message
+  int mpi_chunk_elems;        // MPI: largest message in elements; 0 = no chunking
 } cfg_parallel;
 
 typedef struct cfg_train {
@@ -44,16 +31,11 @@ typedef struct cfg_train {
   int stop_at;          // stop after this step (schedule unchanged); 0 = run to steps
   int global_batch;     // sequences per optimizer step, over all dp ranks
   int micro_batch;      // sequences per micro-batch on one rank
-  float lr;             // peak learning rate
-  float min_lr;         // floor of the cosine decay
-  int warmup_steps;
-  float weight_decay;
-  float beta1;
-  float beta2;
-  float eps;
-  float grad_clip;      // global gradient-norm clip; 0 = off
   uint64_t seed;
   char device[CFG_STR];     // auto | cpu | cuda
+  char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 (auto: bf16 on GPUs, fp32 on CPU ranks)
+  char attention[CFG_STR];  // cudnn | own (GPUs)
+  char cpu_isa[CFG_STR];    // auto | avx512 | avx2 | sse: widest vector ISA of the CPU GEMM
   char recompute[CFG_STR];  // none | selective | full
 } cfg_train;
 
@@ -74,12 +56,16 @@ typedef struct cfg_log {
   char metrics[CFG_STR]; // JSON-lines metrics file; empty = none
   int eval_every;        // steps between val-loss evaluations; 0 = only at the end
   int eval_batches;      // micro-batches (of micro_batch sequences) per evaluation
+  int time_tp;           // bool: time the tp collectives (a sync around each)
+  float peak_tflops;     // dense peak per rank for MFU; 0 = the device's known peak
 } cfg_log;
 
 typedef struct cfg {
-  cfg_model model;
+  model_config model;
   cfg_parallel parallel;
   cfg_train train;
+  opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
+                         // parallel.bucket_mb, parallel.grad_reduce_bf16
   cfg_data data;
   cfg_checkpoint checkpoint;
   cfg_log log;
@@ -99,5 +85,11 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err);
 // The resolved config as YAML text (every key, in table order). Returns bytes written
 // (excluding the NUL), or the size needed if n_buf is too small.
 size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf);
+// The model's layout for this run (pipeline, sequence parallelism, micro-batch, recomputation).
+model_layout cfg_model_layout(const cfg *c);
+// Whether GPU ranks compute with bf16 activations (train.precision auto or bf16).
+int cfg_act_bf16(const cfg *c);
+// Micro-batches per rank and step: global_batch / (dp * micro_batch) (dp resolved).
+int cfg_n_micro(const cfg *c);
 
 #endif

@@ -4,7 +4,7 @@
 // (or, with --dry-run, prints the plan without allocating).
 #include "app/config.h"
 #include "app/plan.h"
-#include "app/train.h"
+#include "app/trainer.h"
 #include "kernels/backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/step/pp_schedule.h"
@@ -55,8 +55,7 @@ int main(int argc, char **argv) {
     rc = 2;
     goto out;
   }
-  int n_micro = c.train.global_batch / (c.parallel.dp * c.train.micro_batch);
-  if (pp_schedule_check(c.parallel.pp, c.parallel.vpp, n_micro, err, sizeof err) != 0) {
+  if (pp_schedule_check(c.parallel.pp, c.parallel.vpp, cfg_n_micro(&c), err, sizeof err) != 0) {
     if (rank == 0) fprintf(stderr, "error: %s\n", err);
     rc = 2;
     goto out;
@@ -89,6 +88,9 @@ int main(int argc, char **argv) {
     printf("# resolved config (%s)\n%s", path, yaml);
     free(yaml);
   }
+  // Test-only fault injection (tests/test_resume.sh), read here once.
+  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
+  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1};
   grid g;
   k_backend *be = NULL;
 #ifdef TRAINER_HAVE_CUDA
@@ -116,7 +118,7 @@ int main(int argc, char **argv) {
     // No SMs to spare on CPU ranks; the second communicator only exercises the same code path.
     if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) grid_add_dp_overlap(&g, comm_mpi_create);
   }
-  rc = run_train(&c, &g, be);
+  rc = trainer_run(&c, &g, be, &hooks);
   grid_free(&g);  // communicators first: NCCL's streams and events belong to the backend's device
   k_backend_free(&be);
 out:

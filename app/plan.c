@@ -2,7 +2,6 @@
 // the model allocates from, so the estimate follows the code.
 #include "app/plan.h"
 #include "model/model.h"
-#include "model/model_internal.h"
 #include "parallel/step/pp_schedule.h"
 #include <stdio.h>
 #include <string.h>
@@ -10,7 +9,7 @@
 static double gib(double n_bytes) { return n_bytes / (1024.0 * 1024.0 * 1024.0); }
 
 // Elements of the tensors of one layer, or of the non-layer tensors of a stage, on one tp rank.
-static int64_t local_elems(const cfg_model *mc, int tp, model_kind k) {
+static int64_t local_elems(const model_config *mc, int tp, model_kind k) {
   int64_t full[2];
   model_full_shape(mc, k, full);
   int64_t n = full[0] * full[1];
@@ -18,26 +17,27 @@ static int64_t local_elems(const cfg_model *mc, int tp, model_kind k) {
 }
 
 int run_plan(const cfg *c, int world_size) {
-  const cfg_model *mc = &c->model;
+  const model_config *mc = &c->model;
   const cfg_parallel *pc = &c->parallel;
   int tp = pc->tp, pp = pc->pp, dp = pc->dp, vpp = pc->vpp;
   int sp = pc->sequence_parallel && tp > 1;
-  int n_micro = c->train.global_batch / (dp * c->train.micro_batch);
+  int n_micro = cfg_n_micro(c);
+  const model_layout ml = cfg_model_layout(c);
   int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
   int hd = mc->dim / mc->n_heads;
   printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
-         sp ? ", sequence parallel" : "", pc->distributed_optimizer && dp > 1 ? ", distributed optimizer" : "");
+         sp ? ", sequence parallel" : "", c->optim.distributed_optimizer && dp > 1 ? ", distributed optimizer" : "");
   printf("model: %.3fB parameters (%.3fB without the embedding), d %d, %d layers, %d heads (%d kv), head dim %d, "
          "ffn %d, vocab %d, seq %d\n",
          n_total / 1e9, n_no_embed / 1e9, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, hd, mc->ffn_dim,
          mc->vocab_size, mc->seq_len);
   printf("batch: global %d sequences = dp %d x %d micro-batches x %d; pipeline bubble (theory) %.1f%%\n",
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
-  // GPUs hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
-  int gpu = strcmp(c->train.device, "cuda") == 0, act_bytes = gpu ? 2 : 4;
+  // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
+  int gpu = strcmp(c->train.device, "cuda") == 0, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
   printf("memory per rank, as train.device=%s holds it (fp32 master weights%s, fp32 grads, %s activations; Adam "
-         "moments %s):\n", gpu ? "cuda" : c->train.device, gpu ? " + bf16 compute copy" : "", gpu ? "bf16" : "fp32",
-         pc->distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
+         "moments %s):\n", gpu ? "cuda" : c->train.device, bf16_act ? " + bf16 compute copy" : "",
+         bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   model_dims dm;
@@ -48,24 +48,24 @@ int run_plan(const cfg *c, int world_size) {
     int max_in_flight = built ? s.max_in_flight : 1, max_group = built ? pp_schedule_max_group(&s) : 1;
     pp_schedule_free(&s);
     for (int tr = 0; tr < tp; tr++) {
-      model_dims_compute(&dm, c, tp, tr, sp);
+      model_dims_compute(&dm, mc, ml.micro_batch, tp, tr, sp);
       int64_t n = 0, act = 0;
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
         int vs = ci * pp + pr, l0, per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
-        model_stage_layers(c, vs, &l0, &per_chunk);
+        model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
         len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
         if (first) n += local_elems(mc, tp, MODEL_EMBED);
         for (int k = 0; k < MODEL_N_KINDS; k++)
           if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
         if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
-        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, model_recompute_parse(c->train.recompute));
+        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
       }
       // The distributed optimizer keeps its reduced part of every bucket beside the full gradients;
       // a bf16 reduction adds bf16 copies of both.
-      int zero = pc->distributed_optimizer && dp > 1, bf16 = pc->grad_reduce_bf16 && dp > 1;
+      int zero = c->optim.distributed_optimizer && dp > 1, bf16 = c->optim.grad_reduce_bf16 && dp > 1;
       double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
       double w = (gpu ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap

@@ -2,7 +2,6 @@
 #include "app/run_ckpt.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
-#include "model/model_internal.h"
 #include <string.h>
 
 static const char *section_prefix[3] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
@@ -16,7 +15,7 @@ static const model_tensor *find_tensor(const model *m, model_kind k, int layer) 
 // One entry per (section, tensor of the whole model), identical names and shapes on every
 // rank; blocks this rank does not hold have count 0. host[s] are flat host buffers.
 static ckpt_tensor *build_list(const model *m, float *host[3], int *n_out) {
-  const cfg_model *mc = &m->cfg;
+  const model_config *mc = &m->cfg;
   int per_section = 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1);
   ckpt_tensor *list = XCALLOC((size_t)3 * per_section, sizeof(ckpt_tensor));
   int n = 0;
@@ -52,7 +51,8 @@ static void alloc_host(const model *m, float *host[3]) {
   for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
 }
 
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, char *err, size_t n_err) {
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
+                  size_t n_err) {
   float *host[3];
   alloc_host(m, host);
   opt_get_params(o, host[0]);
@@ -64,7 +64,7 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   cfg_to_yaml(c, yaml, n_yaml);
   ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .rng_counter = 0,
                     .config_yaml = yaml};
-  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, err, n_err);
+  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
   free(yaml);
   free(list);
   for (int s = 0; s < 3; s++) free(host[s]);

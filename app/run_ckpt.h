@@ -7,8 +7,9 @@
 #include "app/config.h"
 #include "parallel/step/optim.h"
 
-// Collective. Returns 0, or -1 with a message.
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, char *err, size_t n_err);
+// Collective. Returns 0, or -1 with a message. kill_after: ckpt_save's test hook (-1: off).
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
+                  size_t n_err);
 // Collective. path: a checkpoint file. Fills step and samples_seen. Returns 0, or -1 with a
 // message (model shape differs, missing tensor, unreadable file).
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,

@@ -272,7 +272,7 @@ static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_
 }
 
 int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
-              int keep, char *err, size_t n_err) {
+              int keep, int kill_after, char *err, size_t n_err) {
   CHECK(dir != NULL && dir[0] != '\0', "ckpt_save: dir is empty");
   CHECK(meta != NULL, "ckpt_save: meta is NULL");
   CHECK(meta->step >= 0, "ckpt_save: step is %" PRId64 ", expected >= 0", meta->step);
@@ -352,10 +352,6 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
   // whole file first: a second full pass of I/O for data that is overwritten anyway.
   H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
   H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
-  // Test hook: TRAINER_TEST_KILL_IN_CKPT=N makes the process SIGKILL itself after N tensors,
-  // mid-write, so a test can show that a crash leaves the previous checkpoint intact.
-  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
-  int kill_after = kill_env ? atoi(kill_env) : -1;
   for (int i = 0; i < n_tensors && rc == 0; i++) {
     if (i == kill_after) raise(SIGKILL);
     int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, tmp, dir, msg);

@@ -46,8 +46,10 @@ typedef struct ckpt_meta {
 // never rotated away, even when dir holds higher steps (a warning names them); leftover
 // .ckpt_*.h5.tmp files of crashed writes are removed. Rotation runs on rank 0 after the result is
 // agreed, so other ranks may return before old files are gone; its failures are warnings.
+// kill_after: a test hook, -1 in a run: the process SIGKILLs itself after writing that many
+// tensors, mid-write, so a test can show that a crash leaves the previous checkpoint intact.
 int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
-              int keep, char *err, size_t n_err);
+              int keep, int kill_after, char *err, size_t n_err);
 // Collective. Reads into each tensor's block. A missing tensor, or a full shape different
 // from the file's, is an error naming the tensor and both shapes and saying what to do.
 // Same list precondition as ckpt_save (names and full shapes equal on every rank); `write` is

@@ -23,7 +23,7 @@ const model_spec model_specs[MODEL_N_KINDS] = {
 };
 
 // Full logical shape of a kind; returns ndim.
-int model_full_shape(const cfg_model *c, model_kind k, int64_t full[2]) {
+int model_full_shape(const model_config *c, model_kind k, int64_t full[2]) {
   int64_t d = c->dim, hd = c->dim / c->n_heads, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd;
   full[1] = 1;
   switch (k) {
@@ -38,9 +38,8 @@ int model_full_shape(const cfg_model *c, model_kind k, int64_t full[2]) {
   }
 }
 
-void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int sp) {
-  const cfg_model *mc = &c->model;
-  dm->B = c->train.micro_batch;
+void model_dims_compute(model_dims *dm, const model_config *mc, int micro_batch, int tp, int tp_rank, int sp) {
+  dm->B = micro_batch;
   dm->T = mc->seq_len;
   dm->d = mc->dim;
   dm->hd = mc->dim / mc->n_heads;
@@ -53,7 +52,7 @@ void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int s
   dm->rows_s = sp ? dm->rows / tp : dm->rows;
 }
 
-int64_t model_count_params(const cfg_model *c, int64_t *n_without_embedding) {
+int64_t model_count_params(const model_config *c, int64_t *n_without_embedding) {
   int64_t total = 0, embed = 0, full[2];
   for (int k = 0; k < MODEL_N_KINDS; k++) {
     if (k == MODEL_LM_HEAD && c->tie_embeddings) continue;
@@ -87,15 +86,8 @@ static model_tensor *add_tensor(model *m, int *n, model_kind k, int layer, int c
   return t;
 }
 
-model_recompute model_recompute_parse(const char *name) {
-  if (strcmp(name, "full") == 0) return MODEL_RECOMPUTE_FULL;
-  if (strcmp(name, "selective") == 0) return MODEL_RECOMPUTE_SELECTIVE;
-  CHECK(strcmp(name, "none") == 0, "train.recompute = '%s' is not one of: none, selective, full", name);
-  return MODEL_RECOMPUTE_NONE;
-}
-
-void model_stage_layers(const cfg *c, int vstage, int *layer0, int *n_layers) {
-  int n_vstages = c->parallel.pp * c->parallel.vpp, last = c->parallel.last_stage_layers, total = c->model.n_layers;
+void model_stage_layers(const model_config *mc, const model_layout *ml, int vstage, int *layer0, int *n_layers) {
+  int n_vstages = ml->pp * ml->vpp, last = ml->last_stage_layers, total = mc->n_layers;
   if (last == 0 || n_vstages == 1) {
     *n_layers = total / n_vstages;
     *layer0 = vstage * *n_layers;
@@ -108,22 +100,22 @@ void model_stage_layers(const cfg *c, int vstage, int *layer0, int *n_layers) {
   *n_layers = vstage == n_vstages - 1 ? last : other;
 }
 
-void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
+void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be) {
+  CHECK(ml->pp == g->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, g->pp);
   memset(m, 0, sizeof *m);
-  m->cfg = c->model;
+  m->cfg = *mc;
   m->g = g;
   m->be = be;
   m->tp = g->tp;
   m->tp_rank = g->tp_rank;
   m->pp = g->pp;
   m->pp_rank = g->pp_rank;
-  m->vpp = c->parallel.vpp;
-  m->sp = c->parallel.sequence_parallel && g->tp > 1;
-  m->recompute = model_recompute_parse(c->train.recompute);
-  const cfg_model *mc = &c->model;
+  m->vpp = ml->vpp;
+  m->sp = ml->sequence_parallel && g->tp > 1;
+  m->recompute = ml->recompute;
   int n_vstages = m->pp * m->vpp;
 
-  model_dims_compute(&m->dims, c, m->tp, m->tp_rank, m->sp);
+  model_dims_compute(&m->dims, mc, ml->micro_batch, m->tp, m->tp_rank, m->sp);
 
   int max_tensors = mc->n_layers * 9 + m->vpp * 3;  // at most every layer, and 3 non-layer tensors per chunk
   m->tensors = XCALLOC(max_tensors, sizeof(model_tensor));
@@ -132,7 +124,7 @@ void model_init(model *m, const cfg *c, grid *g, k_backend *be) {
   for (int ci = 0; ci < m->vpp; ci++) {
     model_chunk *ch = &m->chunks[ci];
     ch->vstage = ci * m->pp + m->pp_rank;
-    model_stage_layers(c, ch->vstage, &ch->layer0, &ch->n_layers);
+    model_stage_layers(mc, ml, ch->vstage, &ch->layer0, &ch->n_layers);
     ch->layers = XCALLOC(ch->n_layers, sizeof(model_layer));
     if (ch->vstage == 0) ch->embed = add_tensor(m, &n, MODEL_EMBED, -1, ci);
     for (int i = 0; i < ch->n_layers; i++) {

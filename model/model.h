@@ -7,7 +7,7 @@
 #define TRAINER_MODEL_H
 
 #include <stdint.h>
-#include "app/config.h"
+#include "model/model_config.h"
 #include "kernels/backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/comm/timing.h"
@@ -76,16 +76,9 @@ typedef struct model_dims {
   int64_t rows_s;            // rows of the residual stream on this rank (T/tp * B with SP)
 } model_dims;
 
-// Activation recomputation (train.recompute), trading compute in backward for saved memory:
-// none keeps every layer's tensors; selective recomputes each layer's normed inputs and SwiGLU
-// output (cheap elementwise work, plus the SP all-gathers) and keeps the GEMM and attention
-// outputs; full keeps only each layer's input and reruns the layer's forward before its
-// backward. All three give bitwise the same gradients.
-typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute;
-model_recompute model_recompute_parse(const char *name);
 
 typedef struct model {
-  cfg_model cfg;
+  model_config cfg;
   int tp, tp_rank, pp, pp_rank, vpp, sp;
   model_recompute recompute;
   grid *g;
@@ -115,17 +108,19 @@ enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 // Layers [*layer0, *layer0 + *n_layers) of virtual pipeline stage vstage (of pp * vpp): an even
 // split, or parallel.last_stage_layers for the last stage (it also runs the head and the loss)
 // and an even split of the rest for the others.
-void model_stage_layers(const cfg *c, int vstage, int *layer0, int *n_layers);
+void model_stage_layers(const model_config *mc, const model_layout *ml, int vstage, int *layer0, int *n_layers);
 
 // Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
 // the activation sizes. dp pads the flat buffer to a multiple of dp.
-void model_init(model *m, const cfg *c, grid *g, k_backend *be);
+void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be);
 void model_free(model *m);
 // Deterministic init, independent of the layout: element (i) of a full tensor gets a value
 // from (seed, tensor name, i), so every layout starts from the same weights.
 void model_init_weights(model *m, uint64_t seed);
+// The full (logical) shape of a parameter kind; returns its number of dimensions (1 or 2).
+int model_full_shape(const model_config *c, model_kind k, int64_t full[2]);
 // Parameter counts of the whole model (all ranks): total and without the embedding table.
-int64_t model_count_params(const cfg_model *c, int64_t *n_without_embedding);
+int64_t model_count_params(const model_config *c, int64_t *n_without_embedding);
 
 // Activations of one (micro-batch, chunk): inputs, saved tensors, outputs, gradients.
 typedef struct model_acts model_acts;
@@ -144,7 +139,7 @@ void model_set_timing(model *m, step_timing *t);
 // Refreshes the compute copy of the weights from the fp32 masters (after init, load, update).
 void model_sync_compute_weights(model *m);
 // Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.
-void model_dims_compute(model_dims *dm, const cfg *c, int tp, int tp_rank, int sp);
+void model_dims_compute(model_dims *dm, const model_config *mc, int micro_batch, int tp, int tp_rank, int sp);
 
 // Forward of a chunk. tokens/targets: (T, B) in backend memory, used by the first/last
 // virtual stage. On the last stage returns the sum over this micro-batch of the per-token

@@ -391,7 +391,7 @@ int main(int argc, char **argv) {
   const double tokens = (double)sh->global_batch * T;
   // The MFU convention of app/train.c and docs/benchmarks.md: 6 N + 12 L d T flops per token,
   // N the parameters without the embedding table (the head counts unless tied).
-  cfg_model mc = {.dim = d, .n_layers = sh->n_layers, .n_heads = sh->nh, .n_kv_heads = sh->nkv, .ffn_dim = F,
+  model_config mc = {.dim = d, .n_layers = sh->n_layers, .n_heads = sh->nh, .n_kv_heads = sh->nkv, .ffn_dim = F,
                   .vocab_size = V, .seq_len = T, .tie_embeddings = sh->tied};
   int64_t n_no_embed = 0;
   model_count_params(&mc, &n_no_embed);

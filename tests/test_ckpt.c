@@ -94,7 +94,7 @@ static int save_step(const char *dir, int64_t step, int keep, float bump, char *
   make_saved(&s, bump);
   ckpt_meta m = {.step = step, .samples_seen = 1000 * step + 7, .seed = 0xDEADBEEFCAFEF00Dull,
                  .rng_counter = 0xFFFFFFFFFFFFFFF0ull + (uint64_t)step % 7, .config_yaml = yaml_text};
-  return ckpt_save(dir, MPI_COMM_WORLD, s.t, 4, &m, keep, err, n_err);
+  return ckpt_save(dir, MPI_COMM_WORLD, s.t, 4, &m, keep, -1, err, n_err);
 }
 
 // Loads A split on dim 0 (rows), B and C whole on each rank; compares exactly with `bump`.

@@ -41,11 +41,11 @@ static void test_defaults(void) {
   EXPECT(c.model.norm_eps == 1e-5f && c.model.rope_theta == 10000.0f && c.model.init_std == 0.02f, "model floats");
   EXPECT(c.model.tie_embeddings == 0, "tie");
   EXPECT(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.dp == 0 && c.parallel.vpp == 1, "layout");
-  EXPECT(!c.parallel.sequence_parallel && !c.parallel.distributed_optimizer && c.parallel.bucket_mb == 100, "par");
+  EXPECT(!c.parallel.sequence_parallel && !c.optim.distributed_optimizer && c.optim.bucket_mb == 100, "par");
   EXPECT(c.train.steps == 300 && c.train.global_batch == 32 && c.train.micro_batch == 8, "train ints");
-  EXPECT(c.train.lr == 3e-3f && c.train.min_lr == 3e-4f && c.train.warmup_steps == 30, "schedule");
-  EXPECT(c.train.weight_decay == 0.1f && c.train.beta1 == 0.9f && c.train.beta2 == 0.95f, "adamw");
-  EXPECT(c.train.eps == 1e-8f && c.train.grad_clip == 1.0f && c.train.seed == 1234, "eps clip seed");
+  EXPECT(c.optim.lr == 3e-3f && c.optim.min_lr == 3e-4f && c.optim.warmup_steps == 30, "schedule");
+  EXPECT(c.optim.weight_decay == 0.1f && c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f, "adamw");
+  EXPECT(c.optim.eps == 1e-8f && c.optim.grad_clip == 1.0f && c.train.seed == 1234, "eps clip seed");
   EXPECT(!strcmp(c.train.device, "auto") && !strcmp(c.train.recompute, "none"), "enums");
   EXPECT(!strcmp(c.data.train, "data/corpus/train_*.bin") && !strcmp(c.data.val, "data/corpus/val_*.bin"), "data");
   EXPECT(!strcmp(c.checkpoint.dir, "runs/default/ckpt") && c.checkpoint.every == 100, "ckpt");
@@ -81,8 +81,8 @@ static void test_file_and_overrides(void) {
   int rc = load_text(&c, "file.yaml", yaml, 0, NULL, err, sizeof err);
   EXPECT(rc == 0, "%s", err);
   EXPECT(c.model.dim == 64 && c.model.norm_eps == 1e-6f && c.model.tie_embeddings == 1, "model");
-  EXPECT(c.parallel.sequence_parallel == 1 && c.parallel.distributed_optimizer == 0, "bools");
-  EXPECT(c.train.seed == UINT64_MAX && !strcmp(c.train.device, "cpu") && c.train.lr == 0.5f, "train");
+  EXPECT(c.parallel.sequence_parallel == 1 && c.optim.distributed_optimizer == 0, "bools");
+  EXPECT(c.train.seed == UINT64_MAX && !strcmp(c.train.device, "cpu") && c.optim.lr == 0.5f, "train");
   EXPECT(c.checkpoint.dir[0] == '\0', "plain null is an empty string, got '%s'", c.checkpoint.dir);
   EXPECT(!strcmp(c.checkpoint.resume, "null"), "quoted null stays a string, got '%s'", c.checkpoint.resume);
   EXPECT(c.model.n_layers == 4 && c.train.steps == 300, "unset keys keep defaults");

@@ -19,7 +19,8 @@ typedef struct run_out {
 
 static run_out run_once(const cfg *c, grid *g, k_backend *be, const int32_t *tok_h, const int32_t *tgt_h) {
   model m;
-  model_init(&m, c, g, be);
+  const model_layout ml = cfg_model_layout(c);
+  model_init(&m, &c->model, &ml, g, be);
   model_init_weights(&m, c->train.seed);
   size_t n_tok = (size_t)m.dims.rows * sizeof(int32_t);
   int32_t *tok = be->alloc(be, n_tok), *tgt = be->alloc(be, n_tok);
@@ -71,7 +72,8 @@ int main(int argc, char **argv) {
 
   // Per tensor cosine similarity, over the tensor list of a model laid out like both runs.
   model layout;
-  model_init(&layout, &c, &g, cpu);
+  const model_layout ml = cfg_model_layout(&c);
+  model_init(&layout, &c.model, &ml, &g, cpu);
   double worst = 1;
   const char *worst_name = "";
   for (int i = 0; i < layout.n_tensors; i++) {

@@ -12,13 +12,13 @@ enum { OPT_PIECES = 8 };
 
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
 
-void opt_init(opt_state *o, model *m, const cfg *c) {
+void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
   memset(o, 0, sizeof *o);
   o->m = m;
   o->g = m->g;
-  o->hp = c->train;
-  o->zero = c->parallel.distributed_optimizer && m->g->dp > 1;
-  o->bucket_elem = (int64_t)((double)c->parallel.bucket_mb * (1 << 20) / sizeof(float));
+  o->cfg = *oc;
+  o->zero = oc->distributed_optimizer && m->g->dp > 1;
+  o->bucket_elem = (int64_t)((double)oc->bucket_mb * (1 << 20) / sizeof(float));
   if (o->bucket_elem < 1) o->bucket_elem = 1;
   k_backend *be = m->be;
   o->parts = o->zero ? m->g->dp : 1;
@@ -30,7 +30,7 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  o->reduce_bf16 = c->parallel.grad_reduce_bf16 && m->g->dp > 1;
+  o->reduce_bf16 = oc->grad_reduce_bf16 && m->g->dp > 1;
   if (o->reduce_bf16) {
     o->grads_bf16 = be->alloc(be, (size_t)m->n_params * k_dtype_bytes(K_BF16));
     if (o->zero) o->grad_shard_bf16 = be->alloc(be, (size_t)o->shard_n * k_dtype_bytes(K_BF16));
@@ -39,9 +39,7 @@ void opt_init(opt_state *o, model *m, const cfg *c) {
   if (o->zero && m->params_c != (void *)m->params)
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
 
-  int dp = m->g->dp;
-  o->n_micro = c->train.global_batch / (dp * c->train.micro_batch);
-  if (o->n_micro < 1) o->n_micro = 1;
+  o->n_micro = n_micro > 0 ? n_micro : 1;
   o->t_group = XCALLOC(m->n_tensors, sizeof(int));
   o->t_count = XCALLOC(m->n_tensors, sizeof(int));
   o->t_final = XCALLOC(m->n_tensors, 1);
@@ -90,9 +88,9 @@ void opt_free(opt_state *o) {
   o->m = NULL;
 }
 
-float opt_lr_at(const cfg_train *hp, int64_t step) {
+float opt_lr_at(const opt_config *hp, int64_t steps, int64_t step) {
   if (step < hp->warmup_steps) return hp->lr * (float)(step + 1) / (float)hp->warmup_steps;
-  int64_t decay_steps = hp->steps - hp->warmup_steps;
+  int64_t decay_steps = steps - hp->warmup_steps;
   if (decay_steps <= 0) return hp->lr;
   double progress = (double)(step - hp->warmup_steps) / (double)decay_steps;
   if (progress > 1) progress = 1;
@@ -206,7 +204,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
   double norm = sqrt(sumsq);
-  const cfg_train *hp = &o->hp;
+  const opt_config *hp = &o->cfg;
   float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);
   // The update also writes the compute copy of this rank's elements (when the copy is not the

@@ -8,8 +8,8 @@
 #define TRAINER_OPTIM_H
 
 #include <stdint.h>
-#include "app/config.h"
 #include "model/model.h"
+#include "parallel/step/optim_config.h"
 #include "parallel/comm/timing.h"
 
 // A DP bucket: flat elements [lo, hi), overlapping tensors [t_lo, t_hi); cut into parts of len
@@ -22,7 +22,7 @@ typedef struct opt_bucket {
 typedef struct opt_state {
   model *m;
   grid *g;
-  cfg_train hp;
+  opt_config cfg;
   int zero;                 // distributed optimizer over dp
   int64_t bucket_elem;      // DP bucket size
   int parts, part_rank;      // each bucket's parts (dp with ZeRO, else 1), and which is this rank's
@@ -57,13 +57,14 @@ typedef struct opt_state {
   int n_norm_all, n_norm_own;
 } opt_state;
 
-void opt_init(opt_state *o, model *m, const cfg *c);
+// n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
+void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
 // Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);
 void opt_free(opt_state *o);
-// Learning rate at step (0-based): linear warmup, then cosine decay to min_lr.
-float opt_lr_at(const cfg_train *hp, int64_t step);
+// Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.
+float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // Gradient synchronisation is started during backward through m->grads_ready (set by
 // opt_init; n_micro = global_batch / (dp * micro_batch) backward passes per chunk and step).
 // Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,

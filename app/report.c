@@ -1,0 +1,199 @@
+// Progress lines, metrics records and the run report (see report.h).
+#include "app/report.h"
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void report_duration(double s, char *buf, size_t n) {
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(buf, n, "%lds", t);
+}
+
+static void report_mkdir_parents(const char *path) {
+  char tmp[CFG_STR];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(tmp, 0755);
+      *p = '/';
+    }
+}
+
+int report_open(trainer *t) {
+  const char *path = t->c->log.metrics;
+  if (t->g->world_rank != 0 || !path[0]) return 0;
+  report_mkdir_parents(path);
+  t->metrics = fopen(path, t->step > 0 ? "a" : "w");
+  if (!t->metrics) fprintf(stderr, "warning: cannot open log.metrics '%s'; no metrics file\n", path);
+  return 0;
+}
+
+void report_close(trainer *t) {
+  if (t->metrics) fclose(t->metrics);
+  t->metrics = NULL;
+}
+
+void report_model_line(trainer *t) {
+  const cfg *c = t->c;
+  int64_t n_params_no_embed = 0, n_params = model_count_params(&c->model, &n_params_no_embed);
+  // The fewest OpenMP threads of any rank: 1 where mpirun bound each rank to one core (README).
+  int32_t n_threads = -omp_get_max_threads();
+  t->g->world->ops->all_reduce(t->g->world, &n_threads, 1, COMM_I32, COMM_MAX);  // min(x) = -max(-x)
+  if (t->g->world_rank == 0)
+    printf("model: %.2fM parameters (%.2fM without the embedding), %d micro-batches of %d x %d tokens per rank "
+           "per step, %s backend, %d rank%s, %d OpenMP thread%s per rank\n",
+           n_params / 1e6, n_params_no_embed / 1e6, t->n_micro, c->train.micro_batch, c->model.seq_len, t->be->name,
+           t->g->world_size, t->g->world_size > 1 ? "s" : "", -n_threads, n_threads < -1 ? "s" : "");
+}
+
+void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {
+  if (t->g->world_rank != 0) return;
+  const trainer_stats *s = &t->stats;
+  const k_backend *be = t->be;
+  int steps = t->c->train.steps, do_eval = !isnan(val_loss);
+  double tps = t->tokens_per_step / r->seconds;
+  double eta = (double)(t->last_step - t->step) * (s->t_steps / (t->step - s->first_step));
+  char eta_s[32];
+  report_duration(eta, eta_s, sizeof eta_s);
+  double tflops = tps * t->flops_per_token / 1e12 / t->g->world_size;  // per rank
+  double mem = r->mem_bytes;
+  printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step", (long long)t->step, steps,
+         r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3);
+  if (be->peak_tflops > 0) printf(" | MFU %.1f%%", 100 * tflops / be->peak_tflops);
+  printf(" | mem %.2f GiB | %3.0f%% | ETA %s", mem / 1073741824.0, 100.0 * t->step / steps, eta_s);
+  if (do_eval) printf(" | val_loss %.4f", val_loss);
+  printf("\n");
+  fflush(stdout);
+  FILE *f = t->metrics;
+  if (!f) return;
+  const step_timing *tm = &s->tm;
+  fprintf(f, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
+             "\"ms_per_step\": %.3f, \"tflops_per_rank\": %.3f, \"mem_gib\": %.3f",
+          (long long)t->step, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3, tflops, mem / 1073741824.0);
+  if (be->peak_tflops > 0) fprintf(f, ", \"mfu\": %.4f", tflops / be->peak_tflops);
+  fprintf(f, ", \"ms_compute\": %.3f, \"ms_tp_comm\": %.3f, \"ms_pp_comm\": %.3f, \"ms_dp_comm\": %.3f, "
+             "\"ms_optimizer\": %.3f, \"ms_data\": %.3f",
+          tm->compute * 1e3, tm->tp_comm * 1e3, tm->pp_comm * 1e3, tm->dp_comm * 1e3, tm->optimizer * 1e3,
+          tm->data * 1e3);
+  if (do_eval) fprintf(f, ", \"val_loss\": %.9g", val_loss);
+  fprintf(f, "}\n");
+  fflush(f);
+}
+
+// The pipeline's idle share (collective), as fractions: the mean over ranks, the busiest stage's
+// and this rank's. Each rank idles for the schedule's bubble, the transfers, and waiting for a
+// slower stage (the last one also runs the head). Every rank starts the schedule at the same
+// time (the previous step ended in a world all-reduce) and the schedule lasts as long as it
+// does on the rank that ends last, so a rank's idle time is that longest span less its own
+// compute: this counts the drain at the end too, which a stage that finished early spends
+// waiting outside any transfer. The mean is the share of GPU time the pipeline loses (what
+// (p-1)/(v*m+p-1) predicts for equal stages); the minimum is the busiest stage's.
+typedef struct report_bubble {
+  double mean, busiest, own;
+} report_bubble;
+
+static report_bubble report_pipeline_idle(const trainer *t) {
+  const step_timing *tt = &t->stats.tm_total;
+  comm *w = t->g->world;
+  double pipe = tt->compute + tt->tp_comm + tt->pp_comm, pipe_max = pipe;
+  w->ops->all_reduce(w, &pipe_max, 1, COMM_F64, COMM_MAX);
+  double idle = pipe_max > 0 && t->g->pp > 1 ? (pipe_max - tt->compute - tt->tp_comm) / pipe_max : 0.0;
+  double idle_mean = idle, idle_min = -idle;
+  w->ops->all_reduce(w, &idle_mean, 1, COMM_F64, COMM_SUM);
+  w->ops->all_reduce(w, &idle_min, 1, COMM_F64, COMM_MAX);  // min(x) = -max(-x)
+  return (report_bubble){idle_mean / t->g->world_size, -idle_min, idle};
+}
+
+// The report's figures, derived once from the running sums.
+typedef struct report_figures {
+  double wall, mean_tps, mean_tflops, mfu, ms_per;  // ms_per: ms per timed step of a total in seconds
+  double exposed_pct, theory_pct;
+  report_bubble bubble;
+} report_figures;
+
+static report_figures report_compute(const trainer *t, report_bubble bubble) {
+  const trainer_stats *s = &t->stats;
+  const step_timing *tt = &s->tm_total;
+  report_figures f = {.bubble = bubble};
+  f.wall = MPI_Wtime() - s->t_start;
+  // Steady state: without the first step, which builds plans, caches and allocations.
+  f.mean_tps = s->n_timed > 0 ? s->n_timed * t->tokens_per_step / s->t_steady
+                              : (s->t_steps > 0 ? s->tokens_seen / s->t_steps : 0.0);
+  f.mean_tflops = f.mean_tps * t->flops_per_token / 1e12 / t->g->world_size;
+  f.mfu = t->be->peak_tflops > 0 ? f.mean_tflops / t->be->peak_tflops : 0.0;
+  f.ms_per = s->n_timed > 0 ? 1e3 / s->n_timed : 0;
+  double comm = tt->tp_comm + tt->pp_comm + tt->dp_comm;
+  double all = tt->compute + tt->tp_comm + tt->pp_comm + tt->dp_comm + tt->optimizer + tt->data;
+  f.exposed_pct = all > 0 ? 100 * comm / all : 0.0;
+  f.theory_pct = 100 * pp_bubble_theory(t->g->pp, t->c->parallel.vpp, t->n_micro);
+  return f;
+}
+
+static void report_print(const trainer *t, const report_figures *f, double mem_peak) {
+  const trainer_stats *s = &t->stats;
+  const step_timing *tt = &s->tm_total;
+  const k_backend *be = t->be;
+  int n = t->g->world_size;
+  char wall_s[32];
+  report_duration(f->wall, wall_s, sizeof wall_s);
+  printf("run report: %lld steps (%lld this run), %lld tokens this run in %s, mean %.0f tok/s "
+         "(%.0f per rank; steps after the first), %.2f model TFLOP/s per rank",
+         (long long)t->step, (long long)(t->step - s->first_step), (long long)s->tokens_seen, wall_s, f->mean_tps,
+         f->mean_tps / n, f->mean_tflops);
+  if (be->peak_tflops > 0)
+    printf(", MFU %.1f%% of %.1f (%s)", 100 * f->mfu, be->peak_tflops, be->device_name);
+  printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n",
+         mem_peak / 1073741824.0, s->last_loss, s->last_val);
+  if (s->n_timed == 0) return;
+  // The step split (what each figure is: parallel/comm/timing.h; dp comm is the exposed part only).
+  double k = f->ms_per;
+  printf("step time on rank 0 (ms, mean of %lld steps): compute %.2f | tp comm %.2f%s | pipeline comm and bubble %.2f "
+         "| exposed dp comm %.2f | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
+         (long long)s->n_timed, tt->compute * k, tt->tp_comm * k,
+         t->g->tp > 1 && !t->c->log.time_tp ? " (in compute; log.time_tp=true measures it)" : "", tt->pp_comm * k,
+         tt->dp_comm * k, tt->optimizer * k, tt->data * k, f->exposed_pct);
+  if (t->g->pp > 1)
+    printf("; pipeline bubble %.1f%% measured (mean over ranks; busiest stage %.1f%%, rank 0 %.1f%%), %.1f%% in "
+           "theory ((p-1)/(v*m+p-1))",
+           100 * f->bubble.mean, 100 * f->bubble.busiest, 100 * f->bubble.own, f->theory_pct);
+  printf("\n");
+}
+
+static void report_record(const trainer *t, const report_figures *f, double mem_peak) {
+  const trainer_stats *s = &t->stats;
+  const step_timing *tt = &s->tm_total;
+  char val_s[32] = "null";  // JSON has no NaN: no evaluation ran
+  if (!isnan(s->last_val)) snprintf(val_s, sizeof val_s, "%.9g", s->last_val);
+  char bubble_s[32] = "null", busiest_s[32] = "null", theory_s[32] = "null";
+  if (t->g->pp > 1) {
+    snprintf(bubble_s, sizeof bubble_s, "%.3f", 100 * f->bubble.mean);
+    snprintf(busiest_s, sizeof busiest_s, "%.3f", 100 * f->bubble.busiest);
+    snprintf(theory_s, sizeof theory_s, "%.3f", f->theory_pct);
+  }
+  double k = f->ms_per;
+  fprintf(t->metrics,
+          "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"ranks\": %d, "
+          "\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, \"tflops_per_rank\": %.3f, \"mfu\": %.4f, "
+          "\"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
+          "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
+          "\"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
+          "\"bubble_busiest_pct\": %s, \"bubble_theory_pct\": %s}\n",
+          (long long)t->step, (long long)s->tokens_seen, f->wall, t->g->world_size, f->mean_tps,
+          f->mean_tps / t->g->world_size, f->mean_tflops, f->mfu, mem_peak / 1073741824.0, s->last_loss, val_s,
+          tt->compute * k, tt->tp_comm * k, tt->pp_comm * k, tt->dp_comm * k, tt->optimizer * k, tt->data * k,
+          f->exposed_pct, bubble_s, busiest_s, theory_s);
+}
+
+void trainer_report(trainer *t) {
+  double mem_peak = t->stats.mem_peak;
+  t->g->world->ops->all_reduce(t->g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
+  report_bubble bubble = report_pipeline_idle(t);
+  if (t->g->world_rank != 0) return;
+  report_figures f = report_compute(t, bubble);
+  report_print(t, &f, mem_peak);
+  if (t->metrics) report_record(t, &f, mem_peak);
+}

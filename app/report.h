@@ -1,0 +1,16 @@
+// What a run prints and records: the model line at the start, a progress line and a JSON-lines
+// metrics record per logged step (trainer_log), and the run report at the end (trainer_report),
+// with the step split of parallel/comm/timing.h.
+#ifndef TRAINER_REPORT_H
+#define TRAINER_REPORT_H
+
+#include "app/trainer.h"
+
+// Rank 0: opens log.metrics (appending after a resume). 0; a file that cannot be opened is a
+// warning, and the run goes on without it.
+int report_open(trainer *t);
+void report_close(trainer *t);
+// Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks.
+void report_model_line(trainer *t);
+
+#endif

@@ -1,0 +1,276 @@
+// The trainer (see trainer.h): init, step, evaluate, checkpoint, free and the loop. The
+// progress lines, metrics records and run report are in report.c.
+#include "app/trainer.h"
+#include "app/report.h"
+#include "app/run_ckpt.h"
+#include "kernels/check.h"
+#include "model/ckpt.h"
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// SIGTERM (a scheduler's notice before it kills a job) or SIGINT: finish the step in flight,
+// checkpoint it, and stop, so a preempted run loses nothing. The product's one file-scope
+// variable: a signal handler can reach nothing else.
+static volatile sig_atomic_t trainer_signal_received;
+static void trainer_on_stop_signal(int sig) { trainer_signal_received = sig; }
+
+// Fills micro-batches with consecutive samples from `first`, sequence-major: token t of
+// sequence b of micro-batch j at [j][t][b].
+static void trainer_fill_batch(trainer *t, data_loader *dl, int64_t first, int n_micro) {
+  trainer_batch *rb = &t->batch;
+  int B = t->c->train.micro_batch, T = t->c->model.seq_len;
+  for (int j = 0; j < n_micro; j++)
+    for (int b = 0; b < B; b++) {
+      data_get_window(dl, first + (int64_t)j * B + b, rb->window);
+      int64_t base = (int64_t)j * T * B;
+      for (int i = 0; i < T; i++) {
+        rb->tokens_h[base + (int64_t)i * B + b] = rb->window[i];
+        rb->targets_h[base + (int64_t)i * B + b] = rb->window[i + 1];
+      }
+    }
+  size_t n_bytes = (size_t)n_micro * T * B * sizeof(int32_t);
+  t->be->from_host(t->be, rb->tokens, rb->tokens_h, n_bytes);
+  t->be->from_host(t->be, rb->targets, rb->targets_h, n_bytes);
+}
+
+// The loss term of this rank counts only where the last virtual stage lives, once per tp group.
+static double trainer_loss_term(const grid *g, double local) {
+  return (g->pp_rank == g->pp - 1 && g->tp_rank == 0) ? local : 0;
+}
+
+// Decides where to resume from: -1 error, 0 fresh start, 1 path set.
+static int trainer_resume_path(const cfg *c, char *path, size_t n, char *err, size_t n_err) {
+  const char *r = c->checkpoint.resume;
+  if (strcmp(r, "none") == 0) return 0;
+  if (strcmp(r, "auto") == 0) {
+    if (!c->checkpoint.dir[0]) return 0;
+    int rc = ckpt_find_latest(c->checkpoint.dir, path, n);
+    if (rc < 0) {
+      snprintf(err, n_err, "checkpoint.resume=auto: cannot scan checkpoint.dir '%s'", c->checkpoint.dir);
+      return -1;
+    }
+    return rc == 0;
+  }
+  snprintf(path, n, "%s", r);
+  return 1;
+}
+
+static int trainer_open_data(trainer *t, char *err, size_t n_err) {
+  const cfg *c = t->c;
+  char msg[1024] = "";
+  int T = c->model.seq_len;
+  if (data_open(&t->train, c->data.train, T, c->train.seed, msg, sizeof msg) != 0)
+    return snprintf(err, n_err, "data.train: %s", msg), -1;
+  t->have_val = c->data.val[0] && c->log.eval_batches > 0;
+  if (t->have_val && data_open(&t->val, c->data.val, T, c->train.seed, msg, sizeof msg) != 0)
+    return snprintf(err, n_err, "data.val: %s", msg), -1;
+  int32_t max_tok = t->train.max_token > t->val.max_token ? t->train.max_token : t->val.max_token;
+  if (max_tok >= c->model.vocab_size)
+    return snprintf(err, n_err, "the data holds token id %d but model.vocab_size is %d: set model.vocab_size to at "
+                                "least %d", max_tok, c->model.vocab_size, max_tok + 1), -1;
+  return 0;
+}
+
+static void trainer_alloc_batch(trainer *t) {
+  size_t tok_bytes = (size_t)t->n_micro * t->c->model.seq_len * t->c->train.micro_batch * sizeof(int32_t);
+  trainer_batch *rb = &t->batch;
+  rb->tokens_h = XMALLOC(tok_bytes);
+  rb->targets_h = XMALLOC(tok_bytes);
+  rb->tokens = t->be->alloc(t->be, tok_bytes);
+  rb->targets = t->be->alloc(t->be, tok_bytes);
+  rb->window = XMALLOC((size_t)(t->c->model.seq_len + 1) * sizeof(int32_t));
+}
+
+static int trainer_resume(trainer *t, char *err, size_t n_err) {
+  char path[CFG_STR + 64];
+  int resume = trainer_resume_path(t->c, path, sizeof path, err, n_err);
+  if (resume <= 0) {
+    if (resume == 0 && t->g->world_rank == 0 && strcmp(t->c->checkpoint.resume, "auto") == 0)
+      printf("checkpoint.resume=auto: no checkpoint in '%s', starting fresh\n", t->c->checkpoint.dir);
+    return resume;
+  }
+  if (run_ckpt_load(path, t->c, &t->m, &t->o, &t->step, &t->samples_seen, err, n_err) != 0) return -1;
+  if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
+  return 0;
+}
+
+int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks, char *err,
+                 size_t n_err) {
+  memset(t, 0, sizeof *t);
+  t->c = c;
+  t->g = g;
+  t->be = be;
+  t->hooks = hooks ? *hooks : (trainer_hooks){.kill_in_ckpt = -1};
+  t->n_micro = cfg_n_micro(c);
+  t->stats.last_loss = t->stats.last_val = NAN;
+  if (trainer_open_data(t, err, n_err) != 0) return -1;
+
+  const model_layout ml = cfg_model_layout(c);
+  model_init(&t->m, &c->model, &ml, g, be);
+  model_init_weights(&t->m, c->train.seed);
+  // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
+  model_set_timing(&t->m, c->log.time_tp ? &t->stats.tm : NULL);
+  opt_init(&t->o, &t->m, &c->optim, t->n_micro);
+  t->o.timing = &t->stats.tm;
+  if (pp_exec_init(&t->e, &t->m, t->n_micro, err, n_err) != 0) return -1;
+  t->e.timing = &t->stats.tm;
+  t->e.comm_bf16 = c->parallel.pp_comm_bf16;
+  if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&t->e);
+  if (trainer_resume(t, err, n_err) < 0) return -1;
+  trainer_alloc_batch(t);
+
+  int64_t n_params_no_embed = 0;
+  model_count_params(&c->model, &n_params_no_embed);
+  t->tokens_per_step = (double)c->train.global_batch * c->model.seq_len;
+  // Model flops per token (the MFU convention of docs/benchmarks.md): 6 N + 12 L d T, N the
+  // parameters without the embedding table.
+  t->flops_per_token = 6.0 * n_params_no_embed + 12.0 * c->model.n_layers * c->model.dim * c->model.seq_len;
+  t->last_step = c->train.stop_at > 0 && c->train.stop_at < c->train.steps ? c->train.stop_at : c->train.steps;
+  t->stats.first_step = t->step;
+  return report_open(t);
+}
+
+// The one world all-reduce of a step: the loss and whether any rank got a stop signal, so
+// every rank stops after the same step. SIGTERM wins over SIGINT.
+static double trainer_world_loss(trainer *t, double local) {
+  int sig = trainer_signal_received;
+  double v[3] = {trainer_loss_term(t->g, local), sig == SIGTERM, sig == SIGINT};
+  t->g->world->ops->all_reduce(t->g->world, v, 3, COMM_F64, COMM_SUM);
+  t->stop_signal = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : 0;
+  return v[0];
+}
+
+static void trainer_add_timing(trainer_stats *s, double dt) {
+  s->tm_total.data += s->tm.data;
+  s->tm_total.compute += s->tm.compute;
+  s->tm_total.tp_comm += s->tm.tp_comm;
+  s->tm_total.pp_comm += s->tm.pp_comm;
+  s->tm_total.dp_comm += s->tm.dp_comm;
+  s->tm_total.optimizer += s->tm.optimizer;
+  s->t_steady += dt;
+  s->n_timed++;
+}
+
+trainer_step_result trainer_step(trainer *t) {
+  const cfg *c = t->c;
+  trainer_stats *s = &t->stats;
+  k_backend *be = t->be;
+  trainer_step_result r = {0};
+  memset(&s->tm, 0, sizeof s->tm);
+  double t0 = timing_now(be);
+  r.lr = opt_lr_at(&c->optim, c->train.steps, t->step);
+  int64_t first = t->samples_seen + (int64_t)t->g->dp_rank * (c->train.global_batch / t->g->dp);
+  trainer_fill_batch(t, &t->train, first, t->n_micro);
+  double t_data = timing_now(be);
+  s->tm.data = t_data - t0;
+  double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, (float)(1.0 / t->tokens_per_step));
+  s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm;
+  r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);
+  be->sync(be);
+  r.loss = trainer_world_loss(t, local) / t->tokens_per_step;
+  t->step++;
+  t->samples_seen += c->train.global_batch;
+  s->tokens_seen += (int64_t)t->tokens_per_step;
+  r.seconds = MPI_Wtime() - t0;
+  s->t_steps += r.seconds;
+  r.mem_bytes = (double)be->mem_used(be);
+  if (r.mem_bytes > s->mem_peak) s->mem_peak = r.mem_bytes;
+  if (t->step > s->first_step + 1) trainer_add_timing(s, r.seconds);  // the first step warms up caches
+  s->last_loss = r.loss;
+  return r;
+}
+
+// The same sequences whatever the layout: the first eval_batches * micro_batch of the val
+// stream, split over dp ranks.
+double trainer_evaluate(trainer *t) {
+  int B = t->c->train.micro_batch;
+  int64_t n_seq = (int64_t)t->c->log.eval_batches * B;
+  double local = 0;
+  for (int64_t first = (int64_t)t->g->dp_rank * B; first < n_seq; first += (int64_t)t->g->dp * B) {
+    trainer_fill_batch(t, &t->val, first, 1);
+    local += pp_exec_forward(&t->e, t->batch.tokens, t->batch.targets);
+  }
+  double v = trainer_loss_term(t->g, local);
+  t->g->world->ops->all_reduce(t->g->world, &v, 1, COMM_F64, COMM_SUM);
+  t->stats.last_val = v / ((double)n_seq * t->c->model.seq_len);
+  return t->stats.last_val;
+}
+
+int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
+  double t0 = MPI_Wtime();
+  if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, t->hooks.kill_in_ckpt, err, n_err) != 0) return -1;
+  if (t->g->world_rank == 0)
+    printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,
+           MPI_Wtime() - t0);
+  return 0;
+}
+
+void trainer_free(trainer *t) {
+  report_close(t);
+  free(t->batch.tokens_h);
+  free(t->batch.targets_h);
+  free(t->batch.window);
+  if (t->batch.tokens) t->be->free(t->be, t->batch.tokens);
+  if (t->batch.targets) t->be->free(t->be, t->batch.targets);
+  memset(&t->batch, 0, sizeof t->batch);
+  pp_exec_free(&t->e);
+  opt_free(&t->o);
+  model_free(&t->m);
+  data_close(&t->train);
+  data_close(&t->val);
+}
+
+// Whether the step just done evaluates, logs or checkpoints.
+static int trainer_due(int64_t step, int every) { return every > 0 && step % every == 0; }
+
+// One write for the whole line: mpirun forwards each write of a rank separately, so a line
+// written in pieces can come out with other output in between.
+static int trainer_fail(const trainer *t, const char *what, const char *msg) {
+  if (t->g->world_rank == 0) fprintf(stderr, "error: %s%s\n", what, msg);
+  return 1;
+}
+
+int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks) {
+  trainer t;
+  char err[1024] = "";
+  int rc = 0;
+  if (trainer_init(&t, c, g, be, hooks, err, sizeof err) != 0) {
+    rc = trainer_fail(&t, "", err);
+    trainer_free(&t);
+    return rc;
+  }
+  report_model_line(&t);
+  t.stats.t_start = MPI_Wtime();
+  struct sigaction stop_action = {.sa_handler = trainer_on_stop_signal};
+  sigaction(SIGTERM, &stop_action, NULL);
+  sigaction(SIGINT, &stop_action, NULL);
+  while (t.step < t.last_step && !t.stop_signal) {
+    trainer_step_result r = trainer_step(&t);
+    if (!isfinite(r.loss)) {
+      snprintf(err, sizeof err, "loss is %g at step %lld: lower train.lr or check the data", r.loss,
+               (long long)t.step);
+      rc = trainer_fail(&t, "", err);
+      break;
+    }
+    int do_eval = t.have_val && (trainer_due(t.step, c->log.eval_every) || t.step == c->train.steps);
+    double val_loss = do_eval ? trainer_evaluate(&t) : NAN;
+    if (trainer_due(t.step, c->log.every) || t.step == t.last_step || t.step == t.stats.first_step + 1 || do_eval)
+      trainer_log(&t, &r, val_loss);
+    // The stop signal came with the loss: every rank learnt of a signal any rank got.
+    if (t.stop_signal && g->world_rank == 0)
+      printf("signal %d: stopping after step %lld\n", t.stop_signal, (long long)t.step);
+    int do_ckpt = trainer_due(t.step, c->checkpoint.every) || t.step == t.last_step || t.stop_signal;
+    if (c->checkpoint.dir[0] && do_ckpt && trainer_checkpoint(&t, err, sizeof err) != 0) {
+      rc = trainer_fail(&t, "checkpoint: ", err);
+      break;
+    }
+  }
+  if (rc == 0) {
+    trainer_report(&t);
+    if (t.stop_signal) rc = 128 + t.stop_signal;
+  }
+  trainer_free(&t);
+  return rc;
+}

@@ -1,0 +1,37 @@
+// The model's own configuration: its shape (the YAML section model:) and how a run lays it out
+// over pipeline stages and micro-batches. app/config.c fills both from the run's config.
+#ifndef TRAINER_MODEL_CONFIG_H
+#define TRAINER_MODEL_CONFIG_H
+
+typedef struct model_config {
+  int dim;             // model width d
+  int n_layers;
+  int n_heads;
+  int n_kv_heads;      // grouped-query heads; divides n_heads
+  int ffn_dim;         // SwiGLU hidden width
+  int vocab_size;
+  int seq_len;         // tokens per sequence (context length)
+  float norm_eps;
+  float rope_theta;
+  int tie_embeddings;  // bool: LM head shares the embedding table
+  float init_std;      // std of the normal init of matrices
+} model_config;
+
+// Activation recomputation (train.recompute), trading compute in backward for saved memory:
+// none keeps every layer's tensors; selective recomputes each layer's normed inputs and SwiGLU
+// output (cheap elementwise work, plus the SP all-gathers) and keeps the GEMM and attention
+// outputs; full keeps only each layer's input and reruns the layer's forward before its
+// backward. All three give bitwise the same gradients.
+typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute;
+
+// How a run lays the model out: pipeline stages and their virtual chunks, the last stage's
+// share of the layers, sequence parallelism, the micro-batch and what backward recomputes.
+typedef struct model_layout {
+  int pp, vpp;               // pipeline stages, and virtual chunks per stage
+  int last_stage_layers;     // layers of the last virtual stage; 0 = an even split
+  int sequence_parallel;     // bool (only with tp > 1)
+  int micro_batch;           // sequences per micro-batch
+  model_recompute recompute;
+} model_layout;
+
+#endif

@@ -1,0 +1,21 @@
+// The optimizer's configuration: AdamW's hyper-parameters and how gradients are synchronised
+// over data-parallel ranks. app/config.c fills it from the run's config (keys of the train and
+// parallel sections, docs/config.md).
+#ifndef TRAINER_OPTIM_CONFIG_H
+#define TRAINER_OPTIM_CONFIG_H
+
+typedef struct opt_config {
+  float lr;                   // peak learning rate
+  float min_lr;               // floor of the cosine decay
+  int warmup_steps;
+  float weight_decay;
+  float beta1;
+  float beta2;
+  float eps;
+  float grad_clip;            // global gradient-norm clip; 0 = off
+  int distributed_optimizer;  // bool: ZeRO-1 over dp
+  float bucket_mb;            // DP gradient bucket size in MiB
+  int grad_reduce_bf16;       // DP gradient reduction in bf16 (0: fp32)
+} opt_config;
+
+#endif
