@@ -99,8 +99,9 @@ int main(int argc, char **argv) {
     // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
     // GPU; the staged MPI communicator lets them share it.
     int staged = strcmp(c.parallel.gpu_comm, "mpi") == 0;
-    be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
-    comm_nccl_set_stream(k_cuda_stream());
+    const k_backend_opts bo = {.act = K_BF16, .device = comm_nccl_local_rank() % n_gpus};
+    be = k_backend_cuda_create(&bo);
+    comm_nccl_set_stream(k_cuda_stream_of(be));
     comm *(*create_comm)(MPI_Comm, const char *) = staged ? comm_staged_create : comm_nccl_create;
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, create_comm);
     if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) {
@@ -113,7 +114,7 @@ int main(int argc, char **argv) {
   }
 #endif
   if (!be) {
-    be = k_backend_cpu_create();
+    be = k_backend_cpu_create(NULL);
     grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
     // No SMs to spare on CPU ranks; the second communicator only exercises the same code path.
     if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) grid_add_dp_overlap(&g, comm_mpi_create);

@@ -15,6 +15,21 @@
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
 
+// Vector instruction sets of the CPU GEMM, widest first after AUTO.
+typedef enum k_isa { K_ISA_AUTO = 0, K_ISA_AVX512, K_ISA_AVX2, K_ISA_SSE } k_isa;
+
+// How a backend computes; the run's config (train.precision, train.attention, train.cpu_isa,
+// log.peak_tflops) fills it. Zero-initialised = the defaults. A backend keeps what it uses in its
+// context for its whole life: the ops read nothing else (no environment, no process state).
+typedef struct k_backend_opts {
+  k_dtype act;         // activation dtype: K_BF16 or K_F32 on GPUs; the CPU backend accepts K_F32 only
+  int tf32;            // fp32 GEMMs may use TF32 (GPU, fp32 activations)
+  int attn_own;        // the project's attention kernel instead of cuDNN's (GPU)
+  k_isa cpu_isa;       // widest vector instruction set of the CPU GEMM (K_ISA_AUTO: the widest the CPU has)
+  double peak_tflops;  // dense peak for MFU; 0: the device's known peak (989.4 for H100/H200), else none
+  int device;          // GPU index (CUDA backend)
+} k_backend_opts;
+
 // A span for the multi-tensor optimizer ops: n_elem elements from offset in the gradient and
 // moments (the optimizer's shard), and from p_offset in the weights and their compute copy (the
 // flat parameter buffer); decay says whether weight decay applies to it.
@@ -27,9 +42,9 @@ typedef struct k_range {
 typedef struct k_backend {
   const char *name;  // "cpu", "cuda"
   char device_name[128];  // e.g. "NVIDIA H200", or the CPU model
-  double peak_tflops;     // dense peak for MFU (TRAINER_PEAK_TFLOPS overrides); 0 = unknown
+  double peak_tflops;     // dense peak for MFU (k_backend_opts.peak_tflops, else known); 0 = unknown
   k_dtype act;            // activation dtype (see above)
-  void *ctx;
+  void *ctx;  // the backend's own state (streams, handles, caches, options); every op reads it through b
   // Frees what ctx holds (streams, library handles, workspaces) once the queued work is done;
   // called by k_backend_free. NULL: nothing to free.
   void (*release)(struct k_backend *b);
@@ -102,12 +117,13 @@ typedef struct k_backend {
 #ifdef __cplusplus
 extern "C" {
 #endif
-// Fills device_name's peak: TRAINER_PEAK_TFLOPS if set, else 989.4 for H100/H200 (BF16 dense),
-// else 0 (MFU is not reported).
-void k_backend_set_peak(k_backend *b);
+// Fills b->peak_tflops: peak_tflops when > 0 (the caller's k_backend_opts.peak_tflops), else
+// 989.4 for an H100/H200 device_name (BF16 dense), else 0 (MFU is not reported).
+void k_backend_set_peak(k_backend *b, double peak_tflops);
 
-// The CPU reference backend (OpenMP threads of this rank).
-k_backend *k_backend_cpu_create(void);
+// The CPU reference backend (OpenMP threads of this rank). o: NULL = defaults; o->act must be
+// K_F32; o->cpu_isa caps the GEMM's kernel; the GPU fields are ignored.
+k_backend *k_backend_cpu_create(const k_backend_opts *o);
 // Releases the context (b->release) and the table; safe twice (*b is NULL after).
 void k_backend_free(k_backend **b);
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
-// The CPU backend: host memory and the reference kernels of kernels/cpu/.
+// The CPU backend: host memory and the reference kernels of kernels/cpu/. Its context holds the
+// one option the kernels read, the GEMM's instruction set.
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/check.h"
@@ -6,6 +7,10 @@
 #include "kernels/cpu/ops_cpu.h"
 #include <string.h>
 #include <unistd.h>
+
+typedef struct cpu_ctx {
+  k_isa gemm_isa;  // the widest kernel the backend's GEMMs may use
+} cpu_ctx;
 
 static void *cpu_alloc(k_backend *b, size_t n_bytes) { (void)b; return XCALLOC(n_bytes, 1); }
 static void cpu_free(k_backend *b, void *p) { (void)b; free(p); }
@@ -26,9 +31,8 @@ static int64_t cpu_mem_used(k_backend *b) {
   return (int64_t)pages_resident * sysconf(_SC_PAGESIZE);
 }
 
-void k_backend_set_peak(k_backend *b) {
-  const char *env = getenv("TRAINER_PEAK_TFLOPS");
-  if (env) b->peak_tflops = atof(env);
+void k_backend_set_peak(k_backend *b, double peak_tflops) {
+  if (peak_tflops > 0) b->peak_tflops = peak_tflops;
   else if (strstr(b->device_name, "H100") || strstr(b->device_name, "H200")) b->peak_tflops = 989.4;
   else b->peak_tflops = 0;
 }
@@ -36,9 +40,9 @@ void k_backend_set_peak(k_backend *b) {
 // The CPU backend computes in fp32 only (act = K_F32): the act-typed pointers of the table are
 // float arrays, and these wrappers only change the pointer types.
 static void cpu_gemm(k_backend *b, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
-                     float beta, void *C, int ldc, k_dtype c_type) { (void)b;
+                     float beta, void *C, int ldc, k_dtype c_type) {
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
-  k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  k_cpu_gemm_isa(((const cpu_ctx *)b->ctx)->gemm_isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 static void cpu_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D) { (void)b;
   k_cpu_linear_residual(M, N, K, A, W, C, D);
@@ -125,9 +129,24 @@ static void cpu_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, 
   k_cpu_adamw_ranges(p, pc, pc_type, g, m, v, r, n_ranges, lr, beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
 }
 
-k_backend *k_backend_cpu_create(void) {
+static void cpu_release(k_backend *b) {
+  free(b->ctx);
+  b->ctx = NULL;
+}
+
+k_backend *k_backend_cpu_create(const k_backend_opts *o) {
+  const k_backend_opts defaults = {0};
+  if (!o) o = &defaults;
+  CHECK(o->act == K_F32, "the CPU backend computes in fp32 only: activation dtype %d asked for, use K_F32",
+        (int)o->act);
+  CHECK(o->cpu_isa >= K_ISA_AUTO && o->cpu_isa <= K_ISA_SSE, "CPU backend: unknown GEMM instruction set %d",
+        (int)o->cpu_isa);
+  cpu_ctx *c = XCALLOC(1, sizeof *c);
+  c->gemm_isa = o->cpu_isa;
   k_backend *b = XCALLOC(1, sizeof *b);
   b->name = "cpu";
+  b->ctx = c;
+  b->release = cpu_release;
   b->alloc = cpu_alloc;
   b->free = cpu_free;
   b->to_host = cpu_copy;
@@ -137,7 +156,7 @@ k_backend *k_backend_cpu_create(void) {
   b->sync = cpu_sync;
   b->mem_used = cpu_mem_used;
   snprintf(b->device_name, sizeof b->device_name, "cpu");
-  k_backend_set_peak(b);
+  k_backend_set_peak(b, o->peak_tflops);
   b->act = K_F32;
   b->gemm = cpu_gemm;
   b->linear_residual = cpu_linear_residual;

@@ -123,7 +123,7 @@ static void op_time(const op *o, const attn_bufs *x, double *best, double *media
     c = alloc_filled(o->kind == OP_GEMM ? o->c_type : K_F32, (int64_t)o->M * o->N);
     if (o->kind == OP_LINEAR_RESIDUAL) d = alloc_filled(K_F32, (int64_t)o->M * o->N);  // D != C, as block.c
   }
-  cudaStream_t s = (cudaStream_t)k_cuda_stream();
+  cudaStream_t s = (cudaStream_t)k_cuda_stream_of(G);
   for (int i = 0; i < N_WARM; i++) op_run(o, a, b, c, d, x);
   CUDA_CHECK(cudaEventRecord(ev[0], s));
   for (int i = 0; i < N_RUNS; i++) {
@@ -199,7 +199,7 @@ static void tp2_split_bench(int R, int d, int qkvd, int qd, int F, int V, const 
 static double lt_time(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo,
                       const void *x, const void *y, const void *c, void *d, float beta, void *ws, size_t ws_bytes) {
-  cudaStream_t s = (cudaStream_t)k_cuda_stream();
+  cudaStream_t s = (cudaStream_t)k_cuda_stream_of(G);
   const float one = 1.0f;
   for (int i = 0; i < N_WARM; i++)
     if (cublasLtMatmul(h, desc, &one, x, la, y, lb, &beta, c, lc, d, lc, algo, ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS)
@@ -292,7 +292,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_ceiling: no GPU visible\n");
     return 1;
   }
-  G = k_backend_cuda_create_dtype(0, K_BF16);
+  G = k_backend_cuda_create(&(k_backend_opts){.act = K_BF16});
   struct cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double peak = G->peak_tflops > 0 ? G->peak_tflops : 989.4;
@@ -375,12 +375,13 @@ int main(int argc, char **argv) {
   printf("  %-14s %8.3f ms (median %8.3f)  %6.1f TFLOP/s  %5.1f%% of peak\n", "layer total", l_best, l_med,
          l_fl / (l_best * 1e-3) / 1e12, 100.0 * l_fl / (l_best * 1e-3) / 1e12 / peak);
   k_cudnn_attn_info fi, bi;
-  if (k_cudnn_attn_info_get(0, B, T, sh->nh, sh->nkv, hd, qkvd, &fi) == 0 &&
-      k_cudnn_attn_info_get(1, B, T, sh->nh, sh->nkv, hd, qkvd, &bi) == 0)
+  const k_cudnn_attn *ca = k_cuda_cudnn_attn_of(G);
+  if (k_cudnn_attn_info_get(ca, 0, B, T, sh->nh, sh->nkv, hd, qkvd, &fi) == 0 &&
+      k_cudnn_attn_info_get(ca, 1, B, T, sh->nh, sh->nkv, hd, qkvd, &bi) == 0)
     printf("  attention ran on cuDNN's fused engines (fwd engine %lld, bwd engine %lld, %s backward)\n",
            (long long)fi.engine, (long long)bi.engine, bi.deterministic ? "deterministic" : "nondeterministic");
   else
-    printf("  attention ran on the backend's own kernel (cuDNN refused the shape, or TRAINER_CUDA_ATTN=own)\n");
+    printf("  attention ran on the backend's own kernel (cuDNN refused the shape)\n");
   printf("head:\n");
   ops_bench(head, (int)(sizeof head / sizeof head[0]), &x, peak, &h_best, &h_med, &h_fl);
 

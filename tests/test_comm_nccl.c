@@ -18,7 +18,7 @@
 #include "parallel/comm/nccl/nccl_check.h"
 #include "tests/test_util.h"
 
-// The test's own stream, as the trainer would pass k_cuda_stream(): non-blocking, so nothing
+// The test's own stream, as the trainer would pass k_cuda_stream_of(be): non-blocking, so nothing
 // is ordered with it by accident through the legacy default stream.
 static cudaStream_t S;
 

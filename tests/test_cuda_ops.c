@@ -195,23 +195,17 @@ static double now_s(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Creation: TRAINER_CUDA_ACT picks the activation dtype of k_backend_cuda_create.
+// Creation: k_backend_opts.act picks the activation dtype of k_backend_cuda_create.
 
 static void test_create(void) {
-  const char *env = getenv("TRAINER_CUDA_ACT");
-  char *saved = env ? strdup(env) : NULL;
-  setenv("TRAINER_CUDA_ACT", "f32", 1);
-  k_backend *b = k_backend_cuda_create(0);
-  EXPECT(b->act == K_F32 && strcmp(b->name, "cuda") == 0, "TRAINER_CUDA_ACT=f32 gives act %d", (int)b->act);
-  k_backend_cuda_free(&b);
-  unsetenv("TRAINER_CUDA_ACT");
-  b = k_backend_cuda_create(0);
-  EXPECT(b->act == K_BF16, "the default activation dtype is bf16, got %d", (int)b->act);
-  k_backend_cuda_free(&b);
-  k_backend_cuda_free(&b);  // safe twice
-  EXPECT(b == NULL, "k_backend_cuda_free clears the pointer");
-  if (saved) setenv("TRAINER_CUDA_ACT", saved, 1);
-  free(saved);
+  k_backend *b = k_backend_cuda_create(&(k_backend_opts){.act = K_F32});
+  EXPECT(b->act == K_F32 && strcmp(b->name, "cuda") == 0, "opts.act = K_F32 gives act %d", (int)b->act);
+  k_backend_free(&b);
+  b = k_backend_cuda_create(&(k_backend_opts){.act = K_BF16});
+  EXPECT(b->act == K_BF16, "opts.act = K_BF16 gives act %d", (int)b->act);
+  k_backend_free(&b);
+  k_backend_free(&b);  // safe twice
+  EXPECT(b == NULL, "k_backend_free clears the pointer");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,7 +231,7 @@ static void test_memory(void) {
   int ok = 1;
   for (size_t i = 0; i < n_bytes; i++) ok &= h2[i] == (i >= 100 && i < 150 ? 0 : h[i]);
   EXPECT(ok, "zero clears exactly the range");
-  EXPECT(k_cuda_stream() != NULL, "k_cuda_stream returns the backend's stream");
+  EXPECT(k_cuda_stream_of(G) != NULL, "k_cuda_stream_of returns the backend's stream");
   dev_free(d);
   dev_free(d2);
 }
@@ -950,16 +944,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("CUDA devices: %d, testing device 0\n", n_dev);
-  // These are the bounds of the own kernels; with bf16 the backend would route attention to
-  // cuDNN, whose flash attention rounds P and dP to bf16 and has its own test
-  // (tests/test_cudnn_attn.c, normalised error <= 2e-2).
-  setenv("TRAINER_CUDA_ATTN", "own", 1);
   if (want(argc, argv, "create")) test_create();
   static const k_dtype acts[2] = {K_F32, K_BF16};
   for (int ia = 0; ia < 2; ia++) {
     ACT = acts[ia] == K_BF16 ? "bf16" : "f32";
     if (!want_of(argc, argv, ACT, 1)) continue;
-    G = k_backend_cuda_create_dtype(0, acts[ia]);
+    // attn_own: these are the bounds of the own kernels; with bf16 the backend would route
+    // attention to cuDNN, whose flash attention rounds P and dP to bf16 and has its own test
+    // (tests/test_cudnn_attn.c, normalised error <= 2e-2).
+    G = k_backend_cuda_create(&(k_backend_opts){.act = acts[ia], .attn_own = 1});
     printf("== activations %s on %s\n", ACT, G->device_name);
     if (want(argc, argv, "memory")) test_memory();
     if (want(argc, argv, "gemm")) test_gemm();
@@ -974,7 +967,7 @@ int main(int argc, char **argv) {
     if (want(argc, argv, "vector")) test_vector_ops();
     if (want(argc, argv, "bench")) bench();
     G->sync(G);
-    k_backend_cuda_free(&G);
+    k_backend_free(&G);
   }
   return test_summary();
 }

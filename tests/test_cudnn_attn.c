@@ -26,6 +26,7 @@
 enum { MAX_SLICE = 8 };
 static const double TOL = 2e-2;
 static int n_unsupported;
+static k_cudnn_attn *A;  // the plans, handle and workspace every call of the test shares
 
 // ---------------------------------------------------------------------------------------------
 // bf16 on the host, random data
@@ -210,9 +211,9 @@ static double time_ms(int fwd, int iters, void **p, int64_t ld, const shape *c) 
   for (int it = -2; it < iters; it++) {  // two warm-up calls
     if (it == 0) CUDA_CHECK(cudaEventRecord(e0, 0));
     if (fwd)
-      k_cudnn_attn_fwd(p[0], p[1], p[2], ld, p[3], p[4], c->B, c->T, c->nh, c->nkv, c->hd, NULL);
+      k_cudnn_attn_fwd(A, p[0], p[1], p[2], ld, p[3], p[4], c->B, c->T, c->nh, c->nkv, c->hd, NULL);
     else
-      k_cudnn_attn_bwd(p[5], p[0], p[1], p[2], ld, p[3], p[4], p[6], p[7], p[8], c->B, c->T, c->nh, c->nkv, c->hd,
+      k_cudnn_attn_bwd(A, p[5], p[0], p[1], p[2], ld, p[3], p[4], p[6], p[7], p[8], c->B, c->T, c->nh, c->nkv, c->hd,
                        NULL);
   }
   CUDA_CHECK(cudaEventRecord(e1, 0));
@@ -226,7 +227,7 @@ static double time_ms(int fwd, int iters, void **p, int64_t ld, const shape *c) 
 
 static void print_info(int dir, int64_t ld, const shape *c) {
   k_cudnn_attn_info inf;
-  if (k_cudnn_attn_info_get(dir, c->B, c->T, c->nh, c->nkv, c->hd, ld, &inf) == 0)
+  if (k_cudnn_attn_info_get(A, dir, c->B, c->T, c->nh, c->nkv, c->hd, ld, &inf) == 0)
     printf("    %s plan: engine %lld, workspace %.1f MiB%s%s\n", dir ? "bwd" : "fwd", (long long)inf.engine,
            inf.workspace / 1048576.0, dir ? (inf.deterministic ? ", deterministic" : ", nondeterministic") : "",
            inf.padded ? ", padding-mask workaround" : "");
@@ -264,8 +265,8 @@ static void run_shape(const shape *c) {
   void *g_dq = g_x, *g_dk = g_x + 2 * ko, *g_dv = g_x + 2 * vo;
   void *g_dq2 = g_x2, *g_dk2 = g_x2 + 2 * ko, *g_dv2 = g_x2 + 2 * vo;
 
-  int rc = k_cudnn_attn_fwd(dq_, dk_, dv_, ld, d_o, d_lse, B, T, nh, nkv, hd, NULL);
-  int rcb = rc == 0 ? k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq, g_dk, g_dv, B, T, nh, nkv, hd, NULL)
+  int rc = k_cudnn_attn_fwd(A, dq_, dk_, dv_, ld, d_o, d_lse, B, T, nh, nkv, hd, NULL);
+  int rcb = rc == 0 ? k_cudnn_attn_bwd(A, ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq, g_dk, g_dv, B, T, nh, nkv, hd, NULL)
                     : -1;
   CUDA_CHECK(cudaDeviceSynchronize());
   if (rc != 0 || rcb != 0) {
@@ -322,8 +323,8 @@ static void run_shape(const shape *c) {
 
     // The deterministic backward must repeat bitwise.
     k_cudnn_attn_info inf = {0, 0, 0, 0};
-    if (k_cudnn_attn_info_get(1, B, T, nh, nkv, hd, ld, &inf) == 0 && inf.deterministic) {
-      k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
+    if (k_cudnn_attn_info_get(A, 1, B, T, nh, nkv, hd, ld, &inf) == 0 && inf.deterministic) {
+      k_cudnn_attn_bwd(A, ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
       const int rep = same_bytes(g_x, g_x2, 2 * (size_t)nx);
       printf("    bwd repeat: %s\n", rep ? "bitwise identical" : "DIFFERS");
       EXPECT(rep, "deterministic backward B=%d T=%d nh=%d nkv=%d hd=%d differs between two runs", B, T, nh, nkv, hd);
@@ -336,8 +337,8 @@ static void run_shape(const shape *c) {
       printf("    time fwd %.3f ms %.1f TFLOP/s | bwd (%s) %.3f ms %.1f TFLOP/s\n", tf, fl / tf * 1e-9,
              inf.deterministic ? "deterministic" : "atomic", tb, 2.5 * fl / tb * 1e-9);
       // The atomic backward: checked against the same reference, then timed.
-      k_cudnn_attn_set_deterministic(0);
-      if (k_cudnn_attn_bwd(ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL) == 0) {
+      k_cudnn_attn_set_deterministic(A, 0);
+      if (k_cudnn_attn_bwd(A, ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL) == 0) {
         print_info(1, ld, c);
         float *adq = malloc(4 * (size_t)nq), *adk = malloc(4 * (size_t)nk), *adv = malloc(4 * (size_t)nk);
         float *ax = get_bf16(g_x2, nx);
@@ -361,7 +362,7 @@ static void run_shape(const shape *c) {
       } else {
         printf("    atomic backward: UNSUPPORTED by cuDNN\n");
       }
-      k_cudnn_attn_set_deterministic(1);
+      k_cudnn_attn_set_deterministic(A, 1);
     }
     if (!whole) {
       free(rq), free(rk), free(rv), free(rdo);
@@ -381,8 +382,8 @@ static void run_refused(void) {
   const size_t n = (size_t)B * T * nh * hd;
   void *x = dev_new(2 * n), *o = dev_new(2 * n), *l = dev_new(4 * (size_t)B * nh * T), *g = dev_new(2 * n);
   const int64_t ld = (int64_t)nh * hd;  // one buffer for all: only the refusal matters here
-  const int rf = k_cudnn_attn_fwd(x, x, x, ld, o, l, B, T, nh, nkv, hd, NULL);
-  const int rb = k_cudnn_attn_bwd(x, x, x, x, ld, o, l, g, g, g, B, T, nh, nkv, hd, NULL);
+  const int rf = k_cudnn_attn_fwd(A, x, x, x, ld, o, l, B, T, nh, nkv, hd, NULL);
+  const int rb = k_cudnn_attn_bwd(A, x, x, x, x, ld, o, l, g, g, g, B, T, nh, nkv, hd, NULL);
   printf("shape B=%d T=%d nh=%d nkv=%d hd=%d (must be refused): fwd %d, bwd %d\n", B, T, nh, nkv, hd, rf, rb);
   EXPECT(rf == -1 && rb == -1, "hd=%d should be refused, got fwd %d bwd %d", hd, rf, rb);
   void *dev[] = {x, o, l, g};
@@ -400,6 +401,7 @@ int main(int argc, char **argv) {
   struct cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   printf("device 0: %s, cuDNN runtime %d\n", prop.name, k_cudnn_attn_version());
+  A = k_cudnn_attn_create();
   const shape shapes[] = {
       {2, 1024, 16, 4, 64, 1, {0, 0, {0}, {0}}},
       {1, 4096, 32, 32, 128, 1, {1, 2, {0}, {0, 31}}},
@@ -414,7 +416,8 @@ int main(int argc, char **argv) {
     if (only < 0 || (size_t)only == i) run_shape(&shapes[i]);
   if (only < 0) run_refused();
   printf("unsupported shapes: %d\n", n_unsupported);
-  k_cudnn_attn_free();
-  k_cudnn_attn_free();  // safe twice
+  k_cudnn_attn_free(&A);
+  k_cudnn_attn_free(&A);  // safe twice
+  EXPECT(A == NULL, "k_cudnn_attn_free clears the pointer");
   return test_summary();
 }

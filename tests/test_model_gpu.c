@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     tok[i] = rand() % c.model.vocab_size;
     tgt[i] = rand() % c.model.vocab_size;
   }
-  k_backend *cpu = k_backend_cpu_create(), *gpu = k_backend_cuda_create(0);
+  k_backend *cpu = k_backend_cpu_create(NULL), *gpu = k_backend_cuda_create(&(k_backend_opts){.act = K_BF16});
   run_out ref = run_once(&c, &g, cpu, tok, tgt), got = run_once(&c, &g, gpu, tok, tgt);
   double rel = fabs(got.loss - ref.loss) / fabs(ref.loss);
   printf("loss: cpu fp32 %.6f, gpu (act dtype %s) %.6f, relative difference %.2e\n", ref.loss,

@@ -94,7 +94,7 @@ static void fd_check(const char *what, loss_fn loss, void *ctx, float *x, int64_
 // ---------------------------------------------------------------------------------------------
 // GEMM
 
-static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, float beta) {
+static void test_gemm_case(k_isa isa, int ta, int tb, int M, int N, int K, float alpha, float beta) {
   const int pad = 3;  // leading dims wider than the matrix, to catch ld mix-ups
   const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
   const int lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
@@ -104,7 +104,7 @@ static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, flo
   if (beta == 0.0f)  // beta == 0 must overwrite C without reading it: NaNs must not leak in
     for (int i = 0; i < M; i++)
       for (int j = 0; j < N; j++) C[(int64_t)i * ldc + j] = NAN;
-  k_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  k_cpu_gemm_isa(isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   double worst = 0.0;
   int pad_ok = 1;
   for (int i = 0; i < M; i++) {
@@ -130,9 +130,9 @@ static void test_gemm_case(int ta, int tb, int M, int N, int K, float alpha, flo
   free(A), free(B), free(C), free(C0);
 }
 
-// Every kernel the CPU can run (TRAINER_GEMM_ISA caps the choice), each against the naive loop.
+// Every kernel the CPU can run (the isa argument caps the choice), each against the naive loop.
 static void test_gemm_all(void);
-static void test_gemm(void) {
+static void test_gemm(k_isa isa) {
   static const int shapes[][3] = {{1, 1, 1},     {3, 17, 33},   {17, 3, 100},  {33, 100, 17}, {100, 33, 3},
                                   {64, 64, 64},  {130, 70, 300}, {9, 257, 513}, {257, 40, 20}, {1, 100, 7},
                                   {100, 1, 260}, {200, 150, 90}, {19, 3100, 9}};  // last: N > one NC block
@@ -141,7 +141,7 @@ static void test_gemm(void) {
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++)
         for (int b = 0; b < 3; b++)
-          test_gemm_case(ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], b == 2 ? -0.75f : 1.0f, betas[b]);
+          test_gemm_case(isa, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], b == 2 ? -0.75f : 1.0f, betas[b]);
   // K == 0: C = beta * C (and beta == 0 gives zeros even over NaN).
   float C[6] = {1, 2, 3, 4, 5, NAN}, A[1] = {0}, B[1] = {0};
   k_cpu_gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.5f, C, 3);
@@ -152,24 +152,18 @@ static void test_gemm(void) {
 }
 
 static void test_gemm_all(void) {
-  static const char *isas[] = {"avx512", "avx2", "sse"};
-  for (int i = 0; i < 3; i++) {
-    setenv("TRAINER_GEMM_ISA", isas[i], 1);
-    test_gemm();
-  }
+  static const k_isa isas[] = {K_ISA_AVX512, K_ISA_AVX2, K_ISA_SSE};
+  for (int i = 0; i < 3; i++) test_gemm(isas[i]);
   // The AVX2 and AVX-512 kernels (different tiles, both FMA) must agree bitwise, edges included.
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     const int M = 37, N = 71, K = 300;
     float *A = rand_buf((int64_t)M * K, 1.0), *B = rand_buf((int64_t)K * N, 1.0);
     float *C1 = rand_buf((int64_t)M * N, 1.0), *C2 = copy_buf(C1, (int64_t)M * N);
-    setenv("TRAINER_GEMM_ISA", "avx512", 1);
-    k_cpu_gemm(0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C1, N);
-    setenv("TRAINER_GEMM_ISA", "avx2", 1);
-    k_cpu_gemm(0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C2, N);
+    k_cpu_gemm_isa(K_ISA_AVX512, 0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C1, N);
+    k_cpu_gemm_isa(K_ISA_AVX2, 0, 1, M, N, K, 0.5f, A, K, B, K, 0.25f, C2, N);
     EXPECT(memcmp(C1, C2, sizeof(float) * M * N) == 0, "gemm: AVX2 and AVX-512 kernels disagree bitwise");
     free(A), free(B), free(C1), free(C2);
   }
-  unsetenv("TRAINER_GEMM_ISA");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ static void test_cpu(void) {
 
 #ifdef TRAINER_HAVE_CUDA
 static void test_gpu(void) {
-  k_backend *be = k_backend_cuda_create_dtype(0, K_BF16);
+  k_backend *be = k_backend_cuda_create(&(k_backend_opts){.act = K_BF16});
   float *p = malloc((size_t)N * 4), *g = malloc((size_t)N * 4), *m = malloc((size_t)N * 4), *v = malloc((size_t)N * 4);
   fill(p, g, m, v);
   size_t nb = (size_t)N * 4;
@@ -122,7 +122,7 @@ static void test_gpu(void) {
   printf("GPU vs CPU: sumsq rel %.3g, adamw worst normalised %.3g\n", fabs(got - want) / want, worst);
   be->free(be, dp), be->free(be, dg), be->free(be, dm), be->free(be, dv), be->free(be, dpc);
   free(p), free(g), free(m), free(v), free(hp), free(hm), free(hv), free(hpc), free(want_pc);
-  k_backend_cuda_free(&be);
+  k_backend_free(&be);
 }
 #endif
 

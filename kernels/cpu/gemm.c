@@ -86,12 +86,12 @@ typedef struct {
   int mr, nr;
 } gemm_kernel;
 
-// The widest kernel the CPU runs. TRAINER_GEMM_ISA=avx2|sse caps it (tests use this to check
-// every kernel on one machine, and that the AVX2 and AVX-512 ones agree bitwise).
-static gemm_kernel gemm_pick_kernel(void) {
+// The widest kernel the CPU runs, at most isa (tests pass each one to check every kernel on one
+// machine, and that the AVX2 and AVX-512 ones agree bitwise).
+static gemm_kernel gemm_pick_kernel(k_isa isa) {
+  CHECK(isa >= K_ISA_AUTO && isa <= K_ISA_SSE, "gemm: unknown instruction set %d", (int)isa);
   // __builtin_cpu_supports is a cheap load of a table the runtime fills once at startup.
-  const char *cap = getenv("TRAINER_GEMM_ISA");
-  const int allow512 = !cap || strcmp(cap, "avx512") == 0, allow2 = allow512 || strcmp(cap, "avx2") == 0;
+  const int allow512 = isa == K_ISA_AUTO || isa == K_ISA_AVX512, allow2 = allow512 || isa == K_ISA_AVX2;
   if (allow512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
     return (gemm_kernel){gemm_ukernel_avx512, 8, 32};
   if (allow2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
@@ -188,6 +188,11 @@ static int gemm_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 void k_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc) {
+  k_cpu_gemm_isa(K_ISA_AUTO, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void k_cpu_gemm_isa(k_isa isa, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc) {
   CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape M=%d N=%d K=%d must be non-negative", M, N, K);
   if (M == 0 || N == 0) return;
   CHECK(ldc >= N, "gemm ldc=%d < N=%d", ldc, N);
@@ -197,7 +202,7 @@ void k_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, cons
     gemm_scale_c(M, N, beta, C, ldc);
     return;
   }
-  const gemm_kernel kern = gemm_pick_kernel();
+  const gemm_kernel kern = gemm_pick_kernel(isa);
   const int mr = kern.mr, nr = kern.nr;
 
   // Threads: small products are not worth waking the team for, and a caller already inside a

@@ -7,11 +7,17 @@
 
 #include <stdint.h>
 
+#include "kernels/backend.h"  // k_isa
+
 // C(M,N) = alpha * op(A) * op(B) + beta * C. op(A) is (M,K): A is (M,K) with lda, or (K,M) if
 // trans_a. op(B) is (K,N): B is (K,N) with ldb, or (N,K) if trans_b. Row-major, leading dims in
 // elements. beta == 0 overwrites C (NaNs in C are not propagated).
 void k_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
+// The same on the widest kernel the CPU runs of at most isa (k_cpu_gemm: K_ISA_AUTO, the widest).
+// The AVX-512 and AVX2 kernels agree bitwise; the SSE one (no FMA) rounds differently.
+void k_cpu_gemm_isa(k_isa isa, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc);
 
 // D (M,N) = A (M,K) W (N,K)^T + C (M,N): a linear layer adding into the residual stream; D == C
 // allowed (otherwise they must not overlap).

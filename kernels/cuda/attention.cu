@@ -1,6 +1,6 @@
 // Causal grouped-query attention on the GPU, flash style: scores never go to global memory.
 // Templates over the element type E of q, k, v, o and their gradients (float or bf16, the
-// current backend's activation dtype): tiles are widened to fp32 as they are loaded into shared
+// activation dtype of the backend the launcher is given): tiles are widened to fp32 as they are loaded into shared
 // memory, all math is fp32, outputs are rounded on store; lse and delta are fp32. Layouts as
 // kernels/cpu/ops_cpu.h, sequence-major: q, k, v (and dq, dk, dv) rows (t, b) at stride ld, so a
 // position step is B * ld; o, dout (T,B,nh,hd); lse (B,nh,T); head h reads kv head h / (nh/nkv);
@@ -354,13 +354,14 @@ static void att_fwd_run(const void *qv, const void *kv, const void *vv, int64_t 
 }
 
 template <typename E>
-static void att_bwd_run(const void *doutv, const void *qv, const void *kv, const void *vv, int64_t ld, const void *ov,
-                        const float *lse, void *dqv, void *dkv, void *dvv, int B, int T, int nh, int nkv, int hd,
-                        cudaStream_t s) {
+static void att_bwd_run(k_cuda_ctx *c, const void *doutv, const void *qv, const void *kv, const void *vv, int64_t ld,
+                        const void *ov, const float *lse, void *dqv, void *dkv, void *dvv, int B, int T, int nh,
+                        int nkv, int hd) {
+  cudaStream_t s = c->stream;
   const E *dout = (const E *)doutv, *q = (const E *)qv, *k = (const E *)kv, *v = (const E *)vv, *o = (const E *)ov;
   E *dq = (E *)dqv, *dk = (E *)dkv, *dv = (E *)dvv;
   const int64_t n_rows = (int64_t)B * T * nh;
-  float *delta = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_rows);  // (B, nh, T)
+  float *delta = (float *)k_cuda_scratch(c, sizeof(float) * (size_t)n_rows);  // (B, nh, T)
   k_attn_delta<E><<<k_cuda_blocks(n_rows * 32, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(dout, o, delta, B, T, nh, hd);
   CUDA_LAUNCH_CHECK("k_attn_delta");
   switch (att_nc(hd)) {
@@ -376,8 +377,9 @@ extern "C" void k_cuda_attn_fwd(k_backend *b, const void *q, const void *k, cons
   att_check(B, T, nh, nkv, hd);
   CHECK(ld >= (int64_t)nh * hd && ld >= (int64_t)nkv * hd, "attention: row stride %lld too small", (long long)ld);
   if (B <= 0 || T <= 0 || nh <= 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16) att_fwd_run<k_bf16>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
+  if (c->act == K_BF16) att_fwd_run<k_bf16>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
   else att_fwd_run<float>(q, k, v, ld, o, lse, B, T, nh, nkv, hd, s);
 }
 
@@ -387,7 +389,7 @@ extern "C" void k_cuda_attn_bwd(k_backend *b, const void *dout, const void *q, c
   att_check(B, T, nh, nkv, hd);
   CHECK(ld >= (int64_t)nh * hd && ld >= (int64_t)nkv * hd, "attention: row stride %lld too small", (long long)ld);
   if (B <= 0 || T <= 0 || nh <= 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16) att_bwd_run<k_bf16>(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
-  else att_bwd_run<float>(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, s);
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) att_bwd_run<k_bf16>(c, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+  else att_bwd_run<float>(c, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }

@@ -88,17 +88,17 @@ typedef struct {
   float scale, neg, one;       // host values of the by-value scalars
 } attn_plan;
 
-static struct {
-  int version;                          // runtime cuDNN version, 0 until probed, -1 unusable
+// The state of one k_cudnn_attn (one per CUDA backend that runs bf16 attention).
+struct k_cudnn_attn {
+  int version;                          // runtime cuDNN version, 0 if unusable
   int det;                              // requested backward flavour for new plans
-  int init_det;
   cudnnHandle_t handle[ATTN_MAX_DEV];
   int handle_state[ATTN_MAX_DEV];       // 0 untried, 1 ready, -1 cudnnCreate failed
   attn_plan cache[ATTN_CACHE];
   uint64_t clock;
   void *ws;
   size_t ws_bytes;
-} attn_state;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Graph building: thin checked wrappers over the backend descriptor calls
@@ -501,19 +501,15 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
 // Handles, workspace, plan cache
 
 int k_cudnn_attn_version(void) {
-  if (attn_state.version == 0) {
-    const size_t v = cudnnGetVersion();
-    attn_state.version = v >= 90000 ? (int)v : -1;  // the graph pattern below is cuDNN 9's
-    if (attn_state.version < 0) fprintf(stderr, "attn_cudnn: cuDNN %zu found, 9.x needed; using the fallback kernels\n", v);
-  }
-  return attn_state.version > 0 ? attn_state.version : 0;
+  const size_t v = cudnnGetVersion();
+  return v >= 90000 ? (int)v : 0;  // the graph pattern below is cuDNN 9's
 }
 
-static cudnnHandle_t get_handle(int dev) {
+static cudnnHandle_t get_handle(k_cudnn_attn *a, int dev) {
   if (dev < 0 || dev >= ATTN_MAX_DEV) return NULL;
-  if (attn_state.handle_state[dev] == 0) {
-    const cudnnStatus_t st = cudnnCreate(&attn_state.handle[dev]);
-    attn_state.handle_state[dev] = st == CUDNN_STATUS_SUCCESS ? 1 : -1;
+  if (a->handle_state[dev] == 0) {
+    const cudnnStatus_t st = cudnnCreate(&a->handle[dev]);
+    a->handle_state[dev] = st == CUDNN_STATUS_SUCCESS ? 1 : -1;
     if (st != CUDNN_STATUS_SUCCESS) {
       char msg[256] = "";
       cudnnGetLastErrorString(msg, sizeof msg);
@@ -521,7 +517,7 @@ static cudnnHandle_t get_handle(int dev) {
               cudnnGetErrorString(st), msg);
     }
   }
-  return attn_state.handle_state[dev] == 1 ? attn_state.handle[dev] : NULL;
+  return a->handle_state[dev] == 1 ? a->handle[dev] : NULL;
 }
 
 static void plan_free(attn_plan *p) {
@@ -532,52 +528,58 @@ static void plan_free(attn_plan *p) {
   memset(p, 0, sizeof *p);
 }
 
-void k_cudnn_attn_free(void) {
-  for (int i = 0; i < ATTN_CACHE; i++) plan_free(&attn_state.cache[i]);
-  if (attn_state.ws) CUDA_CHECK(cudaFree(attn_state.ws));
-  attn_state.ws = NULL;
-  attn_state.ws_bytes = 0;
-  for (int d = 0; d < ATTN_MAX_DEV; d++) {
-    if (attn_state.handle_state[d] == 1) cudnnDestroy(attn_state.handle[d]);
-    attn_state.handle_state[d] = 0;
-  }
+extern "C" k_cudnn_attn *k_cudnn_attn_create(void) {
+  k_cudnn_attn *a = (k_cudnn_attn *)calloc(1, sizeof *a);
+  CHECK(a != NULL, "out of host memory for the cuDNN attention state");
+  a->version = k_cudnn_attn_version();
+  if (!a->version)
+    fprintf(stderr, "attn_cudnn: cuDNN %zu found, 9.x needed; using the fallback kernels\n", cudnnGetVersion());
+  a->det = 1;
+  return a;
 }
 
-void k_cudnn_attn_set_deterministic(int on) {
-  attn_state.det = on ? 1 : 0;
-  attn_state.init_det = 1;
+extern "C" void k_cudnn_attn_free(k_cudnn_attn **ap) {
+  if (!ap || !*ap) return;
+  k_cudnn_attn *a = *ap;
+  for (int i = 0; i < ATTN_CACHE; i++) plan_free(&a->cache[i]);
+  if (a->ws) CUDA_CHECK(cudaFree(a->ws));
+  for (int d = 0; d < ATTN_MAX_DEV; d++)
+    if (a->handle_state[d] == 1) cudnnDestroy(a->handle[d]);
+  free(a);
+  *ap = NULL;
 }
 
-static int want_det(void) {
-  if (!attn_state.init_det) k_cudnn_attn_set_deterministic(1);
-  return attn_state.det;
-}
+extern "C" void k_cudnn_attn_set_deterministic(k_cudnn_attn *a, int on) { a->det = on ? 1 : 0; }
 
-static attn_plan *cache_find(int dir, int det, int dev, int B, int T, int nh, int nkv, int hd, int64_t ld) {
+// The index in a->cache of the plan of a shape, or -1.
+static int cache_find(const k_cudnn_attn *a, int dir, int det, int dev, int B, int T, int nh, int nkv, int hd,
+                      int64_t ld) {
   for (int i = 0; i < ATTN_CACHE; i++) {
-    attn_plan *p = &attn_state.cache[i];
+    const attn_plan *p = &a->cache[i];
     if (p->used && p->dir == dir && p->det_req == det && p->device == dev && p->B == B && p->T == T &&
         p->nh == nh && p->nkv == nkv && p->hd == hd && p->ld == ld)
-      return p;
+      return i;
   }
-  return NULL;
+  return -1;
 }
 
 static size_t align_up(size_t n) { return (n + ATTN_ALIGN - 1) / ATTN_ALIGN * ATTN_ALIGN; }
 
 // Builds the plan of a shape (the deterministic backward first when det, the atomic one if that
 // cannot be planned). Refusals are cached too, with one line on stderr saying why.
-static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd, int64_t ld) {
-  const int det = dir == 1 ? want_det() : 0;
-  attn_plan *p = cache_find(dir, det, dev, B, T, nh, nkv, hd, ld);
+static attn_plan *plan_get(k_cudnn_attn *a, int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd,
+                           int64_t ld) {
+  const int det = dir == 1 ? a->det : 0;
+  const int found = cache_find(a, dir, det, dev, B, T, nh, nkv, hd, ld);
+  attn_plan *p = found >= 0 ? &a->cache[found] : NULL;
   if (!p) {
     attn_plan *slot = NULL;
     for (int i = 0; i < ATTN_CACHE && !slot; i++)
-      if (!attn_state.cache[i].used) slot = &attn_state.cache[i];
+      if (!a->cache[i].used) slot = &a->cache[i];
     if (!slot) {  // evict the least recently used plan
-      slot = &attn_state.cache[0];
+      slot = &a->cache[0];
       for (int i = 1; i < ATTN_CACHE; i++)
-        if (attn_state.cache[i].last_use < slot->last_use) slot = &attn_state.cache[i];
+        if (a->cache[i].last_use < slot->last_use) slot = &a->cache[i];
       plan_free(slot);
     }
     p = slot;
@@ -585,7 +587,7 @@ static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int 
     p->B = B, p->T = T, p->nh = nh, p->nkv = nkv, p->hd = hd, p->ld = ld;
     p->scale = 1.0f / sqrtf((float)hd), p->neg = -FLT_MAX, p->one = 1.0f;
     // cuDNN up to 9.15 needs the padding-mask workaround in backward when T % 128 != 0.
-    p->padded = dir == 1 && T % 128 != 0 && k_cudnn_attn_version() < 91600;
+    p->padded = dir == 1 && T % 128 != 0 && a->version < 91600;
     char why_det[512] = "";
     for (int attempt = det ? 0 : 1; attempt < 2; attempt++) {
       g_free(&p->g);
@@ -629,21 +631,21 @@ static attn_plan *plan_get(int dir, int dev, cudnnHandle_t h, int B, int T, int 
       }
     }
   }
-  p->last_use = ++attn_state.clock;
+  p->last_use = ++a->clock;
   return p->status == 0 ? p : NULL;
 }
 
 // Grows the shared workspace; cudaFree waits for the device, so work in flight on the old one
 // finishes first.
-static void *workspace(size_t n_bytes) {
-  if (n_bytes > attn_state.ws_bytes) {
-    if (attn_state.ws) CUDA_CHECK(cudaFree(attn_state.ws));
-    attn_state.ws = NULL;
+static void *workspace(k_cudnn_attn *a, size_t n_bytes) {
+  if (n_bytes > a->ws_bytes) {
+    if (a->ws) CUDA_CHECK(cudaFree(a->ws));
+    a->ws = NULL;
     const size_t want = n_bytes + n_bytes / 8;  // some headroom so a slightly larger shape does not realloc
-    CUDA_CHECK(cudaMalloc(&attn_state.ws, want));
-    attn_state.ws_bytes = want;
+    CUDA_CHECK(cudaMalloc(&a->ws, want));
+    a->ws_bytes = want;
   }
-  return attn_state.ws;
+  return a->ws;
 }
 
 static void execute(attn_plan *p, cudnnHandle_t h, int n, const int64_t *uids, void **ptrs, void *ws) {
@@ -668,10 +670,10 @@ static int shape_ok(int B, int T, int nh, int nkv, int hd, int64_t ld, const voi
 }
 
 // The handle of the current device bound to the stream, or NULL if cuDNN is unusable here.
-static cudnnHandle_t handle_for(void *cuda_stream, int *dev) {
-  if (!k_cudnn_attn_version()) return NULL;
+static cudnnHandle_t handle_for(k_cudnn_attn *a, void *cuda_stream, int *dev) {
+  if (!a->version) return NULL;
   CUDA_CHECK(cudaGetDevice(dev));
-  cudnnHandle_t h = get_handle(*dev);
+  cudnnHandle_t h = get_handle(a, *dev);
   if (h) CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)cuda_stream));
   return h;
 }
@@ -679,33 +681,33 @@ static cudnnHandle_t handle_for(void *cuda_stream, int *dev) {
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
-extern "C" int k_cudnn_attn_fwd(const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B,
-                                int T, int nh, int nkv, int hd, void *cuda_stream) {
+extern "C" int k_cudnn_attn_fwd(k_cudnn_attn *a, const void *q, const void *k, const void *v, int64_t ld, void *o,
+                                float *lse, int B, int T, int nh, int nkv, int hd, void *cuda_stream) {
   const void *ptrs[5] = {q, k, v, o, lse};
   if (!shape_ok(B, T, nh, nkv, hd, ld, ptrs, 5)) return -1;
   int dev = 0;
-  cudnnHandle_t h = handle_for(cuda_stream, &dev);
+  cudnnHandle_t h = handle_for(a, cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(0, dev, h, B, T, nh, nkv, hd, ld);
+  attn_plan *p = plan_get(a, 0, dev, h, B, T, nh, nkv, hd, ld);
   if (!p) return -1;
-  void *ws = workspace((size_t)p->ws_total);
+  void *ws = workspace(a, (size_t)p->ws_total);
   int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG};
   void *vals[7] = {(void *)q, (void *)k, (void *)v, o, lse, &p->scale, &p->neg};
   execute(p, h, 7, uids, vals, ws);
   return 0;
 }
 
-extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, const void *v, int64_t ld,
-                                const void *o, const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh,
-                                int nkv, int hd, void *cuda_stream) {
+extern "C" int k_cudnn_attn_bwd(k_cudnn_attn *a, const void *dout, const void *q, const void *k, const void *v,
+                                int64_t ld, const void *o, const float *lse, void *dq, void *dk, void *dv, int B, int T,
+                                int nh, int nkv, int hd, void *cuda_stream) {
   const void *ptrs[9] = {dout, q, k, v, o, lse, dq, dk, dv};
   if (!shape_ok(B, T, nh, nkv, hd, ld, ptrs, 9)) return -1;
   int dev = 0;
-  cudnnHandle_t h = handle_for(cuda_stream, &dev);
+  cudnnHandle_t h = handle_for(a, cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(1, dev, h, B, T, nh, nkv, hd, ld);
+  attn_plan *p = plan_get(a, 1, dev, h, B, T, nh, nkv, hd, ld);
   if (!p) return -1;
-  char *ws = (char *)workspace((size_t)p->ws_total);
+  char *ws = (char *)workspace(a, (size_t)p->ws_total);
   int64_t uids[17] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV,
                       UID_SCALE, UID_NEG, UID_ONE, UID_DELTA};
   void *vals[17] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)lse, dq, dk, dv,
@@ -726,12 +728,14 @@ extern "C" int k_cudnn_attn_bwd(const void *dout, const void *q, const void *k, 
   return 0;
 }
 
-extern "C" int k_cudnn_attn_info_get(int dir, int B, int T, int nh, int nkv, int hd, int64_t ld,
-                                     k_cudnn_attn_info *info) {
+extern "C" int k_cudnn_attn_info_get(const k_cudnn_attn *a, int dir, int B, int T, int nh, int nkv, int hd,
+                                     int64_t ld, k_cudnn_attn_info *info) {
+  if (!a) return -1;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  attn_plan *p = cache_find(dir, dir == 1 ? want_det() : 0, dev, B, T, nh, nkv, hd, ld);
-  if (!p || p->status != 0) return -1;
+  const int found = cache_find(a, dir, dir == 1 ? a->det : 0, dev, B, T, nh, nkv, hd, ld);
+  if (found < 0 || a->cache[found].status != 0) return -1;
+  const attn_plan *p = &a->cache[found];
   info->engine = p->engine;
   info->workspace = p->ws_total;
   info->deterministic = dir == 1 && p->det_graph && !p->nondet_note;

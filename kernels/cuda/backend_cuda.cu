@@ -1,12 +1,10 @@
-// The CUDA backend: its context (one non-blocking stream, a cuBLAS handle, scratch, the
-// activation dtype), device memory, the table of ops (kernels/cuda/ops_cuda.h) and the GEMM on
-// cuBLAS. Activations (the table's void * tensors) are bf16 by default, fp32 with
-// TRAINER_CUDA_ACT=f32 or k_backend_cuda_create_dtype; everything else is fp32.
-// The table's op signatures carry no context (they are the CPU reference's), so the ops read a
-// file-static current context: the backend created last, whose stream, scratch and activation
-// dtype every op uses. A process drives one GPU, so there is one backend per process and the
-// static is never ambiguous; a test that makes an fp32 and then a bf16 backend runs the ops of
-// each while it is the latest. Memory calls (alloc, copy, ...) use their own backend's stream.
+// The CUDA backend: its context (one non-blocking stream, a cuBLAS handle, scratch, the options
+// it was created with and the caches of the modules it owns), device memory, the table of ops
+// (kernels/cuda/ops_cuda.h) and the GEMM on cuBLAS. Activations (the table's void * tensors) are
+// in the dtype k_backend_opts.act chose, bf16 or fp32; everything else is fp32.
+// Every op takes its backend and runs on that backend's stream, scratch, options and caches, so
+// nothing here is process-wide: a test may hold an fp32 and a bf16 backend at once. A process
+// that trains drives one GPU, through one backend.
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/optim_cuda.h"
@@ -15,19 +13,11 @@
 
 #include <string.h>
 
-static k_cuda_ctx *g_ctx;  // the current context (see above)
-
 // 32 MiB, the workspace NVIDIA recommends for Hopper. A fixed workspace makes cuBLAS pick the
 // same kernels (and so the same bits) on every run.
 static const size_t k_cublas_ws_bytes = (size_t)32 << 20;
 
-k_cuda_ctx *k_cuda_cur(void) {
-  CHECK(g_ctx != NULL, "a CUDA op was called before k_backend_cuda_create");
-  return g_ctx;
-}
-
-void *k_cuda_scratch(size_t n_bytes) {
-  k_cuda_ctx *c = k_cuda_cur();
+void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes) {
   if (n_bytes <= c->scratch_bytes) return c->scratch;
   // Kernels already queued may still read the old buffer: wait for them before freeing it.
   CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -43,13 +33,11 @@ void *k_cuda_scratch(size_t n_bytes) {
 // host-to-device cudaMemcpyAsync returns once the source is staged, so the caller may reuse it
 // at once; device-to-host is followed by a stream sync because the caller reads the result.
 
-static k_cuda_ctx *ctx_of(k_backend *b) { return (k_cuda_ctx *)b->ctx; }
-
 static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   void *p = NULL;
   CUDA_CHECK(cudaMalloc(&p, n_bytes ? n_bytes : 1));
   // Zero-filled is the contract (the CPU backend uses calloc); ordered before any op on the stream.
-  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, ctx_of(b)->stream));
+  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, k_cuda_ctx_of(b)->stream));
   return p;
 }
 
@@ -60,26 +48,26 @@ static void cuda_free(k_backend *b, void *p) {
 
 static void cuda_to_host(k_backend *b, void *dst_host, const void *src, size_t n_bytes) {
   if (!n_bytes) return;
-  cudaStream_t s = ctx_of(b)->stream;
+  cudaStream_t s = k_cuda_ctx_of(b)->stream;
   CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n_bytes, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 static void cuda_from_host(k_backend *b, void *dst, const void *src_host, size_t n_bytes) {
   if (!n_bytes) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n_bytes, cudaMemcpyHostToDevice, ctx_of(b)->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n_bytes, cudaMemcpyHostToDevice, k_cuda_ctx_of(b)->stream));
 }
 
 static void cuda_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
   if (!n_bytes || dst == src) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, k_cuda_ctx_of(b)->stream));
 }
 
 static void cuda_zero(k_backend *b, void *p, size_t n_bytes) {
-  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, ctx_of(b)->stream));
+  if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, k_cuda_ctx_of(b)->stream));
 }
 
-static void cuda_sync(k_backend *b) { CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)->stream)); }
+static void cuda_sync(k_backend *b) { CUDA_CHECK(cudaStreamSynchronize(k_cuda_ctx_of(b)->stream)); }
 
 // ---------------------------------------------------------------------------------------------
 // GEMM
@@ -108,7 +96,7 @@ static cudaDataType k_cuda_data_type(k_dtype t) { return t == K_BF16 ? CUDA_R_16
 extern "C" void k_cuda_gemm(k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
                             const void *B, int ldb, float beta, void *C, int ldc, k_dtype c_type) {
   CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape M=%d N=%d K=%d must be non-negative", M, N, K);
-  k_cuda_ctx *c = k_cuda_cur();
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
   CHECK(c_type == c->act || c_type == K_F32, "gemm: C dtype %d must be the act dtype (%d) or K_F32", (int)c_type,
         (int)c->act);
   if (M == 0 || N == 0) return;
@@ -151,48 +139,54 @@ static int64_t cuda_mem_used(k_backend *b) {
 }
 
 // Attention: cuDNN's fused flash attention for bf16 activations (deterministic backward), the
-// own tiled kernel for fp32 activations, for shapes cuDNN refuses, or with TRAINER_CUDA_ATTN=own.
-static int use_cudnn_attn(void) {
-  static int own = -1;
-  if (own < 0) {
-    const char *env = getenv("TRAINER_CUDA_ATTN");
-    own = env && strcmp(env, "own") == 0;
-  }
-  return !own && k_cuda_act() == K_BF16;
+// own tiled kernel for fp32 activations, for shapes cuDNN refuses, or with opts.attn_own.
+// The cuDNN state (handle, plans, workspace) is made on the first call that may use it.
+static k_cudnn_attn *cudnn_attn_of(k_cuda_ctx *c) {
+  if (c->attn_own || c->act != K_BF16) return NULL;
+  if (!c->cudnn) c->cudnn = k_cudnn_attn_create();
+  return c->cudnn;
 }
 
 static void attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,
                      int nh, int nkv, int hd) {
-  if (use_cudnn_attn() && k_cudnn_attn_fwd(q, k, v, ld, o, lse, B, T, nh, nkv, hd, k_cuda_stream()) == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cudnn_attn *a = cudnn_attn_of(c);
+  if (a && k_cudnn_attn_fwd(a, q, k, v, ld, o, lse, B, T, nh, nkv, hd, c->stream) == 0) return;
   k_cuda_attn_fwd(b, q, k, v, ld, o, lse, B, T, nh, nkv, hd);
 }
 
 static void attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                      const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) {
-  if (use_cudnn_attn() &&
-      k_cudnn_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, k_cuda_stream()) == 0)
-    return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cudnn_attn *a = cudnn_attn_of(c);
+  if (a && k_cudnn_attn_bwd(a, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd, c->stream) == 0) return;
   k_cuda_attn_bwd(b, dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
 }
 
 static void cuda_release(k_backend *b) {
-  k_cuda_ctx *c = ctx_of(b);
+  k_cuda_ctx *c = (k_cuda_ctx *)b->ctx;
   if (!c) return;
   CUDA_CHECK(cudaStreamSynchronize(c->stream));
-  k_cuda_linear_residual_free();
-  k_cudnn_attn_free();
+  k_cuda_lt_free(&c->lt);
+  k_cudnn_attn_free(&c->cudnn);
+  k_cuda_optim_free(&c->optim);
   CUBLAS_CHECK(cublasDestroy(c->cublas));
   CUDA_CHECK(cudaFree(c->cublas_ws));
   CUDA_CHECK(cudaFree(c->scratch));
   CUDA_CHECK(cudaStreamDestroy(c->stream));
-  if (g_ctx == c) g_ctx = NULL;
   free(c);
   b->ctx = NULL;
 }
 
-extern "C" void *k_cuda_stream(void) { return g_ctx ? (void *)g_ctx->stream : NULL; }
+extern "C" void *k_cuda_stream_of(const k_backend *b) { return (void *)k_cuda_ctx_of(b)->stream; }
 
-extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
+extern "C" k_cudnn_attn *k_cuda_cudnn_attn_of(const k_backend *b) { return k_cuda_ctx_of(b)->cudnn; }
+
+extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
+  const k_backend_opts defaults = {};
+  if (!o) o = &defaults;
+  const k_dtype act = o->act;
+  const int device = o->device;
   CHECK(act == K_F32 || act == K_BF16, "CUDA backend: unknown activation dtype %d", (int)act);
   const int n_dev = k_cuda_device_count();
   CHECK(device >= 0 && device < n_dev, "CUDA device %d requested but %d visible (check CUDA_VISIBLE_DEVICES)",
@@ -201,6 +195,7 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   k_cuda_ctx *c = (k_cuda_ctx *)XCALLOC(1, sizeof *c);
   c->device = device;
   c->act = act;
+  c->attn_own = o->attn_own != 0;
   // Non-blocking: the legacy default stream (used by stray library calls) must not serialise with it.
   CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&c->cublas));
@@ -215,9 +210,7 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
       c->cublas, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   // With fp32 activations, full fp32 GEMMs by default so that GPU runs track the CPU reference;
   // TF32 is an opt-in speed-up. bf16 activations always accumulate in fp32.
-  const char *tf32 = getenv("TRAINER_CUDA_TF32");
-  c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  g_ctx = c;
+  c->gemm_compute = o->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 
   k_backend *b = (k_backend *)XCALLOC(1, sizeof *b);
   b->name = "cuda";
@@ -234,7 +227,7 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
-  k_backend_set_peak(b);
+  k_backend_set_peak(b, o->peak_tflops);
   b->act = act;
   b->gemm = k_cuda_gemm;
   b->linear_residual = k_cuda_linear_residual;
@@ -258,15 +251,3 @@ extern "C" k_backend *k_backend_cuda_create_dtype(int device, k_dtype act) {
   b->adamw_ranges = k_cuda_adamw_ranges;
   return b;
 }
-
-extern "C" k_backend *k_backend_cuda_create(int device) {
-  const char *env = getenv("TRAINER_CUDA_ACT");
-  k_dtype act = K_BF16;
-  if (env && *env) {
-    if (strcmp(env, "f32") == 0 || strcmp(env, "fp32") == 0) act = K_F32;
-    else CHECK(strcmp(env, "bf16") == 0, "TRAINER_CUDA_ACT=%s: expected f32 or bf16 (unset means bf16)", env);
-  }
-  return k_backend_cuda_create_dtype(device, act);
-}
-
-extern "C" void k_backend_cuda_free(k_backend **b) { k_backend_free(b); }

@@ -131,8 +131,7 @@ static int ce_threads(int64_t nvec, int nv) {
 
 template <typename E>
 static void ce_stats_run(const void *logits, const int32_t *targets, int64_t rows, int n, int v0, float *row_max,
-                         float *row_sumexp, float *target_logit) {
-  cudaStream_t s = k_cuda_cur()->stream;
+                         float *row_sumexp, float *target_logit, cudaStream_t s) {
   const unsigned nb = (unsigned)rows;
   const int64_t nvec = n / k_vec<E>::N;
   const E *l = (const E *)logits;
@@ -153,10 +152,11 @@ extern "C" void k_cuda_ce_local_stats(k_backend *b, const void *logits, const in
                                       int v0, float *row_max, float *row_sumexp, float *target_logit) {
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
-  if (k_cuda_act() == K_BF16)
-    ce_stats_run<k_bf16>(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit);
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16)
+    ce_stats_run<k_bf16>(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit, c->stream);
   else
-    ce_stats_run<float>(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit);
+    ce_stats_run<float>(logits, targets, rows, n_vocab_local, v0, row_max, row_sumexp, target_logit, c->stream);
 }
 
 extern "C" void k_cuda_ce_bwd(k_backend *b, void *logits, const int32_t *targets, const float *lse, int64_t rows, int n_vocab_local,
@@ -164,8 +164,9 @@ extern "C" void k_cuda_ce_bwd(k_backend *b, void *logits, const int32_t *targets
   if (rows <= 0 || n_vocab_local <= 0) return;
   CHECK(rows <= INT_MAX, "cross-entropy: %lld rows is more than one launch takes", (long long)rows);
   const unsigned nb = (unsigned)rows;
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
+  if (c->act == K_BF16)
     k_ce_bwd<k_bf16><<<nb, ce_threads(n_vocab_local / 8, CE_BWD_UNROLL), 0, s>>>((k_bf16 *)logits, targets, lse,
                                                                                 n_vocab_local, v0, scale);
   else
@@ -197,15 +198,15 @@ __global__ void k_ce_loss(const float *gmax, const float *sumexp, const float *t
 
 extern "C" void k_cuda_ce_rescale(k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows) {
   if (rows <= 0) return;
-  k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(row_sumexp, row_max,
-                                                                                                 gmax, rows);
+  k_ce_rescale<<<k_cuda_blocks(rows, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_ctx_of(b)->stream>>>(
+      row_sumexp, row_max, gmax, rows);
   CUDA_LAUNCH_CHECK("k_ce_rescale");
 }
 
 extern "C" void k_cuda_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse,
                                int64_t rows, double *loss) {
-  k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_cur()->stream>>>(gmax, sumexp, target_logit, lse, rows > 0 ? rows : 0,
-                                                             loss);
+  k_ce_loss<<<1, CE_LOSS_THREADS, 0, k_cuda_ctx_of(b)->stream>>>(gmax, sumexp, target_logit, lse,
+                                                                 rows > 0 ? rows : 0, loss);
   CUDA_LAUNCH_CHECK("k_ce_loss");
 }
 

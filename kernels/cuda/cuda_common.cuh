@@ -1,38 +1,57 @@
 // What the CUDA translation units share: the backend context (stream, cuBLAS handle, scratch,
-// activation dtype), element-type conversions, launch sizing and the block reductions. The
-// reductions combine in a fixed tree that depends only on blockDim, which is what keeps every
-// reduction in these kernels deterministic.
+// the options it was created with, the caches of cuBLASLt, cuDNN and the optimizer ops),
+// element-type conversions, launch sizing and the block reductions. Every launcher finds the
+// context through its k_backend argument (k_cuda_ctx_of), so several backends may live in one
+// process, each with its own state. The reductions combine in a fixed tree that depends only on
+// blockDim, which is what keeps every reduction in these kernels deterministic.
 #ifndef TRAINER_CUDA_COMMON_CUH
 #define TRAINER_CUDA_COMMON_CUH
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attn_cudnn.h"
 #include "kernels/cuda/cuda_check.h"
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef __nv_bfloat16 k_bf16;
+
+// State of the modules the context owns; each is made on first use by its module and freed by
+// the backend's release.
+struct k_cuda_lt;     // kernels/cuda/gemm_lt.cu: the cuBLASLt handle and plan cache
+struct k_cuda_optim;  // kernels/cuda/optim_cuda.cu: device range tables, partial sums
 
 struct k_cuda_ctx {
   int device;
   k_dtype act;          // the activation dtype: the element type of every act-typed op argument
+  int attn_own;         // attention on the own kernel even where cuDNN's would run
   cudaStream_t stream;  // every op and copy of this backend runs here, in order
   cublasHandle_t cublas;
-  cublasComputeType_t gemm_compute;  // CUBLAS_COMPUTE_32F, or _FAST_TF32 with TRAINER_CUDA_TF32=1
+  cublasComputeType_t gemm_compute;  // fp32 activations: CUBLAS_COMPUTE_32F, or _FAST_TF32 (opts.tf32)
   void *cublas_ws;  // a fixed cuBLAS workspace: with it, cuBLAS results are run-to-run reproducible
   size_t cublas_ws_bytes;
   void *scratch;  // ops' temporaries (partial sums, sort buffers), grown on demand
   size_t scratch_bytes;
+  k_cuda_lt *lt;         // NULL until the first linear_residual
+  k_cudnn_attn *cudnn;   // NULL until the first attention cuDNN may run
+  k_cuda_optim *optim;   // NULL until the first optimizer op
 };
 
-// The context of the most recently created backend; aborts when there is none.
-k_cuda_ctx *k_cuda_cur(void);
-// At least n_bytes of device scratch, valid until the next call. Ops on the one stream run in
-// order, so an op may use it for its own kernels without further synchronisation.
-void *k_cuda_scratch(size_t n_bytes);
+// The context of a CUDA backend (aborts on another kind of backend).
+static inline k_cuda_ctx *k_cuda_ctx_of(const k_backend *b) {
+  CHECK(b != NULL && b->ctx != NULL && b->name != NULL && strcmp(b->name, "cuda") == 0,
+        "a CUDA op was given %s, not a live CUDA backend", b && b->name ? b->name : "no backend");
+  return (k_cuda_ctx *)b->ctx;
+}
+// At least n_bytes of c's device scratch, valid until the next call. Ops on the one stream run
+// in order, so an op may use it for its own kernels without further synchronisation.
+void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes);
 
-// The activation dtype of the current backend: the act-typed ops dispatch on it.
-static inline k_dtype k_cuda_act(void) { return k_cuda_cur()->act; }
+// Free a module's state and set the pointer to NULL (safe twice); the backend's release calls
+// them once its stream is idle.
+void k_cuda_lt_free(k_cuda_lt **lt);
+void k_cuda_optim_free(k_cuda_optim **o);
 
 // Element types of act tensors: loads widen to fp32, where all math is done; stores round to
 // nearest even (NaN stays NaN, overflow goes to Inf).

@@ -3,8 +3,8 @@
 // the residual add. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
 // written in the CPU reference's order so the two round alike. The act-typed ops (rope, SwiGLU)
 // are templates over the element type (float, bf16): loads widen to fp32, the math is fp32,
-// stores round to nearest even; the extern "C" launcher picks the instance from the current
-// backend's activation dtype. The hot memory-bound ones (cast, RMSNorm forward, rope, SwiGLU)
+// stores round to nearest even; the extern "C" launcher picks the instance from the activation
+// dtype of the backend it is given. The hot memory-bound ones (cast, RMSNorm forward, rope, SwiGLU)
 // move 16-byte vectors when the shape and pointers allow, with the same per-element
 // expressions, and fall back to the scalar kernels otherwise.
 //
@@ -62,7 +62,7 @@ extern "C" void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const voi
   CHECK((dst_type == K_F32 || dst_type == K_BF16) && (src_type == K_F32 || src_type == K_BF16),
         "cast: unknown dtype (%d -> %d)", (int)src_type, (int)dst_type);
   if (n <= 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
+  cudaStream_t s = k_cuda_ctx_of(b)->stream;
   if (dst_type == src_type) {
     if (dst != src)
       CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * k_dtype_bytes(dst_type), cudaMemcpyDeviceToDevice, s));
@@ -163,29 +163,30 @@ __global__ void __launch_bounds__(RN_THREADS)
 
 template <typename Y, int NV, bool WARP>
 static void rmsnorm_fwd_vec_go(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d4, float eps,
-                               int th) {
+                               int th, cudaStream_t s) {
   const int64_t nb = WARP ? (rows + th / 32 - 1) / (th / 32) : rows;
-  k_rmsnorm_fwd_vec<Y, NV, WARP><<<(unsigned)nb, th, 0, k_cuda_cur()->stream>>>((const float4 *)x, (const float4 *)w,
-                                                                                   y, rstd, rows, d4, eps);
+  k_rmsnorm_fwd_vec<Y, NV, WARP><<<(unsigned)nb, th, 0, s>>>((const float4 *)x, (const float4 *)w, y, rstd, rows, d4,
+                                                              eps);
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_vec");
 }
 
 // Runs the vector kernel if the shape and pointers allow it; false otherwise.
 template <typename Y>
-static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps) {
+static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps,
+                            cudaStream_t s) {
   const int d4 = d / 4;
   if (d % 4 || !k_aligned16((uintptr_t)x | (uintptr_t)w) || (uintptr_t)y % (4 * sizeof(Y)) || d4 > 8 * RN_THREADS)
     return false;
-  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, 256);
-  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, 256);
-  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, 256);
-  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, 256);
+  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, 256, s);
+  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, 256, s);
+  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, 256, s);
+  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, 256, s);
   else {
     const int nv = d4 <= 2 * RN_THREADS ? 2 : d4 <= 4 * RN_THREADS ? 4 : 8;
     const int th = ((d4 + nv - 1) / nv + 31) / 32 * 32;
-    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, th);
-    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, th);
-    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, th);
+    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, th, s);
+    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, th, s);
+    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, th, s);
   }
   return true;
 }
@@ -239,11 +240,12 @@ extern "C" void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float
                                        float eps) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
-  if (k_cuda_act() == K_BF16 ? rmsnorm_fwd_vec<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps)
-                             : rmsnorm_fwd_vec<float>(x, w, (float *)y, rstd, rows, d, eps))
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
+  if (c->act == K_BF16 ? rmsnorm_fwd_vec<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps, s)
+                       : rmsnorm_fwd_vec<float>(x, w, (float *)y, rstd, rows, d, eps, s))
     return;
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
+  if (c->act == K_BF16)
     k_rmsnorm_fwd<k_bf16><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (k_bf16 *)y, rstd, d, eps);
   else
     k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (float *)y, rstd, d, eps);
@@ -254,7 +256,8 @@ extern "C" void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x
                                    float *dw, int64_t rows, int d) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
-  cudaStream_t s = k_cuda_cur()->stream;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
   k_rmsnorm_bwd_dx<<<(unsigned)rows, row_threads(d), 0, s>>>(dy, x, w, rstd, dx, d);
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dx");
   // The chunking depends on rows alone (never on the device), so the summation order is fixed.
@@ -262,7 +265,7 @@ extern "C" void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x
   int64_t rpc = (rows + 511) / 512;
   if (rpc < 64) rpc = 64;
   const int n_chunks = (int)((rows + rpc - 1) / rpc);
-  float *part = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_chunks * d);
+  float *part = (float *)k_cuda_scratch(c, sizeof(float) * (size_t)n_chunks * d);
   k_rmsnorm_bwd_dw_part<<<dim3((d + DW_COLS - 1) / DW_COLS, n_chunks), dim3(DW_COLS, DW_ROWS), 0, s>>>(
       dy, x, rstd, part, rows, d, rpc);
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_part");
@@ -328,9 +331,9 @@ __global__ void __launch_bounds__(RB_MAX_THREADS)
 
 template <int NCOL>
 static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
-                                  void *dx_act, float *part, int64_t rows, int d, int th, int64_t rpc, int n_chunks,
-                                  cudaStream_t s) {
-  if (dx_act && k_cuda_act() == K_BF16)
+                                  void *dx_act, k_dtype act, float *part, int64_t rows, int d, int th, int64_t rpc,
+                                  int n_chunks, cudaStream_t s) {
+  if (dx_act && act == K_BF16)
     k_rmsnorm_bwd_fused<NCOL, k_bf16><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (k_bf16 *)dx_act, part, rows, d, rpc);
   else
     k_rmsnorm_bwd_fused<NCOL, float><<<n_chunks, th, 0, s>>>(dy, x, w, rstd, dx, (float *)dx_act, part, rows, d, rpc);
@@ -340,10 +343,11 @@ static void rmsnorm_bwd_fused_run(const float *dy, const float *x, const float *
 extern "C" void k_cuda_rmsnorm_bwd_act(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                                        float *dw, void *dx_act, int64_t rows, int d) {
   if (rows <= 0 || d <= 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
   if (d > 8 * RB_MAX_THREADS) {  // wider than the fused kernel's registers: two passes and a cast
     k_cuda_rmsnorm_bwd(b, dy, x, w, rstd, dx, dw, rows, d);
-    if (dx_act) k_cuda_cast(b, dx_act, k_cuda_act(), dx, K_F32, rows * d);
+    if (dx_act) k_cuda_cast(b, dx_act, c->act, dx, K_F32, rows * d);
     return;
   }
   // Blocks of 256 threads (more for d > 2048) with up to 8 columns each: many independent loads
@@ -356,11 +360,11 @@ extern "C" void k_cuda_rmsnorm_bwd_act(k_backend *b, const float *dy, const floa
   int64_t rpc = (rows + RB_MAX_CHUNKS - 1) / RB_MAX_CHUNKS;
   if (rpc < 4) rpc = 4;
   const int n_chunks = (int)((rows + rpc - 1) / rpc);
-  float *part = (float *)k_cuda_scratch(sizeof(float) * (size_t)n_chunks * d);
-  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
-  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
-  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
-  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, part, rows, d, th, rpc, n_chunks, s);
+  float *part = (float *)k_cuda_scratch(c, sizeof(float) * (size_t)n_chunks * d);
+  if (ncol <= 1) rmsnorm_bwd_fused_run<1>(dy, x, w, rstd, dx, dx_act, c->act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 2) rmsnorm_bwd_fused_run<2>(dy, x, w, rstd, dx, dx_act, c->act, part, rows, d, th, rpc, n_chunks, s);
+  else if (ncol <= 4) rmsnorm_bwd_fused_run<4>(dy, x, w, rstd, dx, dx_act, c->act, part, rows, d, th, rpc, n_chunks, s);
+  else rmsnorm_bwd_fused_run<8>(dy, x, w, rstd, dx, dx_act, c->act, part, rows, d, th, rpc, n_chunks, s);
   k_rmsnorm_bwd_dw_sum<<<(d + K_CUDA_THREADS - 1) / K_CUDA_THREADS, K_CUDA_THREADS, 0, s>>>(part, dw, d, n_chunks);
   CUDA_LAUNCH_CHECK("k_rmsnorm_bwd_dw_sum");
 }
@@ -435,12 +439,13 @@ __global__ void k_rope_vec(E *x, const float2 *cs, int64_t rows, int B, int H, i
 }
 
 template <typename E>
-static void rope_run(void *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta, int inverse) {
+static void rope_run(k_cuda_ctx *c, void *x, int64_t rows, int B, int H, int hd, int64_t ld, int pos0, float theta,
+                     int inverse) {
   constexpr int W = k_vec<E>::N;
-  cudaStream_t s = k_cuda_cur()->stream;
+  cudaStream_t s = c->stream;
   if ((hd / 2) % W == 0 && k_aligned16((uintptr_t)x | (uint64_t)ld * sizeof(E))) {
     const int T = (int)(rows / B), half = hd / 2;
-    float2 *cs = (float2 *)k_cuda_scratch(sizeof(float2) * (size_t)T * half);
+    float2 *cs = (float2 *)k_cuda_scratch(c, sizeof(float2) * (size_t)T * half);
     k_rope_table<<<k_cuda_blocks((int64_t)T * half, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(cs, T, hd, pos0, theta,
                                                                                             inverse);
     CUDA_LAUNCH_CHECK("k_rope_table");
@@ -460,8 +465,9 @@ extern "C" void k_cuda_rope(k_backend *b, void *x, int B, int T, int H, int hd, 
   CHECK(ld >= (int64_t)H * hd, "rope: row stride %lld < H*hd = %d", (long long)ld, H * hd);
   const int64_t rows = (int64_t)B * T, n = rows * (hd / 2);
   if (n <= 0 || H <= 0) return;
-  if (k_cuda_act() == K_BF16) rope_run<k_bf16>(x, rows, B, H, hd, ld, pos0, theta, inverse);
-  else rope_run<float>(x, rows, B, H, hd, ld, pos0, theta, inverse);
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) rope_run<k_bf16>(c, x, rows, B, H, hd, ld, pos0, theta, inverse);
+  else rope_run<float>(c, x, rows, B, H, hd, ld, pos0, theta, inverse);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,42 +539,43 @@ static dim3 swiglu_grid(int64_t rows, int n) {
 }
 
 template <typename E>
-static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n) {
+static void swiglu_fwd_run(const void *gu, void *out, int64_t rows, int n, cudaStream_t s) {
   constexpr int W = k_vec<E>::N;
   if (n % W == 0 && k_aligned16((uintptr_t)gu | (uintptr_t)out)) {
-    k_swiglu_fwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+    k_swiglu_fwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, s>>>(
         (const uint4 *)gu, (uint4 *)out, rows, n / W);
     CUDA_LAUNCH_CHECK("k_swiglu_fwd_vec");
     return;
   }
-  k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)gu, (E *)out, rows, n);
+  k_swiglu_fwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, s>>>((const E *)gu, (E *)out, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_fwd");
 }
 
 template <typename E>
-static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
+static void swiglu_bwd_run(const void *dout, const void *gu, void *dgu, int64_t rows, int n, cudaStream_t s) {
   constexpr int W = k_vec<E>::N;
   if (n % W == 0 && k_aligned16((uintptr_t)dout | (uintptr_t)gu | (uintptr_t)dgu)) {
-    k_swiglu_bwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(
+    k_swiglu_bwd_vec<E><<<swiglu_grid(rows, n / W), K_CUDA_THREADS, 0, s>>>(
         (const uint4 *)dout, (const uint4 *)gu, (uint4 *)dgu, rows, n / W);
     CUDA_LAUNCH_CHECK("k_swiglu_bwd_vec");
     return;
   }
-  k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>((const E *)dout, (const E *)gu,
-                                                                                      (E *)dgu, rows, n);
+  k_swiglu_bwd<E><<<swiglu_grid(rows, n), K_CUDA_THREADS, 0, s>>>((const E *)dout, (const E *)gu, (E *)dgu, rows, n);
   CUDA_LAUNCH_CHECK("k_swiglu_bwd");
 }
 
 extern "C" void k_cuda_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n) {
   if (rows <= 0 || n <= 0) return;
-  if (k_cuda_act() == K_BF16) swiglu_fwd_run<k_bf16>(gu, out, rows, n);
-  else swiglu_fwd_run<float>(gu, out, rows, n);
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) swiglu_fwd_run<k_bf16>(gu, out, rows, n, c->stream);
+  else swiglu_fwd_run<float>(gu, out, rows, n, c->stream);
 }
 
 extern "C" void k_cuda_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n) {
   if (rows <= 0 || n <= 0) return;
-  if (k_cuda_act() == K_BF16) swiglu_bwd_run<k_bf16>(dout, gu, dgu, rows, n);
-  else swiglu_bwd_run<float>(dout, gu, dgu, rows, n);
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) swiglu_bwd_run<k_bf16>(dout, gu, dgu, rows, n, c->stream);
+  else swiglu_bwd_run<float>(dout, gu, dgu, rows, n, c->stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -613,8 +620,9 @@ extern "C" void k_cuda_embed_fwd(k_backend *b, const int32_t *tokens, const void
                                  int n_vocab_local) {
   if (n <= 0 || d <= 0) return;
   CHECK(n <= INT_MAX, "embed: %lld tokens is more than one launch takes", (long long)n);
-  cudaStream_t s = k_cuda_cur()->stream;
-  if (k_cuda_act() == K_BF16)
+  const k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
+  if (c->act == K_BF16)
     k_embed_fwd<<<(unsigned)n, row_threads(d), 0, s>>>(tokens, (const k_bf16 *)table, out, d, v0, n_vocab_local);
   else
     k_embed_fwd<<<(unsigned)n, row_threads(d), 0, s>>>(tokens, (const float *)table, out, d, v0, n_vocab_local);
@@ -627,14 +635,15 @@ extern "C" void k_cuda_embed_bwd(k_backend *b, const int32_t *tokens, const floa
   CHECK(n < INT_MAX / 4, "embed: %lld tokens is more than the sort takes", (long long)n);
   CHECK(n_vocab_local < INT_MAX, "embed: n_vocab_local=%d too large", n_vocab_local);
   const int ni = (int)n;
-  cudaStream_t s = k_cuda_cur()->stream;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
   int end_bit = 1;  // sort only the bits the keys use (they are <= n_vocab_local)
   while (end_bit < 31 && ((int64_t)1 << end_bit) <= n_vocab_local) end_bit++;
   size_t sort_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
                                              (const int32_t *)NULL, (int32_t *)NULL, ni, 0, end_bit, s));
   const size_t arr = ((size_t)ni * sizeof(int32_t) + 255) / 256 * 256;
-  char *ws = (char *)k_cuda_scratch(4 * arr + sort_bytes);
+  char *ws = (char *)k_cuda_scratch(c, 4 * arr + sort_bytes);
   uint32_t *keys = (uint32_t *)ws, *keys_s = (uint32_t *)(ws + 2 * arr);
   int32_t *pos = (int32_t *)(ws + arr), *pos_s = (int32_t *)(ws + 3 * arr);
   k_embed_keys<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(tokens, keys, pos, ni, v0, n_vocab_local);
@@ -655,6 +664,6 @@ __global__ void k_add(float *y, const float *x, int64_t n) {
 
 extern "C" void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n) {
   if (n <= 0) return;
-  k_add<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_cur()->stream>>>(y, x, n);
+  k_add<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_ctx_of(b)->stream>>>(y, x, n);
   CUDA_LAUNCH_CHECK("k_add");
 }

@@ -1,10 +1,9 @@
 // The CUDA ops behind the backend table: the signatures of kernels/backend.h and the semantics
 // of kernels/cpu/ops_cpu.h (row-major, device pointers), so each one is tested against its
 // k_cpu_ twin. fp32 arguments are float *; the `void *` tensors are in the activation dtype of
-// the current backend (float or bf16; math in fp32, results rounded to nearest even on store).
-// They take no stream argument because the table's signatures have none: each enqueues,
-// asynchronously, on the compute stream of the current CUDA backend (the one created last) and
-// uses its activation dtype.
+// backend b (float or bf16; math in fp32, results rounded to nearest even on store).
+// b is the CUDA backend the op runs on (k_backend_cuda_create): each op enqueues,
+// asynchronously, on b's compute stream, and uses b's activation dtype, scratch and caches.
 // Determinism: no float atomics anywhere; every reduction runs in a fixed order, so the same
 // inputs give bitwise the same outputs on the same GPU model (bitwise resume relies on it).
 #ifndef TRAINER_OPS_CUDA_H
@@ -18,15 +17,13 @@
 extern "C" {
 #endif
 
-// kernels/cuda/backend_cuda.cu (cuBLAS, fp32 accumulation; fp32 activations use TF32 only with
-// TRAINER_CUDA_TF32=1). A, B in act dtype; C in c_type (act or K_F32).
+// kernels/cuda/backend_cuda.cu (cuBLAS, fp32 accumulation; fp32 activations use TF32 only when
+// b was created with opts.tf32). A, B in act dtype; C in c_type (act or K_F32).
 void k_cuda_gemm(k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,
                  int ldb, float beta, void *C, int ldc, k_dtype c_type);
 
 // kernels/cuda/gemm_lt.cu (cuBLASLt): D (M,N) fp32 = A (M,K) W (N,K)^T + C (M,N) fp32.
 void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D);
-// Frees the cached descriptors and the cuBLASLt handle (backend free); safe twice.
-void k_cuda_linear_residual_free(void);
 
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.

@@ -2,8 +2,9 @@
 // a virtual concatenation; each block takes a fixed slice of it, finds its first range by
 // binary search and walks on, so one launch covers every tensor whatever their sizes. The range
 // table lives on the device and is uploaded only when the list changes (the optimizer's lists
-// are fixed for a run). The sum of squares is deterministic: fixed per-block partials, then
-// one block reduces them in a fixed order.
+// are fixed for a run); the tables and the partial-sum buffers are cached in the backend's
+// context (k_cuda_ctx.optim). The sum of squares is deterministic: fixed per-block partials,
+// then one block reduces them in a fixed order.
 #include "kernels/cuda/optim_cuda.h"
 
 #include <stdlib.h>
@@ -37,9 +38,7 @@ struct range_cache {
   unsigned long long used[RANGE_TABLES], clock;
 };
 
-range_cache g_sumsq_tables, g_adamw_tables;
-
-const range_table *table_get(range_cache *c, const k_range *r, int n) {
+const range_table *table_get(range_cache *c, const k_range *r, int n, cudaStream_t s) {
   int slot = 0;
   for (int i = 0; i < RANGE_TABLES; i++) {
     if (c->t[i].key == r) {
@@ -52,7 +51,6 @@ const range_table *table_get(range_cache *c, const k_range *r, int n) {
   range_table *t = &c->t[slot];
   t->key = r;
   if (n == t->n && t->host && memcmp(t->host, r, sizeof(k_range) * (size_t)n) == 0) return t;
-  cudaStream_t s = k_cuda_cur()->stream;
   CUDA_CHECK(cudaStreamSynchronize(s));  // earlier launches may still read the old table
   if (n > t->cap) {
     if (t->dev) CUDA_CHECK(cudaFree(t->dev));
@@ -172,42 +170,72 @@ __global__ void sumsq_ranges_total(const double *part, int64_t n_part, double *t
   if (threadIdx.x == 0) *total = s;
 }
 
-double *g_part;          // device partial sums, then the total
-int64_t g_part_cap;
-double *g_total_host;    // pinned: the one read of the step
-
 }  // namespace
+
+// The optimizer ops' state in a backend's context, made on the first call.
+struct k_cuda_optim {
+  range_cache sumsq_tables, adamw_tables;
+  double *part;        // device partial sums, then the total
+  int64_t part_cap;
+  double *total_host;  // pinned: the one read of the step
+};
+
+static k_cuda_optim *optim_of(k_cuda_ctx *c) {
+  if (!c->optim) {
+    c->optim = (k_cuda_optim *)calloc(1, sizeof *c->optim);
+    CHECK(c->optim != NULL, "out of host memory for the optimizer ops' state");
+  }
+  return c->optim;
+}
+
+void k_cuda_optim_free(k_cuda_optim **op) {
+  if (!op || !*op) return;
+  k_cuda_optim *o = *op;
+  range_cache *caches[2] = {&o->sumsq_tables, &o->adamw_tables};
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < RANGE_TABLES; i++) {
+      if (caches[k]->t[i].dev) CUDA_CHECK(cudaFree(caches[k]->t[i].dev));
+      free(caches[k]->t[i].host);
+    }
+  if (o->part) CUDA_CHECK(cudaFree(o->part));
+  if (o->total_host) CUDA_CHECK(cudaFreeHost(o->total_host));
+  free(o);
+  *op = NULL;
+}
 
 extern "C" double k_cuda_sumsq_ranges(k_backend *b, const float *x, const k_range *r, int n_ranges) {
   if (n_ranges <= 0) return 0.0;
-  const range_table *t = table_get(&g_sumsq_tables, r, n_ranges);
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_optim *o = optim_of(c);
+  cudaStream_t s = c->stream;
+  const range_table *t = table_get(&o->sumsq_tables, r, n_ranges, s);
   if (t->total == 0) return 0.0;
-  cudaStream_t s = k_cuda_cur()->stream;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
-  if (nb + 1 > g_part_cap) {
+  if (nb + 1 > o->part_cap) {
     CUDA_CHECK(cudaStreamSynchronize(s));
-    if (g_part) CUDA_CHECK(cudaFree(g_part));
-    CUDA_CHECK(cudaMalloc((void **)&g_part, sizeof(double) * (size_t)(nb + 1)));
-    g_part_cap = nb + 1;
+    if (o->part) CUDA_CHECK(cudaFree(o->part));
+    CUDA_CHECK(cudaMalloc((void **)&o->part, sizeof(double) * (size_t)(nb + 1)));
+    o->part_cap = nb + 1;
   }
-  if (!g_total_host) CUDA_CHECK(cudaMallocHost((void **)&g_total_host, sizeof(double)));
+  if (!o->total_host) CUDA_CHECK(cudaMallocHost((void **)&o->total_host, sizeof(double)));
   CHECK(nb < (int64_t)1 << 31, "sumsq_ranges: %lld elements is too many for one launch", (long long)t->total);
-  sumsq_ranges_part<<<(unsigned)nb, OPT_THREADS, 0, s>>>(x, t->dev, t->n, t->total, g_part);
+  sumsq_ranges_part<<<(unsigned)nb, OPT_THREADS, 0, s>>>(x, t->dev, t->n, t->total, o->part);
   CUDA_LAUNCH_CHECK("sumsq_ranges_part");
-  sumsq_ranges_total<<<1, 1024, 0, s>>>(g_part, nb, g_part + nb);
+  sumsq_ranges_total<<<1, 1024, 0, s>>>(o->part, nb, o->part + nb);
   CUDA_LAUNCH_CHECK("sumsq_ranges_total");
-  CUDA_CHECK(cudaMemcpyAsync(g_total_host, g_part + nb, sizeof(double), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(o->total_host, o->part + nb, sizeof(double), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  return *g_total_host;
+  return *o->total_host;
 }
 
 extern "C" void k_cuda_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
                                     const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
                                     float weight_decay, float bc1, float bc2, float g_scale) {
   if (n_ranges <= 0) return;
-  const range_table *t = table_get(&g_adamw_tables, r, n_ranges);
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  cudaStream_t s = c->stream;
+  const range_table *t = table_get(&optim_of(c)->adamw_tables, r, n_ranges, s);
   if (t->total == 0) return;
-  cudaStream_t s = k_cuda_cur()->stream;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
   CHECK(nb < (int64_t)1 << 31, "adamw_ranges: %lld elements is too many for one launch", (long long)t->total);
   if (pc && pc_type == K_BF16) {

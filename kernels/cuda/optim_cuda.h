@@ -1,5 +1,6 @@
 // CUDA multi-tensor optimizer ops (kernels/backend.h: sumsq_ranges, adamw_ranges), tested
-// against kernels/cpu/optim_cpu.c. Enqueued on the current CUDA backend's compute stream.
+// against kernels/cpu/optim_cpu.c. Enqueued on b's compute stream; the device copies of the range
+// lists and the partial sums are cached in b's context.
 #ifndef TRAINER_OPTIM_CUDA_H
 #define TRAINER_OPTIM_CUDA_H
 
