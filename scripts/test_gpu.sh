@@ -1,6 +1,7 @@
 #!/bin/bash
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
-# build tree, `ctest -L gpu` in build/ runs the same): CUDA ops against the CPU reference,
+# build tree, `ctest -L gpu` in build/ runs the same): the op suite on the CUDA backend (every
+# op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs, bitwise resume under three 2-rank
 # layouts, killing a rank of a dp2 run, and the default config on 1 GPU. On a host with one GPU, the 2-rank steps run with both ranks on it
 # over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
@@ -20,10 +21,9 @@ n_gpus=$(nvidia-smi -L | grep -c '^GPU')
 # nvidia-smi lists every GPU; the ranks see only CUDA_VISIBLE_DEVICES's
 [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && n_gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 if [ "$n_gpus" -ge 2 ]; then on="2 GPUs"; comm_arg=""; else on="1 GPU, staged MPI"; comm_arg="parallel.gpu_comm=mpi"; fi
-step "CUDA ops vs CPU reference" bash -c "'$bin/test_cuda_ops' > '$logs/cuda_ops.log' 2>&1; r=\$?; tail -1 '$logs/cuda_ops.log'; exit \$r"
+step "op suite on the CUDA backend vs CPU reference (fp32, bf16 activations)" bash -c "'$bin/test_backend_ops' --backend cuda > '$logs/backend_ops.log' 2>&1; r=\$?; grep '^coverage' '$logs/backend_ops.log'; tail -1 '$logs/backend_ops.log'; exit \$r"
 step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"
 step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
-step "multi-tensor optimizer ops vs CPU reference" bash -c "'$bin/test_optim_ranges' --gpu > '$logs/optim_ranges.log' 2>&1; r=\$?; tail -1 '$logs/optim_ranges.log'; exit \$r"
 if [ "$n_gpus" -ge 2 ]; then
   step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
 fi

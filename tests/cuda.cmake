@@ -1,7 +1,6 @@
-# GPU tests (label gpu, never run by CI, which has no GPU: it runs ctest -LE gpu). They need a
-# CUDA build and a visible GPU; without one they fail rather than pass vacuously.
+# CUDA-only programs. The CUDA backend's op tests are the op suite's GPU run
+# (test_backend_ops_cuda, tests/ops.cmake).
 if(TRAINER_HAVE_CUDA)
-  trainer_add_test(test_cuda_ops tests/test_cuda_ops.c LABELS gpu)
   # The GEMM + attention floor of a training step on one GPU (a benchmark, not a test:
   # scripts/bench_ceiling.sh runs it).
   add_executable(bench_ceiling tests/bench_ceiling.c)
