@@ -1360,8 +1360,8 @@ static void run_backend(const char *kind, k_dtype act) {
   if (!G) return;
   snprintf(LABEL, sizeof LABEL, "%s %s", G->name, G->act == K_BF16 ? "bf16" : "f32");
   EXACT = strcmp(G->name, "cpu") == 0;
-  EXPECT(strcmp(G->name, kind) == 0 && (int)G->act == act,
-         "make_backend(%s, act %d) gave backend %s with act %d", kind, act, G->name, (int)G->act);
+  EXPECT(strcmp(G->name, kind) == 0 && G->act == act,
+         "make_backend(%s, act %d) gave backend %s with act %d", kind, (int)act, G->name, (int)G->act);
   printf("== %s on %s%s\n", LABEL, G->device_name, EXACT ? " (the reference itself: every comparison exact)" : "");
   test_memory();
   check_backend_extras();
