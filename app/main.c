@@ -91,33 +91,36 @@ int main(int argc, char **argv) {
   }
   grid g;
   k_backend *be = NULL;
+  // Communicator options; the dp-overlap communicator gets its own max_ctas (grid_add_dp_overlap).
+  comm_opts co = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 0, NULL);
+  comm_factory cf = {0};
+  int dp_overlap = c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1;
 #ifdef TRAINER_HAVE_CUDA
   if (use_cuda) {
     // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes
     // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
-    // GPU; the staged MPI communicator lets them share it.
+    // GPU; the staged MPI communicator lets them share it. Both order their work on the
+    // backend's compute stream.
     int staged = strcmp(c.parallel.gpu_comm, "mpi") == 0;
     be = k_backend_cuda_create(comm_nccl_local_rank() % n_gpus);
-    comm_nccl_set_stream(k_cuda_stream());
-    comm *(*create_comm)(MPI_Comm, const char *) = staged ? comm_staged_create : comm_nccl_create;
-    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, create_comm);
-    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) {
-      // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
-      // communicator of their own, slow the backward less (the rest keep NCCL's choice).
-      comm_nccl_set_max_ctas(c.parallel.dp_overlap_ctas);
-      grid_add_dp_overlap(&g, create_comm);
-      comm_nccl_set_max_ctas(0);
-    }
+    co.stream = k_cuda_stream();
+    cf = staged ? comm_staged_factory(&co) : comm_nccl_factory(&co);
+    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, &cf);
+    // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
+    // communicator of their own, slow the backward less (the rest keep NCCL's choice).
+    if (dp_overlap) grid_add_dp_overlap(&g, &cf, c.parallel.dp_overlap_ctas);
   }
 #endif
   if (!be) {
     be = k_backend_cpu_create();
-    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
+    cf = comm_mpi_factory(&co);
+    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, &cf);
     // No SMs to spare on CPU ranks; the second communicator only exercises the same code path.
-    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) grid_add_dp_overlap(&g, comm_mpi_create);
+    if (dp_overlap) grid_add_dp_overlap(&g, &cf, c.parallel.dp_overlap_ctas);
   }
   rc = run_train(&c, &g, be);
   grid_free(&g);  // communicators first: NCCL's streams and events belong to the backend's device
+  comm_factory_free(&cf);
   k_backend_free(&be);
 out:
   free(over);

@@ -1,6 +1,6 @@
 // MPI communicator and process grid, under mpirun -np 4: every collective and point-to-point
 // pattern with rank-number payloads, so each expected value is known by hand, for every dtype;
-// once with whole calls and once with TRAINER_COMM_CHUNK_ELEMS=2 so the paths that cut counts
+// once with whole calls and once with comm_opts.mpi_chunk_elems = 2 so the paths that cut counts
 // above INT_MAX into pieces run on small buffers. Then grid_init for every 4-rank layout.
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +203,8 @@ static void test_grid(void) {
   for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
     const layout *L = &layouts[k];
     grid g;
-    grid_init(&g, L->tp, L->dp, L->pp, comm_mpi_create);
+    comm_factory f = comm_mpi_factory(NULL);
+    grid_init(&g, L->tp, L->dp, L->pp, &f);
     int w = g.world_rank;
     EXPECT(g.world_size == 4 && g.tp == L->tp && g.dp == L->dp && g.pp == L->pp, "grid %d/%d/%d: sizes", L->tp, L->dp, L->pp);
     EXPECT(g.tp_rank == w % L->tp && g.dp_rank == (w / L->tp) % L->dp && g.pp_rank == w / (L->tp * L->dp),
@@ -235,13 +236,13 @@ static void test_grid(void) {
     grid_free(&g);
     grid_free(&g);  // safe twice
     EXPECT(!g.world && !g.tp_c && !g.dp_c && !g.pp_c, "grid_free leaves communicators behind");
+    comm_factory_free(&f);
   }
 }
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  unsetenv("TRAINER_COMM_CHUNK_ELEMS");
-  comm *c = comm_mpi_create(MPI_COMM_WORLD, "world");
+  comm *c = comm_mpi_create(MPI_COMM_WORLD, "world", NULL);
   int cmp = MPI_IDENT;
   MPI_Comm_compare(c->mpi, MPI_COMM_WORLD, &cmp);
   EXPECT(cmp == MPI_CONGRUENT, "comm_mpi_create must duplicate the communicator (compare = %d)", cmp);
@@ -252,9 +253,8 @@ int main(int argc, char **argv) {
   EXPECT(c == NULL, "comm_free leaves the pointer set");
 
   // Same checks with every call cut into pieces of 2 elements (5 = 2 + 2 + 1).
-  setenv("TRAINER_COMM_CHUNK_ELEMS", "2", 1);
-  c = comm_mpi_create(MPI_COMM_WORLD, "chunked");
-  unsetenv("TRAINER_COMM_CHUNK_ELEMS");
+  comm_opts chunked = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 2, NULL);
+  c = comm_mpi_create(MPI_COMM_WORLD, "chunked", &chunked);
   test_comm_all(c, 1);
   comm_free(&c);
 

@@ -21,6 +21,8 @@
 // The test's own stream, as the trainer would pass k_cuda_stream(): non-blocking, so nothing
 // is ordered with it by accident through the legacy default stream.
 static cudaStream_t S;
+// The factory of the run's communicators (NCCL or staged), with S as their stream.
+static comm_factory F;
 
 // Values are small integers (|x| <= 256) plus, for 64-bit types, a 2^40 offset that a 32-bit
 // path would lose; all exact in every dtype, so sums compare with ==.
@@ -397,12 +399,12 @@ static void test_comm_all(comm *c) {
 
 // The 2-rank layouts; group sums of world ranks are 1 for a group of both ranks and the rank
 // itself for a singleton.
-static void test_grid(comm *(*create)(MPI_Comm, const char *), int (*is)(const comm *)) {
+static void test_grid(int (*is)(const comm *)) {
   static const int layouts[][3] = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
   for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
     const int *L = layouts[k];
     grid g;
-    grid_init(&g, L[0], L[1], L[2], create);
+    grid_init(&g, L[0], L[1], L[2], &F);
     const int w = g.world_rank;
     EXPECT(is(g.tp_c) && is(g.dp_c) && is(g.pp_c) && !is(g.world),
            "grid %d/%d/%d: tp/dp/pp must be the device communicator, world MPI", L[0], L[1], L[2]);
@@ -439,9 +441,9 @@ static void test_grid(comm *(*create)(MPI_Comm, const char *), int (*is)(const c
 // Rank 0 waits in a barrier that rank 1 never enters (rank 1 sits in an MPI barrier instead):
 // the job must end with the timeout message, not hang. Returns only if that failed.
 static int run_timeout_check(void) {
-  unsetenv("TRAINER_NCCL_TIMEOUT_S");
-  comm_nccl_set_timeout(2.0);
-  comm *c = comm_nccl_create(MPI_COMM_WORLD, "stuck");
+  comm_opts o = comm_opts_make(2.0, 0, 0, S);
+  F = comm_nccl_factory(&o);
+  comm *c = comm_factory_create(&F, MPI_COMM_WORLD, "stuck");
   if (c->rank == 0) {
     fprintf(stderr, "rank 0: barrier that rank 1 never joins; expecting the timeout message\n");
     c->ops->barrier(c);
@@ -510,23 +512,25 @@ static void test_staged_strict(comm *c) {
 // --staged: the staged MPI communicator (comm_staged.h) instead of NCCL, on the same device
 // buffers; both ranks may share one GPU.
 static int run_staged(void) {
-  CHECK(comm_nccl_device_count() > 0, "--staged: no CUDA device is visible");
-  CUDA_CHECK(cudaSetDevice(comm_nccl_local_rank() % comm_nccl_device_count()));
+  const int n_dev = comm_nccl_device_count(), local = comm_nccl_local_rank();
+  CHECK(n_dev > 0, "--staged: no CUDA device is visible");
+  CUDA_CHECK(cudaSetDevice(local % n_dev));
   CUDA_CHECK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
-  comm_nccl_set_stream(S);
-  comm *c = comm_staged_create(MPI_COMM_WORLD, "world");
+  comm_opts o = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 0, S);
+  F = comm_staged_factory(&o);
+  comm *c = comm_factory_create(&F, MPI_COMM_WORLD, "world");
   int cmp = MPI_IDENT;
   MPI_Comm_compare(c->mpi, MPI_COMM_WORLD, &cmp);
-  EXPECT(cmp == MPI_CONGRUENT, "comm_staged_create must duplicate the communicator (compare = %d)", cmp);
+  EXPECT(cmp == MPI_CONGRUENT, "the staged factory must duplicate the communicator (compare = %d)", cmp);
   EXPECT(comm_staged_is(c) && !comm_nccl_is(c) && comm_nccl_stream(c) == NULL, "communicator kind");
-  if (c->rank == 0) printf("test_comm_nccl --staged: device %d of %d\n", comm_nccl_local_rank() % comm_nccl_device_count(),
-                           comm_nccl_device_count());
+  if (c->rank == 0) printf("test_comm_nccl --staged: device %d of %d\n", local % n_dev, n_dev);
   test_comm_all(c);
   comm_free(&c);
-  c = comm_staged_create(MPI_COMM_WORLD, "strict");
+  c = comm_factory_create(&F, MPI_COMM_WORLD, "strict");
   test_staged_strict(c);
   comm_free(&c);
-  test_grid(comm_staged_create, comm_staged_is);
+  test_grid(comm_staged_is);
+  comm_factory_free(&F);
   CUDA_CHECK(cudaStreamDestroy(S));
   int rc = test_summary();
   MPI_Finalize();
@@ -538,25 +542,26 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--staged")) return run_staged();
   int dev = comm_nccl_set_device();
   CUDA_CHECK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
-  comm_nccl_set_stream(S);
   if (argc > 1 && !strcmp(argv[1], "--timeout-check")) return run_timeout_check();
+  comm_opts o = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 0, S);
+  F = comm_nccl_factory(&o);
 
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  EXPECT(dev == comm_nccl_local_rank() % comm_nccl_device_count(), "device %d for local rank %d", dev,
-         comm_nccl_local_rank());
+  const int local = comm_nccl_local_rank();
+  EXPECT(dev == local % comm_nccl_device_count(), "device %d for local rank %d", dev, local);
   if (world_rank == 0) {
     const char *nvls = getenv("NCCL_NVLS_ENABLE");
     printf("test_comm_nccl: device %d of %d, NCCL_NVLS_ENABLE=%s before the first communicator\n", dev,
            comm_nccl_device_count(), nvls ? nvls : "(unset)");
   }
 
-  comm *c = comm_nccl_create(MPI_COMM_WORLD, "world");
+  comm *c = comm_factory_create(&F, MPI_COMM_WORLD, "world");
   const char *nvls = getenv("NCCL_NVLS_ENABLE");
   EXPECT(nvls && *nvls, "NCCL_NVLS_ENABLE must be set once a communicator exists");
   int cmp = MPI_IDENT;
   MPI_Comm_compare(c->mpi, MPI_COMM_WORLD, &cmp);
-  EXPECT(cmp == MPI_CONGRUENT, "comm_nccl_create must duplicate the communicator (compare = %d)", cmp);
+  EXPECT(cmp == MPI_CONGRUENT, "the NCCL factory must duplicate the communicator (compare = %d)", cmp);
   EXPECT(comm_nccl_is(c) && comm_nccl_stream(c) == (void *)S, "communicator kind and stream");
   test_comm_all(c);
   comm_free(&c);
@@ -564,12 +569,13 @@ int main(int argc, char **argv) {
   EXPECT(c == NULL, "comm_free leaves the pointer set");
 
   // comm_nccl_wait is a no-op on an MPI communicator, so callers need not ask which they hold.
-  comm *m = comm_mpi_create(MPI_COMM_WORLD, "host");
+  comm *m = comm_mpi_create(MPI_COMM_WORLD, "host", NULL);
   comm_nccl_wait(m);
   EXPECT(!comm_nccl_is(m) && comm_nccl_stream(m) == NULL, "an MPI communicator is not NCCL");
   comm_free(&m);
 
-  test_grid(comm_nccl_create, comm_nccl_is);
+  test_grid(comm_nccl_is);
+  comm_factory_free(&F);
   CUDA_CHECK(cudaStreamDestroy(S));
   int rc = test_summary();
   MPI_Finalize();

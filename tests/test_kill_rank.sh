@@ -3,7 +3,9 @@
 # for the GPU variant) is started, and once it logs step progress one trainer process is killed
 # with SIGKILL. The whole job must end, with a non-zero status, within TRAINER_KILL_DEADLINE_S
 # (default 90 s) and say why: mpirun's report of the dead rank, or the NCCL watchdog's message
-# naming the group and the operation (TRAINER_NCCL_TIMEOUT_S is set to 20 s here).
+# naming the group and the operation. The trainer no longer reads TRAINER_NCCL_TIMEOUT_S (the
+# timeout is set at the communicators' creation: 600 s until the config key
+# parallel.comm_timeout_s exists); it is still exported below until that key replaces it.
 . "$(dirname "$0")/lib.sh"
 deadline=${TRAINER_KILL_DEADLINE_S:-90}
 # TRAINER_KILL_DATA: a folder of train_*.bin / val_*.bin shards to use instead of making some.
