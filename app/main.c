@@ -1,18 +1,13 @@
 // trainer: command-line entry point.
 //   mpirun -np N build/trainer CONFIG.yaml [section.key=value ...] [--dry-run [--world-size N]]
-// Loads and validates the config, builds the process grid and the backend, then trains
-// (or, with --dry-run, prints the plan without allocating).
+// Parses the command line, loads and validates the config, then either prints the plan
+// (--dry-run, nothing allocated) or builds the backend, communicators and grid through the
+// factory and runs the trainer.
 #include "app/config.h"
+#include "app/factory.h"
 #include "app/plan.h"
 #include "app/trainer.h"
-#include "kernels/backend.h"
-#include "parallel/comm/grid.h"
 #include "parallel/step/pp_schedule.h"
-#ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#include "parallel/comm/nccl/comm_nccl.h"
-#include "parallel/comm/nccl/comm_staged.h"
-#endif
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,104 +21,80 @@ static void usage(void) {
           "  --world-size N with --dry-run: plan for N ranks (default: the number of MPI ranks)\n");
 }
 
+typedef struct cli {
+  const char *path;
+  char **over;  // section.key=value overrides
+  int n_over, dry_run, plan_world;
+} cli;
+
+enum { CLI_RUN = 0, CLI_HELP = -1 };  // cli_parse's results besides an exit code
+
+// CLI_RUN, CLI_HELP (usage printed), or the exit code of a bad command line. Rank 0 prints.
+static int cli_parse(cli *a, int argc, char **argv, int rank) {
+  a->over = calloc((size_t)argc, sizeof(char *));
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--dry-run") == 0) a->dry_run = 1;
+    else if (strcmp(argv[i], "--world-size") == 0 && i + 1 < argc) a->plan_world = atoi(argv[++i]);
+    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      if (rank == 0) usage();
+      return CLI_HELP;
+    } else if (argv[i][0] == '-') {
+      if (rank == 0) fprintf(stderr, "error: unknown option '%s'\n", argv[i]), usage();
+      return 2;
+    } else if (!a->path && !strchr(argv[i], '=')) a->path = argv[i];
+    else a->over[a->n_over++] = argv[i];
+  }
+  if (!a->path && rank == 0) usage();
+  return a->path ? CLI_RUN : 2;
+}
+
+// Loads, validates and checks the schedule for `ranks` ranks. 0, or -1 with a message.
+static int load_config(cfg *c, const cli *a, int ranks, char *err, size_t n_err) {
+  if (cfg_load(c, a->path, a->n_over, a->over, err, n_err) != 0 || cfg_validate(c, ranks, err, n_err) != 0) return -1;
+  return pp_schedule_check(c->parallel.pp, c->parallel.vpp, cfg_n_micro(c), err, n_err);
+}
+
+static void print_resolved(const cfg *c, const char *path) {
+  size_t n = cfg_to_yaml(c, NULL, 0) + 1;
+  char *yaml = malloc(n);
+  cfg_to_yaml(c, yaml, n);
+  printf("# resolved config (%s)\n%s", path, yaml);
+  free(yaml);
+}
+
+static int run(const cli *a, int rank, int world) {
+  cfg c;
+  char err[2048];
+  int ranks = a->dry_run && a->plan_world > 0 ? a->plan_world : world;
+  if (load_config(&c, a, ranks, err, sizeof err) != 0) {
+    if (rank == 0) fprintf(stderr, "error: %s\n", err);
+    return 2;
+  }
+  if (a->dry_run) return rank == 0 ? run_plan(&c, ranks) : 0;
+  factory f;
+  if (factory_init(&f, &c, err, sizeof err) != 0) {
+    if (rank == 0) fprintf(stderr, "error: %s\n", err);
+    factory_free(&f);
+    return 2;
+  }
+  if (rank == 0) print_resolved(&c, a->path);
+  // Test-only fault injection (tests/test_resume.sh), read once here.
+  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
+  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1};
+  int rc = trainer_run(&c, &f.g, f.be, &hooks);
+  factory_free(&f);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const char *path = NULL;
-  int dry_run = 0, plan_world = 0, n_over = 0, rc = 0;
-  char **over = calloc((size_t)argc, sizeof(char *));
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--dry-run") == 0) dry_run = 1;
-    else if (strcmp(argv[i], "--world-size") == 0 && i + 1 < argc) plan_world = atoi(argv[++i]);
-    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) { if (rank == 0) usage(); goto out; }
-    else if (argv[i][0] == '-') { if (rank == 0) { fprintf(stderr, "error: unknown option '%s'\n", argv[i]); usage(); } rc = 2; goto out; }
-    else if (!path && !strchr(argv[i], '=')) path = argv[i];
-    else over[n_over++] = argv[i];
-  }
-  if (!path) {
-    if (rank == 0) usage();
-    rc = 2;
-    goto out;
-  }
-  cfg c;
-  char err[2048];
-  int ranks = dry_run && plan_world > 0 ? plan_world : world;
-  if (cfg_load(&c, path, n_over, over, err, sizeof err) != 0 || cfg_validate(&c, ranks, err, sizeof err) != 0) {
-    if (rank == 0) fprintf(stderr, "error: %s\n", err);
-    rc = 2;
-    goto out;
-  }
-  if (pp_schedule_check(c.parallel.pp, c.parallel.vpp, cfg_n_micro(&c), err, sizeof err) != 0) {
-    if (rank == 0) fprintf(stderr, "error: %s\n", err);
-    rc = 2;
-    goto out;
-  }
-  if (dry_run) {
-    if (rank == 0) rc = run_plan(&c, ranks);
-    goto out;
-  }
-  int n_gpus = 0;
-#ifdef TRAINER_HAVE_CUDA
-  n_gpus = k_cuda_device_count();
-#endif
-  int use_cuda = strcmp(c.train.device, "cuda") == 0 || (strcmp(c.train.device, "auto") == 0 && n_gpus > 0);
-  if (use_cuda && n_gpus == 0) {
-    if (rank == 0)
-      fprintf(stderr, "error: train.device=cuda but %s; use train.device=cpu (or auto)\n",
-#ifdef TRAINER_HAVE_CUDA
-              "no GPU is visible"
-#else
-              "this build has no CUDA backend (no CUDA toolkit at configure time)"
-#endif
-      );
-    rc = 2;
-    goto out;
-  }
-  if (rank == 0) {
-    size_t n = cfg_to_yaml(&c, NULL, 0) + 1;
-    char *yaml = malloc(n);
-    cfg_to_yaml(&c, yaml, n);
-    printf("# resolved config (%s)\n%s", path, yaml);
-    free(yaml);
-  }
-  // Test-only fault injection (tests/test_resume.sh), read here once.
-  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
-  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1};
-  grid g;
-  k_backend *be = NULL;
-#ifdef TRAINER_HAVE_CUDA
-  if (use_cuda) {
-    // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes
-    // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
-    // GPU; the staged MPI communicator lets them share it.
-    int staged = strcmp(c.parallel.gpu_comm, "mpi") == 0;
-    const k_backend_opts bo = {.act = K_BF16, .device = comm_nccl_local_rank() % n_gpus};
-    be = k_backend_cuda_create(&bo);
-    comm_nccl_set_stream(k_cuda_stream_of(be));
-    comm *(*create_comm)(MPI_Comm, const char *) = staged ? comm_staged_create : comm_nccl_create;
-    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, create_comm);
-    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) {
-      // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
-      // communicator of their own, slow the backward less (the rest keep NCCL's choice).
-      comm_nccl_set_max_ctas(c.parallel.dp_overlap_ctas);
-      grid_add_dp_overlap(&g, create_comm);
-      comm_nccl_set_max_ctas(0);
-    }
-  }
-#endif
-  if (!be) {
-    be = k_backend_cpu_create(NULL);
-    grid_init(&g, c.parallel.tp, c.parallel.dp, c.parallel.pp, comm_mpi_create);
-    // No SMs to spare on CPU ranks; the second communicator only exercises the same code path.
-    if (c.parallel.dp_overlap_ctas > 0 && c.parallel.dp > 1) grid_add_dp_overlap(&g, comm_mpi_create);
-  }
-  rc = trainer_run(&c, &g, be, &hooks);
-  grid_free(&g);  // communicators first: NCCL's streams and events belong to the backend's device
-  k_backend_free(&be);
-out:
-  free(over);
+  cli a = {0};
+  int rc = cli_parse(&a, argc, argv, rank);
+  if (rc == CLI_RUN) rc = run(&a, rank, world);
+  free(a.over);
   MPI_Finalize();
-  return rc;
+  return rc == CLI_HELP ? 0 : rc;
 }

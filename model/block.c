@@ -384,15 +384,15 @@ static double ce_fwd(model *m, model_acts *a, const int32_t *targets) {
   struct model_work *w = m->work;
   const model_dims *dm = &m->dims;
   int64_t rows = dm->rows;
-  comm *tc = m->g->tp_c;
+  const tp_region *R = &w->region;
   be->ce_local_stats(be, a->logits, targets, rows, dm->vocab, dm->v0, w->ce_max, w->ce_sum, w->ce_tgt);
   const float *gmax = w->ce_max;
-  if (tc->size > 1) {
+  if (R->c->size > 1) {
     be->copy(be, w->ce_gmax, w->ce_max, (size_t)rows * sizeof(float));
-    tc->ops->all_reduce(tc, w->ce_gmax, rows, COMM_F32, COMM_MAX);
+    tp_vocab_reduce(R, w->ce_gmax, rows, COMM_MAX);
     be->ce_rescale(be, w->ce_sum, w->ce_max, w->ce_gmax, rows);
-    tc->ops->all_reduce(tc, w->ce_sum, rows, COMM_F32, COMM_SUM);
-    tc->ops->all_reduce(tc, w->ce_tgt, rows, COMM_F32, COMM_SUM);
+    tp_vocab_reduce(R, w->ce_sum, rows, COMM_SUM);
+    tp_vocab_reduce(R, w->ce_tgt, rows, COMM_SUM);
     gmax = w->ce_gmax;
   }
   be->ce_loss(be, gmax, w->ce_sum, w->ce_tgt, a->lse_ce, rows, w->ce_loss);

@@ -25,9 +25,9 @@ step "op suite on the CUDA backend vs CPU reference (fp32, bf16 activations)" ba
 step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > '$logs/cudnn_attn.log' 2>&1; r=\$?; tail -1 '$logs/cudnn_attn.log'; exit \$r"
 step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
 if [ "$n_gpus" -ge 2 ]; then
-  step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
+  step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm' --comm nccl > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
 fi
-step "staged MPI communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm_nccl' --staged > '$logs/staged.log' 2>&1; r=\$?; tail -1 '$logs/staged.log'; exit \$r"
+step "staged MPI communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm' --comm staged > '$logs/staged.log' 2>&1; r=\$?; tail -1 '$logs/staged.log'; exit \$r"
 export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 while read -r name args; do

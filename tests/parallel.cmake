@@ -1,6 +1,7 @@
-# Tests of the parallel layer: communicator and process grid under 4 MPI ranks, pipeline
-# schedule invariants in one process.
-trainer_add_test(test_comm tests/test_comm.c NP 4)
+# Tests of the parallel layer: the communicator suite and process grid over the MPI communicator
+# under 4 ranks (nccl.cmake runs the same suite over NCCL and staged on GPUs), pipeline schedule
+# invariants in one process.
+trainer_add_test(test_comm tests/test_comm.c NP 4 ARGS --comm mpi)
 trainer_add_test(test_pp_schedule tests/test_pp_schedule.c)
 # A tool: every rank's schedule as text, for scripts/pp_bubble_model.py.
 add_executable(pp_schedule_dump tests/pp_schedule_dump.c)

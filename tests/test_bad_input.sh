@@ -57,4 +57,10 @@ expect_error "sequence parallel without tp" "sequence_parallel" 1 "$T" "$D" para
 expect_error "seq_len not divisible by tp" "seq_len" 2 "$T" "$D" parallel.tp=2 parallel.sequence_parallel=true \
   model.seq_len=33
 expect_error "global batch not divisible" "global_batch" 2 "$T" "$D" parallel.dp=2 train.global_batch=6
+expect_error "unknown precision" "train.precision = 'fp16' is not one of" 1 "$T" "$D" train.precision=fp16
+expect_error "bf16 on CPU ranks" "train.precision = bf16 with train.device = cpu" 1 "$T" "$D" train.device=cpu \
+  train.precision=bf16
+expect_error "unknown attention kernel" "train.attention" 1 "$T" "$D" train.attention=flash
+expect_error "unknown CPU ISA" "train.cpu_isa" 1 "$T" "$D" train.cpu_isa=neon
+expect_error "non-positive collective timeout" "parallel.comm_timeout_s" 1 "$T" "$D" parallel.comm_timeout_s=0
 summary

@@ -3,16 +3,15 @@
 # for the GPU variant) is started, and once it logs step progress one trainer process is killed
 # with SIGKILL. The whole job must end, with a non-zero status, within TRAINER_KILL_DEADLINE_S
 # (default 90 s) and say why: mpirun's report of the dead rank, or the NCCL watchdog's message
-# naming the group and the operation (TRAINER_NCCL_TIMEOUT_S is set to 20 s here).
+# naming the group and the operation (parallel.comm_timeout_s is 20 s here).
 . "$(dirname "$0")/lib.sh"
 deadline=${TRAINER_KILL_DEADLINE_S:-90}
 # TRAINER_KILL_DATA: a folder of train_*.bin / val_*.bin shards to use instead of making some.
 if [ -n "${TRAINER_KILL_DATA:-}" ]; then data=$TRAINER_KILL_DATA; else make_corpus; data=$WORK/data; fi
 mkdir -p "$WORK/kill"
-export TRAINER_NCCL_TIMEOUT_S=${TRAINER_NCCL_TIMEOUT_S:-20}
 # shellcheck disable=SC2086
-$MPIRUN -x TRAINER_NCCL_TIMEOUT_S -np 2 "$TRAINER" "$SRC/configs/tiny.yaml" "data.train=$data/train_*.bin" \
-  "data.val=$data/val_*.bin" parallel.dp=2 train.steps=1000000 train.warmup_steps=1 log.every=1 \
+$MPIRUN -np 2 "$TRAINER" "$SRC/configs/tiny.yaml" "data.train=$data/train_*.bin" \
+  "data.val=$data/val_*.bin" parallel.dp=2 parallel.comm_timeout_s=20 train.steps=1000000 train.warmup_steps=1 log.every=1 \
   log.metrics= checkpoint.dir= $EXTRA_ARGS < /dev/null > "$WORK/kill/log" 2>&1 &
 pid=$!
 

@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
            cfg_validate(&c, 1, err, sizeof err) == 0;
   EXPECT(ok, "config: %s", err);
   grid g;
-  grid_init(&g, 1, 1, 1, comm_mpi_create);
+  comm_factory cf = comm_mpi_factory(NULL);
+  grid_init(&g, 1, 1, 1, &cf);
   int64_t rows = (int64_t)c.model.seq_len * c.train.micro_batch;
   int32_t *tok = malloc(rows * sizeof(int32_t)), *tgt = malloc(rows * sizeof(int32_t));
   srand(7);
@@ -99,6 +100,7 @@ int main(int argc, char **argv) {
   free(tok);
   free(tgt);
   grid_free(&g);
+  comm_factory_free(&cf);
   int rc = test_summary();
   MPI_Finalize();
   return rc;

@@ -2,8 +2,9 @@
 // collective and pipeline transfer, and the reference the NCCL backend is tested against.
 // bf16 travels as uint16 and is reduced by user-defined MPI ops that accumulate in float.
 // Counts are int64 but MPI 3 counts are int, so every call is cut into chunks of at most
-// chunk_elems elements (INT_MAX by default; TRAINER_COMM_CHUNK_ELEMS lowers it so tests can
-// exercise the chunked paths with small buffers).
+// chunk_elems elements (comm_opts.mpi_chunk_elems; INT_MAX by default, and tests lower it to
+// exercise the chunked paths with small buffers). Also the options and factory shared by
+// every implementation (comm.h).
 #include "parallel/comm/comm.h"
 
 #include <limits.h>
@@ -449,7 +450,11 @@ static const comm_ops comm_mpi_ops = {
     .xfer_reset = comm_mpi_xfer_reset,
 };
 
-comm *comm_mpi_create(MPI_Comm mpi, const char *name) {
+comm *comm_mpi_create(MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  const comm_opts o = opts ? *opts : comm_opts_default();
+  char who[48];
+  snprintf(who, sizeof who, "comm_mpi_create(%s)", name ? name : "?");
+  comm_opts_check(&o, who);
   comm *c = XCALLOC(1, sizeof *c);
   comm_mpi *m = XCALLOC(1, sizeof *m);
   c->ops = &comm_mpi_ops;
@@ -462,15 +467,7 @@ comm *comm_mpi_create(MPI_Comm mpi, const char *name) {
   MPI_CHECK(MPI_Comm_size(c->mpi, &c->size));
   MPI_CHECK(MPI_Op_create(comm_bf16_sum_fn, 1, &m->bf16_sum));
   MPI_CHECK(MPI_Op_create(comm_bf16_max_fn, 1, &m->bf16_max));
-  m->chunk_elems = INT_MAX;
-  const char *env = getenv("TRAINER_COMM_CHUNK_ELEMS");
-  if (env && *env) {
-    char *end = NULL;
-    long long v = strtoll(env, &end, 10);
-    CHECK(*end == '\0' && v >= 1 && v <= INT_MAX,
-          "TRAINER_COMM_CHUNK_ELEMS=%s: expected an integer in [1, %d]; unset it to use the default", env, INT_MAX);
-    m->chunk_elems = v;
-  }
+  m->chunk_elems = o.mpi_chunk_elems > 0 ? o.mpi_chunk_elems : INT_MAX;
   return c;
 }
 
@@ -478,4 +475,39 @@ void comm_free(comm **c) {
   if (!c || !*c) return;
   (*c)->ops->free(*c);
   *c = NULL;
+}
+
+// ---- options and factories ---------------------------------------------------------------------
+
+void comm_opts_check(const comm_opts *o, const char *who) {
+  CHECK(o->timeout_s > 0, "%s: comm_opts.timeout_s = %g: expected a positive number of seconds (config "
+        "parallel.comm_timeout_s; default %g)", who, o->timeout_s, COMM_TIMEOUT_S_DEFAULT);
+  CHECK(o->max_ctas >= 0, "%s: comm_opts.max_ctas = %d: expected >= 0 (0 leaves it to NCCL; config "
+        "parallel.dp_overlap_ctas for the dp-overlap communicator)", who, o->max_ctas);
+  CHECK(o->mpi_chunk_elems >= 0 && o->mpi_chunk_elems <= INT_MAX, "%s: comm_opts.mpi_chunk_elems = %lld: expected "
+        "an integer in [0, %d], 0 for no limit below MPI's (config parallel.mpi_chunk_elems)", who,
+        (long long)o->mpi_chunk_elems, INT_MAX);
+}
+
+comm_opts comm_opts_make(double timeout_s, int max_ctas, int64_t mpi_chunk_elems, void *stream) {
+  comm_opts o = {.timeout_s = timeout_s, .max_ctas = max_ctas, .mpi_chunk_elems = mpi_chunk_elems, .stream = stream};
+  comm_opts_check(&o, "comm_opts_make");
+  return o;
+}
+
+void comm_factory_free(comm_factory *f) {
+  if (!f) return;
+  if (f->free_ctx && f->ctx) f->free_ctx(f->ctx);
+  f->ctx = NULL;
+}
+
+static comm *comm_mpi_factory_create(void *ctx, MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  (void)ctx;
+  return comm_mpi_create(mpi, name, opts);
+}
+
+comm_factory comm_mpi_factory(const comm_opts *opts) {
+  comm_factory f = {.create = comm_mpi_factory_create, .opts = opts ? *opts : comm_opts_default()};
+  comm_opts_check(&f.opts, "comm_mpi_factory");
+  return f;
 }

@@ -1,7 +1,9 @@
 // Communicator interface: the collectives and point-to-point calls the parallel layer uses,
 // as a table of functions plus a context, so an MPI implementation (host buffers, CPU ranks)
 // and an NCCL one (device buffers) are interchangeable. Buffers are in the memory of the
-// backend that owns the communicator. Counts are in elements.
+// backend that owns the communicator. Counts are in elements. A communicator takes all its
+// settings (stream, timeout, CTAs, MPI message size) at creation, from a comm_opts, and is made
+// through a comm_factory, which grid_init calls for every group.
 #ifndef TRAINER_COMM_H
 #define TRAINER_COMM_H
 
@@ -80,8 +82,57 @@ struct comm {
   void *impl;        // implementation state
 };
 
-// MPI implementation over host buffers. Duplicates mpi. Returns a communicator to comm_free.
-comm *comm_mpi_create(MPI_Comm mpi, const char *name);
+// What a communicator is made with, fixed at creation. Every field is used only by the
+// implementations it names; comm_opts_make fills one from plain values (the config's).
+typedef struct comm_opts {
+  double timeout_s;         // NCCL: longest blocking wait (a collective, set-up, tear-down) before the
+                            // job ends with a message naming the group and the operation; > 0
+  int max_ctas;             // NCCL: CTAs (so SMs) one operation may use; 0 = NCCL's choice
+  int64_t mpi_chunk_elems;  // MPI (also under the staged communicator): the largest count of one MPI
+                            // call, so counts above INT_MAX work; 0 = INT_MAX; tests lower it to run
+                            // the chunked paths on small buffers
+  void *stream;             // NCCL, staged: the cudaStream_t every operation is ordered on (the
+                            // backend's compute stream); NULL = the legacy default stream
+} comm_opts;
+
+#define COMM_TIMEOUT_S_DEFAULT 600.0
+
+// Options from plain values, checked (comm_opts_check). The defaults: timeout
+// COMM_TIMEOUT_S_DEFAULT, max_ctas 0, mpi_chunk_elems 0, stream NULL.
+comm_opts comm_opts_make(double timeout_s, int max_ctas, int64_t mpi_chunk_elems, void *stream);
+static inline comm_opts comm_opts_default(void) { return comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 0, NULL); }
+// Aborts with a message naming the field (and its config key) when o is out of range; who
+// names the caller.
+void comm_opts_check(const comm_opts *o, const char *who);
+
+// Makes the communicators of one kind: grid_init calls create for every group, with opts (or
+// its own copy of them, changed, for a second communicator such as dp-overlap). ctx is the
+// state that all the communicators of the factory share (NCCL: the list of live communicators
+// aborted together on a failure, the depth of the open NCCL group); NULL for MPI and staged.
+// A factory is made once per process by comm_mpi_factory, comm_nccl_factory (comm_nccl.h) or
+// comm_staged_factory (comm_staged.h) and freed by comm_factory_free after every communicator it
+// made.
+typedef struct comm_factory {
+  // Over the ranks of mpi, which it duplicates (the caller may free mpi right after). Collective
+  // over mpi. Returns a communicator to comm_free.
+  comm *(*create)(void *ctx, MPI_Comm mpi, const char *name, const comm_opts *opts);
+  void (*free_ctx)(void *ctx);  // NULL: ctx needs no freeing
+  void *ctx;
+  comm_opts opts;               // what create is given unless the caller says otherwise
+} comm_factory;
+
+// f->create with f's own options.
+static inline comm *comm_factory_create(const comm_factory *f, MPI_Comm mpi, const char *name) {
+  return f->create(f->ctx, mpi, name, &f->opts);
+}
+// Frees f's shared state; every communicator it made must be freed before. Safe twice.
+void comm_factory_free(comm_factory *f);
+
+// MPI implementation over host buffers. Duplicates mpi; opts (NULL: comm_opts_default) gives
+// mpi_chunk_elems. Returns a communicator to comm_free.
+comm *comm_mpi_create(MPI_Comm mpi, const char *name, const comm_opts *opts);
+// A factory of MPI communicators with opts (copied; NULL: comm_opts_default).
+comm_factory comm_mpi_factory(const comm_opts *opts);
 // Safe with NULL and twice (sets *c to NULL).
 void comm_free(comm **c);
 int comm_dtype_bytes(comm_dtype t);

@@ -30,7 +30,7 @@ static inline double comm_payload_get(const void *buf, int64_t i, comm_dtype t) 
 }
 
 static inline const char *comm_dtype_name(comm_dtype t) {
-  static const char *names[] = {"f32", "bf16", "f64", "i32", "i64"};
+  static const char *const names[] = {"f32", "bf16", "f64", "i32", "i64"};
   return names[t];
 }
 

@@ -1,5 +1,6 @@
 // Process grid: splits MPI_COMM_WORLD into the tensor-, data- and pipeline-parallel groups of
-// this rank (tp fastest, then dp, then pp) and wraps each in a communicator of the backend.
+// this rank (tp fastest, then dp, then pp) and wraps each in a communicator of the backend,
+// made by the factory it is given.
 #include "parallel/comm/grid.h"
 
 #include <string.h>
@@ -9,23 +10,24 @@
 
 // Splits world by color and wraps the piece; key orders ranks inside a group so that the
 // group rank is the coordinate along that axis (MPI_Comm_split sorts by key).
-static comm *grid_split(int color, int key, const char *name, comm *(*create_comm)(MPI_Comm, const char *)) {
+static comm *grid_split(int color, int key, const char *name, const comm_factory *f, const comm_opts *opts) {
   MPI_Comm part;
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &part));
-  comm *c = create_comm(part, name);  // the MPI backend duplicates, so our split is ours to free
+  comm *c = f->create(f->ctx, part, name, opts);  // every create duplicates, so our split is ours to free
   MPI_CHECK(MPI_Comm_free(&part));
   return c;
 }
 
 // The dp group of g's rank (same tp_rank and pp_rank), ordered by dp_rank.
-static comm *grid_dp_split(const grid *g, const char *name, comm *(*create_comm)(MPI_Comm, const char *)) {
-  return grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, name, create_comm);
+static comm *grid_dp_split(const grid *g, const char *name, const comm_factory *f, const comm_opts *opts) {
+  return grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, name, f, opts);
 }
 
-void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
+void grid_init(grid *g, int tp, int dp, int pp, const comm_factory *f) {
   memset(g, 0, sizeof *g);
   CHECK(tp >= 1 && dp >= 1 && pp >= 1, "grid: tp = %d, dp = %d, pp = %d must all be >= 1", tp, dp, pp);
-  CHECK(create_comm, "grid: no communicator constructor given");
+  CHECK(f && f->create, "grid: no communicator factory given");
+  comm_opts_check(&f->opts, "grid_init");
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g->world_size));
   CHECK((long long)tp * dp * pp == g->world_size,
@@ -38,20 +40,26 @@ void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mp
   g->tp_rank = g->world_rank % tp;
   g->dp_rank = (g->world_rank / tp) % dp;
   g->pp_rank = g->world_rank / (tp * dp);
+  g->opts = f->opts;
 
   // Color = the coordinates the group shares, key = the coordinate that varies within it.
   // The world communicator carries host scalars (loss, gradient norm) on every backend.
-  g->world = comm_mpi_create(MPI_COMM_WORLD, "world");
-  g->tp_c = grid_split(g->dp_rank + dp * g->pp_rank, g->tp_rank, "tp", create_comm);
-  g->dp_c = grid_dp_split(g, "dp", create_comm);
-  g->pp_c = grid_split(g->tp_rank + tp * g->dp_rank, g->pp_rank, "pp", create_comm);
+  g->world = comm_mpi_create(MPI_COMM_WORLD, "world", &f->opts);
+  g->tp_c = grid_split(g->dp_rank + dp * g->pp_rank, g->tp_rank, "tp", f, &f->opts);
+  g->dp_c = grid_dp_split(g, "dp", f, &f->opts);
+  g->pp_c = grid_split(g->tp_rank + tp * g->dp_rank, g->pp_rank, "pp", f, &f->opts);
   CHECK(g->tp_c->rank == g->tp_rank && g->dp_c->rank == g->dp_rank && g->pp_c->rank == g->pp_rank,
         "grid: group ranks (tp %d, dp %d, pp %d) differ from coordinates (%d, %d, %d)",
         g->tp_c->rank, g->dp_c->rank, g->pp_c->rank, g->tp_rank, g->dp_rank, g->pp_rank);
 }
 
-void grid_add_dp_overlap(grid *g, comm *(*create_comm)(MPI_Comm mpi, const char *name)) {
-  g->dp_overlap = grid_dp_split(g, "dp-overlap", create_comm);
+void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas) {
+  CHECK(f && f->create, "grid_add_dp_overlap: no communicator factory given");
+  CHECK(!g->dp_overlap, "grid_add_dp_overlap called twice");
+  comm_opts o = f->opts;
+  o.max_ctas = max_ctas;
+  comm_opts_check(&o, "grid_add_dp_overlap");
+  g->dp_overlap = grid_dp_split(g, "dp-overlap", f, &o);
 }
 
 void grid_free(grid *g) {

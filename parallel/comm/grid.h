@@ -15,17 +15,21 @@ typedef struct grid {
   comm *dp_c;   // same tp_rank and pp_rank
   comm *dp_overlap;  // NULL, or a second communicator over dp_c's ranks (grid_add_dp_overlap)
   comm *pp_c;   // same tp_rank and dp_rank; rank within it is pp_rank
+  comm_opts opts;  // the options tp_c, dp_c, pp_c and world were made with; a host communicator made
+                   // later over a group's ranks (comm_mpi_create) takes its mpi_chunk_elems from here
 } grid;
 
 // Collective over MPI_COMM_WORLD; tp * dp * pp must equal the world size (checked by
-// cfg_validate before). create_comm makes the tp, dp and pp communicators (comm_mpi_create, or
-// NCCL over device buffers).
-// create_comm must duplicate (or otherwise not keep) the MPI_Comm it is given: grid_init frees
-// its MPI_Comm_split results right after the call. The group rank of tp_c/dp_c/pp_c equals
-// tp_rank/dp_rank/pp_rank (checked).
-void grid_init(grid *g, int tp, int dp, int pp, comm *(*create_comm)(MPI_Comm mpi, const char *name));
-// Adds dp_overlap, made by create_comm over the ranks of dp_c (collective over the world).
-void grid_add_dp_overlap(grid *g, comm *(*create_comm)(MPI_Comm mpi, const char *name));
+// cfg_validate before). f makes the tp, dp and pp communicators with f->opts (MPI over host
+// buffers, NCCL or staged over device buffers); world is MPI with the same options. f's create
+// duplicates the MPI_Comm it is given (comm.h), since grid_init frees its MPI_Comm_split results
+// right after the call. f must outlive the grid (comm_factory_free after grid_free). The group
+// rank of tp_c/dp_c/pp_c equals tp_rank/dp_rank/pp_rank (checked).
+void grid_init(grid *g, int tp, int dp, int pp, const comm_factory *f);
+// Adds dp_overlap over the ranks of dp_c, made by f with f->opts but at most max_ctas CTAs per
+// operation (0: NCCL's choice; only NCCL uses it): the DP reductions that run beside backward
+// slow it less with fewer SMs. Collective over the world; once per grid.
+void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas);
 // Safe twice.
 void grid_free(grid *g);
 // World rank of the given coordinates.

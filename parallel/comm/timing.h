@@ -6,7 +6,7 @@
 //              backward kernel done), minus pp_comm and tp_comm; DP buckets started during
 //              backward overlap it on the communication stream, and its slow-down is in here
 //   tp_comm    tp/SP collectives, measured (with a sync around each) only when the run asks for
-//              it (TRAINER_TIMING_TP=1); else 0 and inside compute
+//              it (log.time_tp=true); else 0 and inside compute
 //   pp_comm    pipeline send/recv groups: from the compute queued before a group being done to
 //              the group's end, so the bubble (waiting for the peer) is in here
 //   dp_comm    exposed DP communication: from backward done (compute stream) to the last bucket

@@ -39,3 +39,10 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   if (!gathers(r)) r->be->copy(r->be, y_s, y, (size_t)(r->rows_s * d) * sizeof(float));
   stop(r, t0);
 }
+
+void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) {
+  if (r->c->size == 1) return;
+  double t0 = start(r);
+  r->c->ops->all_reduce(r->c, x, n, COMM_F32, op);
+  stop(r, t0);
+}

@@ -5,7 +5,8 @@
 // so a sequence shard is a contiguous block of rows. Every collective comes in two halves, so
 // work queued between them (the GEMM over this rank's own rows, a weight-gradient GEMM) runs
 // while it does (NCCL: on the tp communicator's side stream); the buffers it names must not be
-// touched in between.
+// touched in between. The one tp collective outside these pairs is the vocab-parallel
+// cross-entropy's (tp_vocab_reduce).
 #ifndef TRAINER_TP_H
 #define TRAINER_TP_H
 
@@ -33,5 +34,11 @@ void tp_gather_finish(const tp_region *r);
 // SP: reduce-scatter; else all-reduce (y is clobbered) and a copy; one rank: a copy.
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d);
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
+// The vocab-parallel cross-entropy's per-row statistics, which no region pair carries: each tp
+// rank holds the logits of its vocabulary slice, so the row max (COMM_MAX) and the sums of
+// exponentials and of target logits (COMM_SUM) are reduced over the tp group. x (n) in place,
+// the same result on every rank; blocking in queue order (later work sees it). Timed like the
+// collectives above; tp 1: nothing to do.
+void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op);
 
 #endif

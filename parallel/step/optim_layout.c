@@ -112,7 +112,7 @@ void opt_layout_build(opt_state *o) {
 // Through host memory and MPI, so a checkpoint needs no device memory beyond training's.
 static void gather_host(opt_state *o, const float *mine, float *host) {
   float *tmp = XMALLOC((size_t)o->m->n_params * sizeof(float));
-  comm *hc = comm_mpi_create(o->m->g->dp_c->mpi, "dp-host");
+  comm *hc = comm_mpi_create(o->m->g->dp_c->mpi, "dp-host", &o->m->g->opts);
   hc->ops->all_gather(hc, mine, tmp, o->shard_n, COMM_F32);
   comm_free(&hc);
   for (int b = 0; b < o->n_buckets; b++) {

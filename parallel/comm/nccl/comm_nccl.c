@@ -1,8 +1,10 @@
 // NCCL implementation of the communicator table over device buffers: what GPU ranks use for
 // TP, DP and pipeline traffic. Each communicator is a non-blocking NCCL communicator (so no
 // NCCL call can block the host forever) bootstrapped over a duplicate of its MPI group, and
-// enqueues every operation on one CUDA stream. Errors and hangs end the job with a message
-// that names the group and the operation; see comm_nccl.h for what "complete" means here.
+// enqueues every operation on the one CUDA stream of its options. Errors and hangs (a wait
+// longer than its timeout_s) end the job with a message that names the group and the
+// operation; see comm_nccl.h for what "complete" means here. What the communicators of one
+// factory share lives in its comm_nccl_world; there is no file-scope state.
 #include "parallel/comm/nccl/comm_nccl.h"
 
 #include <sched.h>
@@ -19,15 +21,28 @@
 #include "parallel/comm/mpi_check.h"
 #include "parallel/comm/nccl/nccl_check.h"
 
+// The state the communicators of one factory share (comm_nccl_factory): "world" as in all the
+// NCCL communicators of this process, not MPI_COMM_WORLD.
+typedef struct comm_nccl_world {
+  comm *live;               // its live communicators, all aborted together on a failure
+  // NCCL groups span communicators (and belong to the calling thread: the trainer calls from
+  // one), so the depth is the factory's, not a communicator's: a collective issued inside any
+  // open group is deferred too.
+  int group_depth;
+  int group_ops;            // send/recv calls in the open group, for the failure message
+} comm_nccl_world;
+
 typedef struct comm_nccl {
+  comm_nccl_world *world;   // of the factory that made it
+  comm_opts opts;           // as made; the transfer links (xfer_open) are made with them too
   ncclComm_t nccl;          // NULL once destroyed or aborted
-  cudaStream_t stream;      // every operation of this communicator is enqueued here
+  cudaStream_t stream;      // every operation of this communicator is enqueued here (opts.stream)
   cudaStream_t side;        // asynchronous collectives (the *_start calls); made on first use
   cudaEvent_t ready, done;  // stream -> side (work queued before a start), side -> stream (wait)
   int n_started;            // asynchronous collectives started since the last wait
   int *scratch;             // (1) device int, the payload of barrier's all-reduce
   char last_op[96];         // the operation enqueued last, named when a wait fails
-  comm *next_live;          // list of live communicators, all aborted together on a failure
+  comm *next_live;          // next in world->live
   // Transfers overlapping compute (xfer_*): one communicator, on its own stream, per class of
   // directed link (comm_nccl_link_class); tickets are events, recorded on the compute stream
   // (marks) or on a link's stream after its transfer.
@@ -37,29 +52,24 @@ typedef struct comm_nccl {
   int n_tickets, cap_tickets;
 } comm_nccl;
 
-static void *comm_nccl_next_stream;   // the stream communicators created from now on use
-static int comm_nccl_stream_set;
-static double comm_nccl_timeout_s = 600.0;
-static comm *comm_nccl_live;
-// NCCL groups belong to the calling thread and span communicators, so depth is per thread,
-// not per communicator: a collective issued inside any open group is deferred too.
-static _Thread_local int comm_nccl_group_depth;
-static _Thread_local int comm_nccl_group_ops;
-static int comm_nccl_local_rank_v = -1, comm_nccl_local_size_v = -1;
-
 static const comm_ops comm_nccl_ops;
+static comm *comm_nccl_create(comm_nccl_world *w, MPI_Comm mpi, const char *name, const comm_opts *opts);
 
-// ---- settings ---------------------------------------------------------------------------------
+// ---- device selection -------------------------------------------------------------------------
+
+// This rank's place on its node: rank and size of MPI_COMM_TYPE_SHARED over MPI_COMM_WORLD.
+static void comm_nccl_node(int *rank, int *size) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_rank(node, rank));
+  MPI_CHECK(MPI_Comm_size(node, size));
+  MPI_CHECK(MPI_Comm_free(&node));
+}
 
 int comm_nccl_local_rank(void) {
-  if (comm_nccl_local_rank_v < 0) {
-    MPI_Comm node;
-    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    MPI_CHECK(MPI_Comm_rank(node, &comm_nccl_local_rank_v));
-    MPI_CHECK(MPI_Comm_size(node, &comm_nccl_local_size_v));
-    MPI_CHECK(MPI_Comm_free(&node));
-  }
-  return comm_nccl_local_rank_v;
+  int rank = 0, size = 0;
+  comm_nccl_node(&rank, &size);
+  return rank;
 }
 
 int comm_nccl_device_count(void) {
@@ -72,52 +82,17 @@ int comm_nccl_device_count(void) {
 }
 
 int comm_nccl_set_device(void) {
-  int local = comm_nccl_local_rank(), n = comm_nccl_device_count();
+  int local = 0, local_size = 0, n = comm_nccl_device_count();
+  comm_nccl_node(&local, &local_size);
   CHECK(n > 0, "no CUDA device is visible to this rank (node-local rank %d): run on a GPU host, check "
                "CUDA_VISIBLE_DEVICES, or use the CPU backend", local);
   // NCCL refuses two ranks of one communicator on one GPU, so say so before it does, in words.
-  CHECK(comm_nccl_local_size_v <= n, "%d ranks run on this node but it has %d visible GPUs: NCCL needs one GPU "
-                                     "per rank; start at most %d ranks per node (or, to test a layout, "
-                                     "parallel.gpu_comm=mpi lets ranks share a GPU, slowly)",
-        comm_nccl_local_size_v, n, n);
+  CHECK(local_size <= n, "%d ranks run on this node but it has %d visible GPUs: NCCL needs one GPU per rank; start "
+                         "at most %d ranks per node (or, to test a layout, parallel.gpu_comm=mpi lets ranks "
+                         "share a GPU, slowly)", local_size, n, n);
   int d = local % n;
   CUDA_CHECK(cudaSetDevice(d));
   return d;
-}
-
-void comm_nccl_set_stream(void *cuda_stream) {
-  comm_nccl_next_stream = cuda_stream;
-  comm_nccl_stream_set = 1;
-}
-
-static int comm_nccl_next_max_ctas;  // for communicators created from now on; 0 = NCCL's choice
-
-void comm_nccl_set_max_ctas(int max_ctas) {
-  CHECK(max_ctas >= 0, "comm_nccl_set_max_ctas(%d): must be >= 0", max_ctas);
-  comm_nccl_next_max_ctas = max_ctas;
-}
-
-void comm_nccl_set_timeout(double seconds) {
-  CHECK(seconds > 0, "comm_nccl_set_timeout(%g): the timeout must be positive", seconds);
-  comm_nccl_timeout_s = seconds;
-}
-
-double comm_nccl_timeout(void) {
-  const char *env = getenv("TRAINER_NCCL_TIMEOUT_S");
-  if (env && *env) {
-    char *end = NULL;
-    double v = strtod(env, &end);
-    CHECK(*end == '\0' && v > 0, "TRAINER_NCCL_TIMEOUT_S=%s: expected a positive number of seconds; unset it to "
-                                 "use the default (%g s)", env, comm_nccl_timeout_s);
-    return v;
-  }
-  return comm_nccl_timeout_s;
-}
-
-void *comm_nccl_stream_setting(const char *who) {
-  CHECK(comm_nccl_stream_set, "%s: no CUDA stream set: call comm_nccl_set_stream(k_cuda_stream()) after creating "
-                              "the CUDA backend", who);
-  return comm_nccl_next_stream;
 }
 
 int comm_nccl_is(const comm *c) { return c && c->ops == &comm_nccl_ops; }
@@ -145,10 +120,11 @@ static void comm_nccl_pause(long spin) {
   }
 }
 
-// Kills every NCCL communicator of this process: kernels waiting on a dead peer only return
-// once their communicator is aborted, and MPI_Abort should not have to tear down spinning GPUs.
-static void comm_nccl_abort_all(void) {
-  for (comm *c = comm_nccl_live; c; c = ((comm_nccl *)c->impl)->next_live) {
+// Kills every NCCL communicator of w (in the trainer: of this process): kernels waiting on a dead
+// peer only return once their communicator is aborted, and MPI_Abort should not have to tear
+// down spinning GPUs.
+static void comm_nccl_abort_all(comm_nccl_world *w) {
+  for (comm *c = w->live; c; c = ((comm_nccl *)c->impl)->next_live) {
     comm_nccl *m = c->impl;
     if (m->nccl) {
       ncclComm_t n = m->nccl;
@@ -174,7 +150,7 @@ static void comm_nccl_die(const comm *c, const char *func, const char *file, int
   fprintf(stderr, "[rank %d] error in %s (%s:%d): %s\n  group '%s' rank %d of %d, device %d\n  failed: %s\n", rank,
           func, file, line, msg, c->name, c->rank, c->size, nccl_check_device(), what);
   fflush(stderr);
-  comm_nccl_abort_all();
+  comm_nccl_abort_all(((const comm_nccl *)c->impl)->world);
   if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
 }
@@ -191,7 +167,8 @@ static void comm_nccl_die_timeout(const comm *c, double waited, const char *what
   const comm_nccl *m = c->impl;
   comm_nccl_die(c, func, file, line, what,
                 "nccl: group '%s' %s did not complete within %g s: a peer rank died or hung; the first error is "
-                "in the other ranks' output; if the work is legitimately this slow, raise TRAINER_NCCL_TIMEOUT_S",
+                "in the other ranks' output; if the work is legitimately this slow, raise the communicator timeout "
+                "(parallel.comm_timeout_s)",
                 c->name, m->last_op, waited);
 }
 
@@ -212,8 +189,8 @@ static void comm_nccl_settle(comm *c, ncclResult_t rc, const char *what, const c
                              int line) {
   comm_nccl *m = c->impl;
   if (rc != ncclSuccess && rc != ncclInProgress) comm_nccl_die_rc(c, rc, what, func, file, line);
-  if (rc == ncclSuccess && comm_nccl_group_depth > 0) return;
-  double start = 0, limit = 0;
+  if (rc == ncclSuccess && m->world->group_depth > 0) return;
+  double start = 0, limit = m->opts.timeout_s;
   for (long spin = 0;; spin++) {
     ncclResult_t st = ncclSuccess;
     ncclResult_t q = ncclCommGetAsyncError(m->nccl, &st);
@@ -222,7 +199,6 @@ static void comm_nccl_settle(comm *c, ncclResult_t rc, const char *what, const c
     if (st != ncclInProgress) comm_nccl_die_rc(c, st, what, func, file, line);
     if (spin == 0) {
       start = comm_nccl_now();
-      limit = comm_nccl_timeout();
     } else if (comm_nccl_now() - start > limit) {
       comm_nccl_die_timeout(c, limit, what, func, file, line);
     }
@@ -235,7 +211,7 @@ static void comm_nccl_settle(comm *c, ncclResult_t rc, const char *what, const c
 // Waits for c's stream to drain, watching NCCL's error state and the clock meanwhile.
 static void comm_nccl_drain_stream(comm *c, cudaStream_t stream, const char *func, const char *file, int line) {
   comm_nccl *m = c->impl;
-  double start = comm_nccl_now(), limit = comm_nccl_timeout();
+  double start = comm_nccl_now(), limit = m->opts.timeout_s;
   for (long spin = 0;; spin++) {
     cudaError_t e = cudaStreamQuery(stream);
     ncclResult_t st = ncclSuccess;
@@ -351,7 +327,7 @@ static cudaStream_t comm_nccl_priority_stream(void) {
 
 static cudaStream_t comm_nccl_side_ready(comm *c, const char *what) {
   comm_nccl *m = comm_nccl_live_impl(c, what);
-  CHECK(comm_nccl_group_depth == 0, "comm %s: %s inside an open group", c->name, what);
+  CHECK(m->world->group_depth == 0, "comm %s: %s inside an open group", c->name, what);
   if (!m->side) {
     m->side = comm_nccl_priority_stream();
     CUDA_CHECK(cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming));
@@ -412,22 +388,23 @@ static void comm_nccl_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t
 // ---- groups and point-to-point ----------------------------------------------------------------
 
 static void comm_nccl_group_start(comm *c) {
-  comm_nccl_live_impl(c, "group_start");
+  comm_nccl_world *w = comm_nccl_live_impl(c, "group_start")->world;
   NCCL_CHECK(ncclGroupStart());
-  if (comm_nccl_group_depth++ == 0) comm_nccl_group_ops = 0;
+  if (w->group_depth++ == 0) w->group_ops = 0;
 }
 
 // Ends a group; the outermost end launches everything the group recorded and settles c.
 // Groups may nest (NCCL allows it, and all_to_all opens its own inside a caller's group).
 static void comm_nccl_group_finish(comm *c, const char *func, const char *file, int line) {
-  CHECK(comm_nccl_group_depth > 0, "comm %s: group_end without group_start", c->name);
-  comm_nccl_group_depth--;
+  comm_nccl_world *w = ((comm_nccl *)c->impl)->world;
+  CHECK(w->group_depth > 0, "comm %s: group_end without group_start", c->name);
+  w->group_depth--;
   comm_nccl_settle(c, ncclGroupEnd(), "ncclGroupEnd()", func, file, line);
 }
 
 static void comm_nccl_group_end(comm *c) {
-  comm_nccl_live_impl(c, "group_end");
-  if (comm_nccl_group_depth == 1) comm_nccl_note(c, "group of %d send/recv calls", comm_nccl_group_ops);
+  const comm_nccl_world *w = comm_nccl_live_impl(c, "group_end")->world;
+  if (w->group_depth == 1) comm_nccl_note(c, "group of %d send/recv calls", w->group_ops);
   comm_nccl_group_finish(c, __func__, __FILE__, __LINE__);
 }
 
@@ -436,7 +413,7 @@ static void comm_nccl_send(comm *c, const void *buf, int64_t n_elem, comm_dtype 
   CHECK(peer >= 0 && peer < c->size, "comm %s: send peer %d outside [0, %d)", c->name, peer, c->size);
   comm_nccl *m = comm_nccl_live_impl(c, "send");
   comm_nccl_note(c, "send of %lld %s to rank %d", (long long)n_elem, comm_nccl_dtype_name(t), peer);
-  comm_nccl_group_ops++;
+  m->world->group_ops++;
   // Outside a group NCCL makes this a group of one: enqueued (complete in stream order) on return.
   COMM_NCCL_CALL(c, ncclSend(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, m->nccl, m->stream));
 }
@@ -446,7 +423,7 @@ static void comm_nccl_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int
   CHECK(peer >= 0 && peer < c->size, "comm %s: recv peer %d outside [0, %d)", c->name, peer, c->size);
   comm_nccl *m = comm_nccl_live_impl(c, "recv");
   comm_nccl_note(c, "recv of %lld %s from rank %d", (long long)n_elem, comm_nccl_dtype_name(t), peer);
-  comm_nccl_group_ops++;
+  m->world->group_ops++;
   COMM_NCCL_CALL(c, ncclRecv(buf, (size_t)n_elem, comm_nccl_type(c, t), peer, m->nccl, m->stream));
 }
 
@@ -471,7 +448,7 @@ static void comm_nccl_all_to_all(comm *c, const void *send, void *recv, int64_t 
 // message after the timeout instead of a hang.
 static void comm_nccl_barrier(comm *c) {
   comm_nccl *m = comm_nccl_live_impl(c, "barrier");
-  CHECK(comm_nccl_group_depth == 0, "comm %s: barrier inside an open group would wait for itself", c->name);
+  CHECK(m->world->group_depth == 0, "comm %s: barrier inside an open group would wait for itself", c->name);
   comm_nccl_note(c, "barrier");
   COMM_NCCL_CALL(c, ncclAllReduce(m->scratch, m->scratch, 1, ncclInt32, ncclSum, m->nccl, m->stream));
   comm_nccl_drain(c, __func__, __FILE__, __LINE__);
@@ -502,16 +479,15 @@ static int comm_nccl_link_class(const comm *c, int src, int dst) {
 static void comm_nccl_xfer_open(comm *c) {
   comm_nccl *m = comm_nccl_live_impl(c, "xfer_open");
   CHECK(!m->link[0], "comm %s: xfer_open called twice", c->name);
-  void *keep = comm_nccl_next_stream;
   for (int k = 0; k < 6; k++) {
     int used = c->size == 2 ? k < 2 : c->size % 2 ? 1 : k != 2 && k != 5;  // the classes link_class returns
     if (!used) continue;
-    comm_nccl_next_stream = comm_nccl_priority_stream();
+    comm_opts lo = m->opts;  // c's timeout and CTAs, on a stream of the link's own
+    lo.stream = comm_nccl_priority_stream();
     char name[16];
     snprintf(name, sizeof name, "%.9s.link%d", c->name, k);
-    m->link[k] = comm_nccl_create(c->mpi, name);
+    m->link[k] = comm_nccl_create(m->world, c->mpi, name, &lo);
   }
-  comm_nccl_next_stream = keep;
   // Connect every link of this rank now, one element each way in one group spanning the link
   // communicators (both ends post the same group), so that no transfer of a step waits on the
   // host for a peer to reach its own first transfer on a link.
@@ -519,7 +495,7 @@ static void comm_nccl_xfer_open(comm *c) {
   comm *used[8];
   int n_used = 0;
   NCCL_CHECK(ncclGroupStart());
-  comm_nccl_group_depth++;
+  m->world->group_depth++;
   for (int i = 0; i < (n == 2 ? 1 : 2); i++) {
     comm *snd = m->link[comm_nccl_link_class(c, r, peers[i])], *rcv = m->link[comm_nccl_link_class(c, peers[i], r)];
     comm_nccl *sm = snd->impl, *rm = rcv->impl;
@@ -529,7 +505,7 @@ static void comm_nccl_xfer_open(comm *c) {
     COMM_NCCL_CALL(rcv, ncclRecv(rm->scratch, 1, ncclInt32, peers[i], rm->nccl, rm->stream));
     used[n_used++] = snd, used[n_used++] = rcv;
   }
-  comm_nccl_group_depth--;
+  m->world->group_depth--;
   COMM_NCCL_CALL(c, ncclGroupEnd());
   for (int i = 0; i < n_used; i++) {
     comm_nccl_settle(used[i], ncclSuccess, "link set-up", __func__, __FILE__, __LINE__);
@@ -560,7 +536,7 @@ static int comm_nccl_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t
   comm_nccl *m = comm_nccl_live_impl(c, "xfer_start");
   CHECK(m->link[0], "comm %s: xfer_start before xfer_open", c->name);
   // In a group the transfer would only be recorded, and its ticket would complete before it ran.
-  CHECK(comm_nccl_group_depth == 0, "comm %s: xfer_start inside an open group", c->name);
+  CHECK(m->world->group_depth == 0, "comm %s: xfer_start inside an open group", c->name);
   comm *l = m->link[is_send ? comm_nccl_link_class(c, c->rank, peer) : comm_nccl_link_class(c, peer, c->rank)];
   comm_nccl *lm = comm_nccl_live_impl(l, "xfer_start");
   for (int i = 0; i < n_after; i++) {
@@ -615,7 +591,7 @@ static void comm_nccl_xfer_reset(comm *c) {
 // ---- life cycle -------------------------------------------------------------------------------
 
 static void comm_nccl_unlink(comm *c) {
-  for (comm **p = &comm_nccl_live; *p; p = &((comm_nccl *)(*p)->impl)->next_live) {
+  for (comm **p = &((comm_nccl *)c->impl)->world->live; *p; p = &((comm_nccl *)(*p)->impl)->next_live) {
     if (*p == c) {
       *p = ((comm_nccl *)c->impl)->next_live;
       return;
@@ -685,19 +661,22 @@ static const comm_ops comm_nccl_ops = {
     .xfer_reset = comm_nccl_xfer_reset,
 };
 
-comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
+static comm *comm_nccl_create(comm_nccl_world *w, MPI_Comm mpi, const char *name, const comm_opts *opts) {
   // NVLink multicast (NVLS) can take a shared host's GPUs out of service; it stays off unless
   // the user explicitly asked otherwise. Set before the first NCCL call, which reads it.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   char who[48];
   snprintf(who, sizeof who, "comm_nccl_create(%s)", name ? name : "?");
-  cudaStream_t stream = (cudaStream_t)comm_nccl_stream_setting(who);
+  CHECK(w && opts, "%s: no factory state or options (make communicators through comm_nccl_factory)", who);
+  comm_opts_check(opts, who);
   comm *c = XCALLOC(1, sizeof *c);
   comm_nccl *m = XCALLOC(1, sizeof *m);
   c->ops = &comm_nccl_ops;
   c->impl = m;
   snprintf(c->name, sizeof c->name, "%s", name ? name : "?");
-  m->stream = stream;
+  m->world = w;
+  m->opts = *opts;
+  m->stream = (cudaStream_t)opts->stream;
   // The caller may free mpi right after (grid_init does), so the bootstrap below and anyone
   // reading c->mpi later use a private duplicate.
   MPI_CHECK(MPI_Comm_dup(mpi, &c->mpi));
@@ -711,15 +690,38 @@ comm *comm_nccl_create(MPI_Comm mpi, const char *name) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;  // every call returns; hangs are caught by our polling with a deadline
   cfg.commName = c->name;
-  if (comm_nccl_next_max_ctas > 0) cfg.maxCTAs = comm_nccl_next_max_ctas;
+  if (opts->max_ctas > 0) cfg.maxCTAs = opts->max_ctas;
   // The usual cause of a failed set-up on one host is two ranks on one GPU: say what to do.
   comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks; one GPU each, else parallel.gpu_comm=mpi)",
                  c->size);
   COMM_NCCL_CALL(c, ncclCommInitRankConfig(&m->nccl, c->size, id, c->rank, &cfg));
   CUDA_CHECK(cudaMalloc((void **)&m->scratch, sizeof *m->scratch));
   CUDA_CHECK(cudaMemsetAsync(m->scratch, 0, sizeof *m->scratch, m->stream));
-  m->next_live = comm_nccl_live;
-  comm_nccl_live = c;
+  m->next_live = w->live;
+  w->live = c;
   comm_nccl_note(c, "work on its stream (no operation of this group yet)");
   return c;
+}
+
+// ---- factory ----------------------------------------------------------------------------------
+
+static comm *comm_nccl_factory_create(void *ctx, MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  return comm_nccl_create(ctx, mpi, name, opts);
+}
+
+// Every communicator of the factory must be gone: they point to w.
+static void comm_nccl_world_free(void *ctx) {
+  comm_nccl_world *w = ctx;
+  CHECK(!w->live, "comm_factory_free: NCCL communicator '%s' of this factory is still alive; free the "
+        "communicators (grid_free) first", w->live->name);
+  CHECK(w->group_depth == 0, "comm_factory_free: an NCCL group is still open (missing group_end)");
+  free(w);
+}
+
+comm_factory comm_nccl_factory(const comm_opts *opts) {
+  comm_factory f = {.create = comm_nccl_factory_create, .free_ctx = comm_nccl_world_free,
+                    .opts = opts ? *opts : comm_opts_default()};
+  comm_opts_check(&f.opts, "comm_nccl_factory");
+  f.ctx = XCALLOC(1, sizeof(comm_nccl_world));
+  return f;
 }

@@ -12,7 +12,6 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_check.h"
-#include "parallel/comm/nccl/comm_nccl.h"
 
 // A result waiting on the host: n_bytes from host to dev when published.
 typedef struct staged_copy {
@@ -352,14 +351,12 @@ static const comm_ops comm_staged_ops = {
     .xfer_reset = staged_xfer_reset,
 };
 
-comm *comm_staged_create(MPI_Comm mpi, const char *name) {
-  char who[48];
-  snprintf(who, sizeof who, "comm_staged_create(%s)", name ? name : "?");
-  cudaStream_t stream = (cudaStream_t)comm_nccl_stream_setting(who);
+comm *comm_staged_create(MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  const comm_opts o = opts ? *opts : comm_opts_default();
   comm *c = XCALLOC(1, sizeof *c);
   comm_staged *s = XCALLOC(1, sizeof *s);
-  s->mpi = comm_mpi_create(mpi, name);
-  s->stream = stream;
+  s->mpi = comm_mpi_create(mpi, name, &o);  // checks o
+  s->stream = (cudaStream_t)o.stream;
   c->ops = &comm_staged_ops;
   c->impl = s;
   snprintf(c->name, sizeof c->name, "%s", s->mpi->name);
@@ -367,4 +364,15 @@ comm *comm_staged_create(MPI_Comm mpi, const char *name) {
   c->rank = s->mpi->rank;
   c->size = s->mpi->size;
   return c;
+}
+
+static comm *comm_staged_factory_create(void *ctx, MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  (void)ctx;
+  return comm_staged_create(mpi, name, opts);
+}
+
+comm_factory comm_staged_factory(const comm_opts *opts) {
+  comm_factory f = {.create = comm_staged_factory_create, .opts = opts ? *opts : comm_opts_default()};
+  comm_opts_check(&f.opts, "comm_staged_factory");
+  return f;
 }

@@ -14,9 +14,13 @@
 
 #include "parallel/comm/comm.h"
 
-// Over the ranks of mpi (duplicated), on the stream set by comm_nccl_set_stream (which must
-// have been called). Returns a communicator to comm_free.
-comm *comm_staged_create(MPI_Comm mpi, const char *name);
+// Over the ranks of mpi (duplicated), ordered on opts->stream (the compute stream; NULL: the
+// legacy default stream); the MPI communicator under it takes opts->mpi_chunk_elems. timeout_s
+// and max_ctas do not apply: the waits are MPI's and CUDA's own. opts NULL: comm_opts_default.
+// Returns a communicator to comm_free.
+comm *comm_staged_create(MPI_Comm mpi, const char *name, const comm_opts *opts);
+// A factory (comm.h) of staged communicators with opts (copied; NULL: comm_opts_default).
+comm_factory comm_staged_factory(const comm_opts *opts);
 // True when c was made by comm_staged_create.
 int comm_staged_is(const comm *c);
 

@@ -7,7 +7,9 @@
 // (n-1)/n; broadcast and sendrecv 1), GB = 1e9 bytes; time is the slowest rank's mean per call.
 //   mpirun -np 8 commbench [--backend nccl|mpi] [--min-bytes 8] [--max-bytes 1073741824]
 //          [--factor 2] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--ops all_reduce,...]
-//          [--p2p-matrix]
+//          [--max-ctas 0] [--p2p-matrix]
+// --max-ctas caps the CTAs of every NCCL operation, as parallel.dp_overlap_ctas does for the
+// trainer's dp-overlap communicator (0: NCCL's choice).
 // --p2p-matrix times every ordered pair of ranks alone: one-way bandwidth of --max-bytes
 // messages and half the round trip of --min-bytes ping-pongs.
 #include <stdint.h>
@@ -26,7 +28,7 @@
 #include "parallel/comm/nccl/nccl_check.h"
 
 typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_SENDRECV, OP_ALL_TO_ALL, N_OPS } bench_op;
-static const char *op_names[N_OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all"};
+static const char *const op_names[N_OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv", "all_to_all"};
 
 typedef struct bench_opts {
   int nccl;                  // 1: NCCL over device buffers; 0: MPI over host buffers
@@ -34,6 +36,7 @@ typedef struct bench_opts {
   int factor, iters, warmup;
   comm_dtype dtype;
   int ops[N_OPS];            // which operations to run
+  int max_ctas;              // NCCL: comm_opts.max_ctas
   int p2p_matrix;
 } bench_opts;
 
@@ -41,6 +44,7 @@ typedef struct bench_opts {
 // communicator's stream for NCCL, host memory and MPI_Wtime for MPI.
 typedef struct bench {
   bench_opts o;
+  comm_factory f;
   comm *c;
   cudaStream_t stream;
   cudaEvent_t ev0, ev1;
@@ -357,7 +361,8 @@ static void usage_fail(const char *msg, const char *arg) {
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   if (r == 0)
     fprintf(stderr, "commbench: %s%s\nusage: commbench [--backend nccl|mpi] [--min-bytes N] [--max-bytes N] "
-                    "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--p2p-matrix]\n"
+                    "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--max-ctas N] "
+                    "[--p2p-matrix]\n"
                     "ops: all_reduce all_gather reduce_scatter broadcast sendrecv all_to_all\n", msg, arg);
   MPI_Finalize();
   exit(2);
@@ -389,6 +394,7 @@ static bench_opts parse_opts(int argc, char **argv) {
     else if (!strcmp(a, "--factor")) o.factor = (int)parse_int(v, a, 2);
     else if (!strcmp(a, "--iters")) o.iters = (int)parse_int(v, a, 1);
     else if (!strcmp(a, "--warmup")) o.warmup = (int)parse_int(v, a, 0);
+    else if (!strcmp(a, "--max-ctas")) o.max_ctas = (int)parse_int(v, a, 0);
     else if (!strcmp(a, "--dtype")) {
       if (!strcmp(v, "f32")) o.dtype = COMM_F32;
       else if (!strcmp(v, "bf16")) o.dtype = COMM_BF16;
@@ -417,16 +423,18 @@ int main(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   b.o = parse_opts(argc, argv);
+  comm_opts co = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, b.o.max_ctas, 0, NULL);
   if (b.o.nccl) {
     comm_nccl_set_device();
     CUDA_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreate(&b.ev0));
     CUDA_CHECK(cudaEventCreate(&b.ev1));
-    comm_nccl_set_stream(b.stream);
-    b.c = comm_nccl_create(MPI_COMM_WORLD, "bench");
+    co.stream = b.stream;
+    b.f = comm_nccl_factory(&co);
   } else {
-    b.c = comm_mpi_create(MPI_COMM_WORLD, "bench");
+    b.f = comm_mpi_factory(&co);
   }
+  b.c = comm_factory_create(&b.f, MPI_COMM_WORLD, "bench");
   if (b.c->rank == 0) {
     printf("# commbench: %d ranks, backend %s", b.c->size, b.o.nccl ? "nccl" : "mpi");
     if (b.o.nccl) {
@@ -436,8 +444,8 @@ int main(int argc, char **argv) {
       CUDA_CHECK(cudaGetDevice(&dev));
       CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
       const char *nvls = getenv("NCCL_NVLS_ENABLE");
-      printf(" (NCCL %d.%d.%d, %s, NCCL_NVLS_ENABLE=%s)", v / 10000, v / 100 % 100, v % 100, prop.name,
-             nvls ? nvls : "(unset)");
+      printf(" (NCCL %d.%d.%d, %s, NCCL_NVLS_ENABLE=%s, max CTAs %d)", v / 10000, v / 100 % 100, v % 100,
+             prop.name, nvls ? nvls : "(unset)", b.o.max_ctas);
     }
     printf("\n");
   }
@@ -447,6 +455,7 @@ int main(int argc, char **argv) {
   else
     rc = bench_run_ops(&b);
   comm_free(&b.c);
+  comm_factory_free(&b.f);
   if (b.o.nccl) {
     CUDA_CHECK(cudaEventDestroy(b.ev0));
     CUDA_CHECK(cudaEventDestroy(b.ev1));

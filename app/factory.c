@@ -1,0 +1,90 @@
+// The execution environment of a run (see factory.h).
+#include "app/factory.h"
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_staged.h"
+#endif
+#include <stdio.h>
+#include <string.h>
+
+k_backend_opts factory_backend_opts(const cfg *c, int on_gpu) {
+  const char *isa = c->train.cpu_isa;
+  return (k_backend_opts){
+      .act = on_gpu && cfg_act_bf16(c) ? K_BF16 : K_F32,
+      .tf32 = strcmp(c->train.precision, "tf32") == 0,
+      .attn_own = strcmp(c->train.attention, "own") == 0,
+      .cpu_isa = strcmp(isa, "avx512") == 0 ? K_ISA_AVX512
+                 : strcmp(isa, "avx2") == 0 ? K_ISA_AVX2
+                 : strcmp(isa, "sse") == 0  ? K_ISA_SSE
+                                            : K_ISA_AUTO,
+      .peak_tflops = c->log.peak_tflops,
+  };
+}
+
+static int factory_gpu_count(void) {
+#ifdef TRAINER_HAVE_CUDA
+  return k_cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+// Whether this run uses GPUs: train.device=cuda, or auto with a GPU visible. -1 with a message
+// when it cannot run as configured.
+static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
+  const char *dev = c->train.device, *prec = c->train.precision;
+  int gpu = strcmp(dev, "cuda") == 0 || (strcmp(dev, "auto") == 0 && n_gpus > 0);
+  if (gpu && n_gpus == 0) {
+#ifdef TRAINER_HAVE_CUDA
+    const char *why = "no GPU is visible";
+#else
+    const char *why = "this build has no CUDA backend (no CUDA toolkit at configure time)";
+#endif
+    return snprintf(err, n_err, "train.device=cuda but %s; use train.device=cpu (or auto)", why), -1;
+  }
+  if (!gpu && (strcmp(prec, "tf32") == 0 || strcmp(prec, "bf16") == 0))
+    return snprintf(err, n_err, "train.precision=%s needs a GPU, and this rank runs on the CPU (train.device=%s, "
+                    "%d GPU%s visible): CPU ranks compute in fp32, set train.precision=fp32 or auto", prec, dev,
+                    n_gpus, n_gpus == 1 ? "" : "s"), -1;
+  return gpu;
+}
+
+int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
+  memset(f, 0, sizeof *f);
+  int n_gpus = factory_gpu_count(), gpu = factory_use_gpu(c, n_gpus, err, n_err);
+  if (gpu < 0) return -1;
+  const cfg_parallel *p = &c->parallel;
+  comm_opts co = comm_opts_make(p->comm_timeout_s, 0, p->mpi_chunk_elems, NULL);
+  k_backend_opts bo = factory_backend_opts(c, gpu);
+#ifdef TRAINER_HAVE_CUDA
+  if (gpu) {
+    // One GPU per rank, chosen by the node-local rank, so the same command works on many nodes
+    // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
+    // GPU; the staged MPI communicator lets them share it. Both order their work on the
+    // backend's compute stream.
+    bo.device = comm_nccl_local_rank() % n_gpus;
+    f->be = k_backend_cuda_create(&bo);
+    co.stream = k_cuda_stream_of(f->be);
+    f->comms = strcmp(p->gpu_comm, "mpi") == 0 ? comm_staged_factory(&co) : comm_nccl_factory(&co);
+  }
+#endif
+  if (!f->be) {
+    f->be = k_backend_cpu_create(&bo);
+    f->comms = comm_mpi_factory(&co);
+  }
+  grid_init(&f->g, p->tp, p->dp, p->pp, &f->comms);
+  f->have_grid = 1;
+  // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
+  // communicator of their own, slow the backward less (the rest keep NCCL's choice). CPU ranks
+  // have no SMs to spare; there the second communicator only exercises the same code path.
+  if (p->dp_overlap_ctas > 0 && p->dp > 1) grid_add_dp_overlap(&f->g, &f->comms, p->dp_overlap_ctas);
+  return 0;
+}
+
+void factory_free(factory *f) {
+  if (f->have_grid) grid_free(&f->g);
+  f->have_grid = 0;
+  comm_factory_free(&f->comms);
+  k_backend_free(&f->be);
+}

@@ -1,0 +1,27 @@
+// The one place that turns a run's config into its execution environment: the backend (CPU,
+// or CUDA on the GPU this rank's node-local rank picks), the communicator factory (MPI, NCCL or
+// the staged MPI one) with the options the config names, and the process grid built from it.
+#ifndef TRAINER_FACTORY_H
+#define TRAINER_FACTORY_H
+
+#include "app/config.h"
+#include "kernels/backend.h"
+#include "parallel/comm/grid.h"
+
+typedef struct factory {
+  k_backend *be;
+  comm_factory comms;
+  grid g;
+  int have_grid;
+} factory;
+
+// The backend options train.precision, train.attention, train.cpu_isa and log.peak_tflops ask for.
+k_backend_opts factory_backend_opts(const cfg *c, int on_gpu);
+// Collective. Builds the backend, communicators and grid. 0, or -1 with a message in err (a
+// GPU asked for and none visible, a precision the CPU backend cannot run).
+int factory_init(factory *f, const cfg *c, char *err, size_t n_err);
+// Collective. Communicators first (NCCL's streams and events belong to the backend's device).
+// Safe twice.
+void factory_free(factory *f);
+
+#endif
