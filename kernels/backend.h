@@ -15,6 +15,12 @@
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
 static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
 
+// FP8 formats (OCP FP8): E4M3 (largest finite 448, no Inf, NaN 0x7F / 0xFF) for weights and
+// activations, E5M2 (largest finite 57344, Inf and NaN as IEEE) for gradients. An FP8 tensor is
+// uint8_t codes plus a per-tensor fp32 scale: code = fp8(x * scale), x ~ decode(code) * scale_inv.
+// kernels/cpu/fp8_cpu.h holds the exact rounding every backend follows.
+typedef enum k_fp8 { K_E4M3 = 0, K_E5M2 = 1 } k_fp8;
+
 // Vector instruction sets of the CPU GEMM, widest first after AUTO.
 typedef enum k_isa { K_ISA_AUTO = 0, K_ISA_AVX512, K_ISA_AVX2, K_ISA_SSE } k_isa;
 
@@ -112,6 +118,33 @@ typedef struct k_backend {
   void (*adamw_ranges)(struct k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v, const k_range *r,
                        int n_ranges, float lr, float beta1, float beta2, float eps, float weight_decay, float bc1,
                        float bc2, float g_scale);
+  // FP8 (per-tensor scaling; semantics and rounding of kernels/cpu/fp8_cpu.h). Scales and amaxes
+  // stay in backend memory so that delayed scaling needs no host round trip.
+  // x (rows, cols) in act dtype -> out (rows, cols) = fp8(x * *scale) in fmt, rounded to nearest
+  // even, saturating to +-448 (E4M3) / +-57344 (E5M2), Inf included; NaN becomes 0x7F. out_t
+  // (cols, rows) (NULL: none) gets the same codes transposed: the K-major copy that the backward
+  // GEMMs read. *amax (1 float, non-negative) = max(*amax, max |x|) of the unscaled x; a NaN in x
+  // makes it NaN. One pass over x.
+  void (*fp8_cast)(struct k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
+                   uint8_t *out_t, float *amax);
+  // C (M,N) = beta C + (A B^T) * *a_scale_inv * *b_scale_inv: A (M,K) and B (N,K) FP8 codes, both
+  // K-major (row-major, K innermost: the one layout Hopper's FP8 GEMMs take), fp32 accumulation;
+  // C (ldc N) in c_type (act or K_F32); beta 0 overwrites C without reading it, beta 1
+  // accumulates (the weight gradient). The scale pointers are read when the GEMM runs. M, N, K
+  // positive multiples of 16, pointers 16-byte aligned; E5M2 x E5M2 is refused (k_fp8_gemm_check).
+  // fast_accum: the GPU may skip the periodic promotion of partial sums to fp32 (faster, less
+  // accurate; usually forward only).
+  void (*gemm_fp8)(struct k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv,
+                   const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type,
+                   int fast_accum);
+  // Delayed scaling's update for n tensors at once (len 1 with use_max 0: current scaling).
+  // amax_history (n, len): row i gets amax[i] at column pos; a = the row's max (use_max; a NaN
+  // in the row wins) or amax[i]; if a is finite and > 0, scale[i] = fp8_max(fmt[i]) / a /
+  // 2^margin, clamped to [FLT_MIN, FLT_MAX], and scale_inv[i] = 1 / scale[i]; otherwise both
+  // stay. amax[i] is reset to 0. *n_nonfinite (1 int) += the number of tensors whose amax[i]
+  // (this step's) is NaN or Inf. fmt (n) holds k_fp8 values. Scales start at 1 (the caller's).
+  void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
+                     int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
 } k_backend;
 
 #ifdef __cplusplus

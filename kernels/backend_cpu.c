@@ -3,6 +3,7 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/check.h"
+#include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include <string.h>
@@ -129,6 +130,25 @@ static void cpu_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, 
   k_cpu_adamw_ranges(p, pc, pc_type, g, m, v, r, n_ranges, lr, beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
 }
 
+// FP8: scales and amaxes are host memory here, read and written in place.
+static void cpu_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
+                         uint8_t *out_t, float *amax) {
+  (void)b;
+  k_cpu_fp8_cast(x, rows, cols, *scale, fmt, out, out_t, amax);
+}
+static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv,
+                         const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type,
+                         int fast_accum) {
+  (void)fast_accum;  // the CPU sums in fp32 either way
+  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
+  k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->gemm_isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
+}
+static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
+                           int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
+  (void)b;
+  k_cpu_fp8_scales(amax_history, amax, scale, scale_inv, fmt, n, len, pos, margin, use_max, n_nonfinite);
+}
+
 static void cpu_release(k_backend *b) {
   free(b->ctx);
   b->ctx = NULL;
@@ -178,6 +198,9 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->add = cpu_add;
   b->sumsq_ranges = cpu_sumsq_ranges;
   b->adamw_ranges = cpu_adamw_ranges;
+  b->fp8_cast = cpu_fp8_cast;
+  b->gemm_fp8 = cpu_gemm_fp8;
+  b->fp8_scales = cpu_fp8_scales;
   return b;
 }
 

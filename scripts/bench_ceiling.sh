@@ -3,12 +3,26 @@
 # each GEMM and attention call of one layer and of the head timed through the CUDA backend, the
 # sum as a step-time floor, and the tokens/s and MFU ceilings it gives (tests/bench_ceiling.c);
 # then, for 7b-layers, what splitting tp 2's GEMMs into row halves (SP overlap) costs.
-#   scripts/bench_ceiling.sh [BIN_DIR (default build)]
+# With `fp8`, instead: for each shape the layer's four projections in all three roles as bf16
+# GEMMs and as FP8 GEMMs (gemm_fp8), the FP8 casts, and the layer's totals both ways.
+#   scripts/bench_ceiling.sh [BIN_DIR (default build)] [fp8]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build}
+mode=${2:-}
+if [ -n "$mode" ] && [ "$mode" != fp8 ]; then
+  echo "usage: scripts/bench_ceiling.sh [BIN_DIR] [fp8]" >&2
+  exit 2
+fi
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}  # one GPU
+if [ "$mode" = fp8 ]; then
+  for shape in 124m 1b 7b-layers; do
+    echo "== $shape, FP8 against bf16"
+    "$bin/bench_ceiling" "$shape" fp8
+  done
+  exit 0
+fi
 for shape in 124m 1b 7b-layers; do
   echo "== $shape"
   "$bin/bench_ceiling" "$shape"

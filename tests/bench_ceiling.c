@@ -14,6 +14,14 @@
 // runs it against every algorithm cuBLASLt's heuristic offers for the same problem (up to 16,
 // deterministic reduction schemes only, the backend's 32 MiB workspace): what choosing by
 // measurement instead of by heuristic would gain.
+// `build/bench_ceiling SHAPE fp8` sets the FP8 floor of a layer beside the bf16 one: each of the
+// four projections (qkv, wo, gate|up, down) in its three roles (forward Y = X W^T, data gradient
+// dX = dY W, weight gradient dW += dY^T X) as block.c runs it in bf16 and as gemm_fp8 runs it
+// (E4M3 activations and weights, E5M2 gradients, per-tensor scales, both operands K-major: the
+// backward GEMMs read the transposed copies the casts write), forward also with fast
+// accumulation, and the fastest of cuBLASLt's heuristic list for each FP8 GEMM; then the fused
+// casts FP8 adds (fp8_cast with its transpose: X and dY per micro-batch, W once per step) and
+// the layer's totals both ways.
 #include <cublasLt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +30,7 @@
 
 #include "app/config.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cuda/attn_cudnn.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
@@ -279,13 +288,183 @@ static void algos_bench(const op *ops, int n, const attn_bufs *x, double *sum_ba
   cublasLtDestroy(h);
 }
 
+// ---------------------------------------------------------------------------------------------
+// FP8 (SHAPE fp8)
+
+// N_WARM calls, then N_RUNS timed back to back on the backend's stream: best and median ms.
+typedef void (*call_fn)(const void *arg);
+static void calls_time(call_fn fn, const void *arg, double *best, double *median) {
+  cudaStream_t s = (cudaStream_t)k_cuda_stream_of(G);
+  for (int i = 0; i < N_WARM; i++) fn(arg);
+  CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < N_RUNS; i++) {
+    fn(arg);
+    CUDA_CHECK(cudaEventRecord(ev[i + 1], s));
+  }
+  float ms[N_RUNS];
+  runs_ms(ms);
+  *best = ms[0];
+  *median = 0.5 * (ms[(N_RUNS - 1) / 2] + ms[N_RUNS / 2]);
+}
+
+// One FP8 GEMM as gemm_fp8 takes it: C (M,N) = beta C + A (M,K) B (N,K)^T.
+typedef struct fp8_gemm {
+  int M, N, K;
+  const uint8_t *A, *B;
+  k_fp8 af, bf;
+  const float *a_si, *b_si;
+  float beta;
+  void *C;
+  k_dtype ct;
+  int fast;
+} fp8_gemm;
+static void fp8_gemm_call(const void *p) {
+  const fp8_gemm *g = p;
+  G->gemm_fp8(G, g->M, g->N, g->K, g->A, g->af, g->a_si, g->B, g->bf, g->b_si, g->beta, g->C, g->ct, g->fast);
+}
+
+typedef struct fp8_cast_args {
+  const void *x;
+  int64_t rows;
+  int cols;
+  const float *scale;
+  k_fp8 fmt;
+  uint8_t *out, *out_t;
+  float *amax;
+} fp8_cast_args;
+static void fp8_cast_call(const void *p) {
+  const fp8_cast_args *c = p;
+  G->fp8_cast(G, c->x, c->rows, c->cols, c->scale, c->fmt, c->out, c->out_t, c->amax);
+}
+
+// The fastest of cuBLASLt's heuristic list (up to 16) for g, laid out as k_cuda_gemm_fp8 lays it
+// out ("TN": cuBLASLt's A is our B); best ms, or -1 when none runs. *n_algos: the list's length.
+static double fp8_best_algo(const fp8_gemm *g, cublasLtHandle_t h, void *ws, size_t ws_bytes, int *n_algos, int *best_i) {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int8_t fast = (int8_t)g->fast;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->b_si, sizeof g->b_si));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->a_si, sizeof g->a_si));
+  const cudaDataType ta8 = g->af == K_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, tb8 = g->bf == K_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, tb8, g->K, g->N, g->K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ta8, g->K, g->M, g->K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, g->ct == K_F32 ? CUDA_R_32F : CUDA_R_16BF, g->N, g->M, g->N));
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes));
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  cublasLtMatmulHeuristicResult_t res[16];
+  int n_res = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 16, res, &n_res) != CUBLAS_STATUS_SUCCESS) n_res = 0;
+  double best = -1;
+  *best_i = -1;
+  for (int k = 0; k < n_res; k++) {
+    const double t = lt_time(h, desc, la, lb, lc, &res[k].algo, g->B, g->A, g->C, g->C, g->beta, ws, ws_bytes);
+    if (t > 0 && (best < 0 || t < best)) best = t, *best_i = k;
+  }
+  *n_algos = n_res;
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  return best;
+}
+
+// One projection W (n, k) of a layer with R rows, its bf16 GEMMs as block.c runs them (the
+// layer[] rows of main: fwd, dX, dW) and their FP8 forms. Sums its ms into tot: [0] bf16 GEMMs,
+// [1] FP8 GEMMs, [2] FP8 GEMMs with the forward's fast accumulation, [3] best algorithms,
+// [4] X and dY casts, [5] the W cast.
+static void fp8_proj_bench(const char *name, const op bf[3], const attn_bufs *ab, int R, int n, int k, cublasLtHandle_t h,
+                           void *ws, size_t ws_bytes, double tot[6]) {
+  const k_dtype A = G->act;
+  void *x = alloc_filled(A, (int64_t)R * k), *w = alloc_filled(A, (int64_t)n * k), *dy = alloc_filled(A, (int64_t)R * n);
+  uint8_t *x8 = G->alloc(G, (size_t)R * k), *x8t = G->alloc(G, (size_t)R * k), *w8 = G->alloc(G, (size_t)n * k),
+          *w8t = G->alloc(G, (size_t)n * k), *dy8 = G->alloc(G, (size_t)R * n), *dy8t = G->alloc(G, (size_t)R * n);
+  // Scales for the pool's values in [-1, 1): x, w, dy.
+  const float sc[3] = {400.0f, 400.0f, 50000.0f}, si[3] = {1 / 400.0f, 1 / 400.0f, 1 / 50000.0f};
+  float *d_sc = G->alloc(G, sizeof sc), *d_si = G->alloc(G, sizeof si), *d_amax = G->alloc(G, 3 * sizeof(float));
+  G->from_host(G, d_sc, sc, sizeof sc);
+  G->from_host(G, d_si, si, sizeof si);
+  const fp8_cast_args casts[3] = {{x, R, k, d_sc, K_E4M3, x8, x8t, d_amax}, {w, n, k, d_sc + 1, K_E4M3, w8, w8t, d_amax + 1},
+                                  {dy, R, n, d_sc + 2, K_E5M2, dy8, dy8t, d_amax + 2}};
+  double cast_ms[3], med;
+  for (int i = 0; i < 3; i++) calls_time(fp8_cast_call, &casts[i], &cast_ms[i], &med);
+  // fwd: Y (R,n) = X W^T; dX (R,k) = dY (R,n) [W^T (k,n)]^T; dW (n,k) += [dY^T (n,R)] [X^T (k,R)]^T.
+  const int resid = bf[0].kind == OP_LINEAR_RESIDUAL;
+  void *cy = alloc_filled(resid ? K_F32 : A, (int64_t)R * n), *cdx = alloc_filled(bf[1].c_type, (int64_t)R * k);
+  void *cdw = alloc_filled(K_F32, (int64_t)n * k);
+  const fp8_gemm g8[3] = {
+      {R, n, k, x8, w8, K_E4M3, K_E4M3, d_si, d_si + 1, resid ? 1.0f : 0.0f, cy, resid ? K_F32 : A, 0},
+      {R, k, n, dy8, w8t, K_E5M2, K_E4M3, d_si + 2, d_si + 1, 0.0f, cdx, bf[1].c_type, 0},
+      {n, k, R, dy8t, x8t, K_E5M2, K_E4M3, d_si + 2, d_si, 1.0f, cdw, K_F32, 0}};
+  const char *role[3] = {"fwd", "dX", "dW"};
+  for (int i = 0; i < 3; i++) {
+    double t16, t8, t8f = -1, tb;
+    int n_algos, best_i;
+    op_time(&bf[i], ab, &t16, &med);
+    calls_time(fp8_gemm_call, &g8[i], &t8, &med);
+    if (i == 0) {
+      fp8_gemm f = g8[0];
+      f.fast = 1;
+      calls_time(fp8_gemm_call, &f, &t8f, &med);
+    }
+    tb = fp8_best_algo(&g8[i], h, ws, ws_bytes, &n_algos, &best_i);
+    const double fl = 2.0 * g8[i].M * (double)g8[i].N * g8[i].K;
+    printf("  %-8s %-3s M=%6d N=%6d K=%6d %s x %s C=%-4s  bf16 %7.3f ms  fp8 %7.3f ms (%5.0f TFLOP/s, x%.2f)", name,
+           role[i], g8[i].M, g8[i].N, g8[i].K, k_fp8_name(g8[i].af), k_fp8_name(g8[i].bf),
+           g8[i].ct == K_F32 ? "f32" : "bf16", t16, t8, fl / (t8 * 1e-3) / 1e12, t16 / t8);
+    if (t8f > 0) printf("  fast accum %7.3f ms", t8f);
+    printf("  best of %2d algos %7.3f ms (#%d)\n", n_algos, tb, best_i);
+    tot[0] += t16, tot[1] += t8, tot[2] += t8f > 0 ? t8f : t8, tot[3] += tb > 0 ? tb : t8;
+  }
+  printf("  %-8s casts with transpose: X (%d x %d, E4M3) %.3f ms, dY (%d x %d, E5M2) %.3f ms, W (%d x %d, E4M3) %.3f ms\n",
+         name, R, k, cast_ms[0], R, n, cast_ms[2], n, k, cast_ms[1]);
+  tot[4] += cast_ms[0] + cast_ms[2], tot[5] += cast_ms[1];
+  void *bufs[] = {x, w, dy, x8, x8t, w8, w8t, dy8, dy8t, d_sc, d_si, d_amax, cy, cdx, cdw};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) G->free(G, bufs[i]);
+}
+
+// The four projections of the layer list (rows 0/2/3/4 forward, with their dX and dW rows).
+static void fp8_bench(const op *layer, const attn_bufs *ab, int R, int d, int qkvd, int qd, int F, int n_per_step) {
+  cublasLtHandle_t h;
+  CUBLAS_CHECK(cublasLtCreate(&h));
+  const size_t ws_bytes = (size_t)32 << 20;
+  void *ws = G->alloc(G, ws_bytes);
+  double tot[6] = {0};
+  // layer[] order: qkv fwd 0, wo fwd 2, gate|up fwd 3, down fwd 4, down dX 5, down dW 6, gate|up dX 7,
+  // gate|up dW 8, wo dX 9, wo dW 10, qkv dX 12, qkv dW 13.
+  const op qkv[3] = {layer[0], layer[12], layer[13]}, wo[3] = {layer[2], layer[9], layer[10]};
+  const op gu[3] = {layer[3], layer[7], layer[8]}, down[3] = {layer[4], layer[5], layer[6]};
+  printf("one layer's projections (rows = B*T = %d), best ms; x: bf16 / fp8\n", R);
+  fp8_proj_bench("qkv", qkv, ab, R, qkvd, d, h, ws, ws_bytes, tot);
+  fp8_proj_bench("wo", wo, ab, R, d, qd, h, ws, ws_bytes, tot);
+  fp8_proj_bench("gate|up", gu, ab, R, 2 * F, d, h, ws, ws_bytes, tot);
+  fp8_proj_bench("down", down, ab, R, d, F, h, ws, ws_bytes, tot);
+  const double with_casts = tot[1] + tot[4], all = with_casts + tot[5];
+  printf("layer: bf16 GEMMs %.3f ms; fp8 GEMMs %.3f ms (x%.2f), fast-accum forward %.3f ms (x%.2f), best algorithms "
+         "%.3f ms (x%.2f)\n", tot[0], tot[1], tot[0] / tot[1], tot[2], tot[0] / tot[2], tot[3], tot[0] / tot[3]);
+  printf("layer: fp8 GEMMs + X and dY casts %.3f ms (x%.2f); + W casts %.3f ms (x%.2f; the W casts run once per step, "
+         "%d micro-batch%s here)\n", with_casts, tot[0] / with_casts, all, tot[0] / all, n_per_step,
+         n_per_step > 1 ? "es" : "");
+  G->free(G, ws);
+  cublasLtDestroy(h);
+}
+
 int main(int argc, char **argv) {
   const shape *sh = NULL;
   for (size_t i = 0; (argc == 2 || argc == 3) && i < sizeof shapes / sizeof shapes[0]; i++)
     if (strcmp(argv[1], shapes[i].name) == 0) sh = &shapes[i];
   const int tp2 = argc == 3 && strcmp(argv[2], "tp2") == 0, algos = argc == 3 && strcmp(argv[2], "algos") == 0;
-  if (!sh || (argc == 3 && !tp2 && !algos)) {
-    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2|algos]\n", argv[0]);
+  const int fp8 = argc == 3 && strcmp(argv[2], "fp8") == 0;
+  if (!sh || (argc == 3 && !tp2 && !algos && !fp8)) {
+    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2|algos|fp8]\n", argv[0]);
     return 2;
   }
   if (k_cuda_device_count() == 0) {
@@ -357,6 +536,10 @@ int main(int argc, char **argv) {
       {"head dX", OP_GEMM, 0, 0, R, d, V, 0, K_F32},
       {"head dW", OP_GEMM, 1, 0, V, d, R, 1, K_F32},
   };
+  if (fp8) {
+    fp8_bench(layer, &x, R, d, qkvd, qd, F, n_micro);
+    return 0;
+  }
   if (algos) {
     double lb = 0, lf = 0, lbest = 0, hb = 0, hf = 0, hbest = 0;
     printf("one layer's GEMMs (rows = B*T = %d): the backend's call against cuBLASLt's algorithms, best ms:\n", R);

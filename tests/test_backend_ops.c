@@ -15,7 +15,8 @@
 // the same inputs and the bounds only have to cover the rounding of the outputs (2^-8 relative)
 // and fp32 summation order. The backward ops that reduce (attention, RMSNorm, embedding), sumsq
 // and GEMM must give bitwise equal results when run twice. Casts are checked bit for bit against
-// a host round-to-nearest-even.
+// a host round-to-nearest-even, the FP8 cast and scale update bit for bit against the CPU's FP8
+// emulation (tests/fp8_cases.h, with the FP8 GEMM's bounds).
 //   test_backend_ops [--backend cpu|cuda|all] [--act f32|bf16] [--op NAME]... [--bench]
 // --backend cuda without a visible GPU fails: a GPU test that passes vacuously would hide a
 // broken setup. --act keeps one activation dtype, --op the rows whose op starts with NAME (e.g.
@@ -1126,9 +1127,14 @@ static void run_adamw_ranges(const op_case *c, const op_shape *s, int idx) {
 static const op_shape adamw_ranges_shapes[] = {SH(2, 0), SH(1, 77), SH(0, 0)};
 
 // ---------------------------------------------------------------------------------------------
+// FP8: fp8_cast, gemm_fp8, fp8_scales (their rows' functions and shapes).
+
+#include "tests/fp8_cases.h"
+
+// ---------------------------------------------------------------------------------------------
 // The table: one row per op of k_backend. compare's reading of {norm, elem} holds unless the
-// row's function says otherwise (gemm, linear_residual: elem is the accumulation bound;
-// sumsq_ranges, adamw_ranges, ce_loss: see there); a {0, 0} column is exact or unused.
+// row's function says otherwise (gemm, linear_residual, gemm_fp8: elem is the accumulation bound;
+// sumsq_ranges, adamw_ranges, ce_loss, gemm_fp8: see there); a {0, 0} column is exact or unused.
 
 static const op_case CASES[] = {
     // op                run                   shapes                          acts     act32 {norm, elem}  act16         f32
@@ -1152,6 +1158,10 @@ static const op_case CASES[] = {
     {"add",              run_add,              SHAPES(add_shapes),             ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
     {"sumsq_ranges",     run_sumsq_ranges,     SHAPES(sumsq_ranges_shapes),    ACT_ALL, {0, 0},       {0, 0},       {1e-12, 0}},
     {"adamw_ranges",     run_adamw_ranges,     SHAPES(adamw_ranges_shapes),    ACT_ALL, {0, 0},       {0, 0},       {1e-6, 1e-5}},
+    {"fp8_cast",         run_fp8_cast,         SHAPES(fp8_cast_shapes),        ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    // act32: without fast accumulation, act16: with it (see run_gemm_fp8)
+    {"gemm_fp8",         run_gemm_fp8,         SHAPES(gemm_fp8_shapes),        ACT_ALL, {5e-3, 0x1p-8}, {5e-2, 0x1p-5}, {0, 0}},
+    {"fp8_scales",       run_fp8_scales,       SHAPES(fp8_scales_shapes),      ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -1168,7 +1178,8 @@ static const struct op_slot {
            OP_SLOT(rmsnorm_fwd_act), OP_SLOT(rmsnorm_bwd_act), OP_SLOT(rope),           OP_SLOT(attn_fwd),
            OP_SLOT(attn_bwd),        OP_SLOT(swiglu_fwd),      OP_SLOT(swiglu_bwd),     OP_SLOT(embed_fwd),
            OP_SLOT(embed_bwd),       OP_SLOT(ce_local_stats),  OP_SLOT(ce_bwd),         OP_SLOT(ce_rescale),
-           OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges)};
+           OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
+           OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales)};
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {

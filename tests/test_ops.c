@@ -1,7 +1,9 @@
 // Unit tests of the CPU reference kernels (kernels/cpu/ops_cpu.h): each forward against a naive
 // double-precision loop written here, each backward against central finite differences of a
 // scalar loss L = sum(out * R) with fixed random R, plus the determinism that bitwise resume
-// needs (same bits for 1, 2 and 3 threads). Shapes are small and odd on purpose.
+// needs (same bits for 1, 2 and 3 threads). Shapes are small and odd on purpose. The FP8
+// reference (kernels/cpu/fp8_cpu.h): every code's value, the encoder against a search for the
+// nearest code, and the cast, GEMM and scale update against plain loops.
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "tests/test_util.h"
 
@@ -549,6 +552,148 @@ static void test_vector_ops(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// FP8. Known values worked out by hand from the bit layouts (sign | exponent | mantissa):
+// E4M3 1.0 = 0 0111 000 = 0x38 (bias 7); 0.1 = 1.6 * 2^-4 -> exponent 3, mantissa 0.6 * 8 = 4.8
+// -> 5: 0 0011 101 = 0x1D = 1.625 / 16 = 0.1015625; 448 = 1.75 * 2^8 = 0 1111 110 = 0x7E.
+// E5M2 1.0 = 0 01111 00 = 0x3C (bias 15); 0.1 -> mantissa 0.6 * 4 = 2.4 -> 2: 0 01011 10 = 0x2E
+// = 1.5 / 16 = 0.09375; 57344 = 1.75 * 2^15 = 0 11110 11 = 0x7B.
+
+// The code nearest x among a format's finite values, ties to the even code, beyond the largest
+// finite value saturated: the encoder's definition, by exhaustive search over decoded codes.
+static uint8_t fp8_nearest(float x, k_fp8 f) {
+  if (isnan(x)) return 0x7F;
+  const int top = f == K_E4M3 ? 0x7E : 0x7B;
+  const double ax = fmin(fabs((double)x), k_fp8_max(f));
+  int best = 0;
+  for (int c = 1; c <= top; c++) {
+    const double d = fabs(k_cpu_fp8_decode((uint8_t)c, f) - ax), db = fabs(k_cpu_fp8_decode((uint8_t)best, f) - ax);
+    if (d < db || (d == db && !(c & 1))) best = c;
+  }
+  return (uint8_t)(best | (signbit(x) ? 0x80 : 0));
+}
+
+static void test_fp8_codes(k_fp8 f) {
+  const char *fn = k_fp8_name(f);
+  const int top = f == K_E4M3 ? 0x7E : 0x7B;
+  // {code, value}: by hand, above; subnormals m * 2^(1 - bias - mbits).
+  static const struct { uint8_t c; double v; } e4[] = {
+      {0x00, 0}, {0x01, 0x1p-9}, {0x07, 7 * 0x1p-9}, {0x08, 0x1p-6}, {0x1D, 0.1015625}, {0x38, 1}, {0x39, 1.125},
+      {0x40, 2}, {0x7E, 448}, {0xB8, -1}, {0xFE, -448}, {0x81, -0x1p-9}},
+    e5[] = {{0x00, 0}, {0x01, 0x1p-16}, {0x03, 3 * 0x1p-16}, {0x04, 0x1p-14}, {0x2E, 0.09375}, {0x3C, 1},
+            {0x3D, 1.25}, {0x7B, 57344}, {0xBC, -1}, {0xFB, -57344}};
+  const int n_known = f == K_E4M3 ? (int)(sizeof e4 / sizeof e4[0]) : (int)(sizeof e5 / sizeof e5[0]);
+  for (int i = 0; i < n_known; i++) {
+    const uint8_t c = f == K_E4M3 ? e4[i].c : e5[i].c;
+    const double v = f == K_E4M3 ? e4[i].v : e5[i].v;
+    EXPECT(k_cpu_fp8_decode(c, f) == v, "%s 0x%02X decodes to %.9g, expected %.9g", fn, c, k_cpu_fp8_decode(c, f), v);
+  }
+  // Every code: finite codes increase strictly with the code and re-encode to themselves, the
+  // negative half mirrors the positive one, Inf and NaN where the format puts them.
+  int bad = 0;
+  for (int c = 0; c < 256; c++) {
+    const int mag = c & 0x7F;
+    const float v = k_cpu_fp8_decode((uint8_t)c, f), vp = k_cpu_fp8_decode((uint8_t)mag, f);
+    if (mag <= top) {
+      bad += !(v == ((c & 0x80) ? -vp : vp)) || !!signbit(v) != !!(c & 0x80) || k_cpu_fp8_encode(v, f) != c;
+      if (mag > 0) bad += !(vp > k_cpu_fp8_decode((uint8_t)(mag - 1), f));
+    } else if (f == K_E5M2 && mag == 0x7C) {
+      bad += !(isinf(v) && (v < 0) == !!(c & 0x80)) || k_cpu_fp8_encode(v, f) != (uint8_t)((c & 0x80) | top);
+    } else {
+      bad += !isnan(v) || k_cpu_fp8_encode(v, f) != 0x7F;
+    }
+  }
+  EXPECT(bad == 0, "%s: %d of the 256 codes decode or re-encode wrongly", fn, bad);
+  // Rounding: ties to even (normal and subnormal), saturation, signs, NaN. E5M2 spaces 448 and
+  // 512 by 64: 464 -> 448 (0x5F), 480 is a tie -> 512 (0x60, even); 61440 ties 57344 and 2^16
+  // and saturates either way.
+  const float q = f == K_E4M3 ? 0x1p-9f : 0x1p-16f, mx = k_fp8_max(f);
+  const struct { float x; uint8_t e4, e5; } r[] = {
+      {0.1f, 0x1D, 0x2E}, {1.0625f, 0x38, 0x3C}, {1.1875f, 0x3A, 0x3D}, {1.375f, 0x3B, 0x3E}, {-1.0625f, 0xB8, 0xBC},
+      {0.5f * q, 0x00, 0x00}, {1.5f * q, 0x02, 0x02}, {2.5f * q, 0x02, 0x02}, {-0.5f * q, 0x80, 0x80},
+      {-1e-30f, 0x80, 0x80}, {464.0f, 0x7E, 0x5F}, {480.0f, 0x7E, 0x60}, {1e9f, 0x7E, 0x7B}, {-1e9f, 0xFE, 0xFB},
+      {61440.0f, 0x7E, 0x7B}, {INFINITY, 0x7E, 0x7B}, {-INFINITY, 0xFE, 0xFB}, {NAN, 0x7F, 0x7F}, {-NAN, 0x7F, 0x7F},
+      {mx, 0x7E, 0x7B}};
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    const uint8_t want = f == K_E4M3 ? r[i].e4 : r[i].e5, got = k_cpu_fp8_encode(r[i].x, f);
+    EXPECT(got == want, "%s encode(%.9g) = 0x%02X, expected 0x%02X", fn, r[i].x, got, want);
+  }
+  // Against the exhaustive search: every midpoint between neighbouring codes and one fp32 ulp
+  // either side, then random magnitudes and random bit patterns.
+  bad = 0;
+  for (int c = 0; c < top; c++) {
+    const float m = 0.5f * (k_cpu_fp8_decode((uint8_t)c, f) + k_cpu_fp8_decode((uint8_t)(c + 1), f));
+    const float xs[6] = {m, nextafterf(m, 0.0f), nextafterf(m, INFINITY), -m, -nextafterf(m, 0.0f), 2 * mx - m};
+    for (int i = 0; i < 6; i++) bad += k_cpu_fp8_encode(xs[i], f) != fp8_nearest(xs[i], f);
+  }
+  for (int i = 0; i < 20000; i++) {
+    const float x = (float)(rng_uniform() * ldexp(1.0, (int)(24 * rng_uniform())));
+    uint32_t u = (uint32_t)(rng_state >> 32);
+    float y;
+    memcpy(&y, &u, 4);
+    bad += k_cpu_fp8_encode(x, f) != fp8_nearest(x, f);
+    bad += k_cpu_fp8_encode(y, f) != fp8_nearest(y, f);
+  }
+  EXPECT(bad == 0, "%s: the encoder and the nearest-code search disagree on %d values", fn, bad);
+}
+
+// The cast, the GEMM and the scale update against loops over k_cpu_fp8_encode / _decode.
+static void test_fp8_ops(void) {
+  const int rows = 37, cols = 21;
+  float *x = rand_buf(rows * cols, 3.0), amax = 0.5f;
+  x[5] = -7.5f, x[9] = 1e-6f;
+  uint8_t *out = malloc(rows * cols), *out_t = malloc(rows * cols);
+  k_cpu_fp8_cast(x, rows, cols, 37.0f, K_E4M3, out, out_t, &amax);
+  int bad = 0;
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const uint8_t q = k_cpu_fp8_encode(x[r * cols + c] * 37.0f, K_E4M3);
+      bad += out[r * cols + c] != q || out_t[c * rows + r] != q;
+    }
+  EXPECT(bad == 0 && amax == 7.5f, "fp8 cast: %d codes wrong, amax %g (expected 7.5)", bad, amax);
+  x[11] = NAN;
+  k_cpu_fp8_cast(x, rows, cols, 1.0f, K_E5M2, out, NULL, &amax);
+  EXPECT(isnan(amax) && out[11] == 0x7F, "fp8 cast: a NaN makes amax NaN (%g) and codes 0x7F (0x%02X)", amax, out[11]);
+  // GEMM: (32, 16, 48), E5M2 x E4M3, beta 1, against a double loop of the decoded codes.
+  const int M = 32, N = 16, K = 48;
+  uint8_t *A = malloc(M * K), *B = malloc(N * K);
+  for (int i = 0; i < M * K; i++) A[i] = k_cpu_fp8_encode((float)(rng_uniform() * 1000.0), K_E5M2);
+  for (int i = 0; i < N * K; i++) B[i] = k_cpu_fp8_encode((float)(rng_uniform() * 400.0), K_E4M3);
+  float *C = rand_buf(M * N, 1.0), *C0 = copy_buf(C, M * N);
+  double *ref = malloc(sizeof(double) * M * N);
+  k_cpu_gemm_fp8(K_ISA_AUTO, M, N, K, A, K_E5M2, 0.001f, B, K_E4M3, 0.0025f, 1.0f, C);
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = 0.0;
+      for (int k = 0; k < K; k++) s += (double)k_cpu_fp8_decode(A[i * K + k], K_E5M2) * k_cpu_fp8_decode(B[j * K + k], K_E4M3);
+      ref[i * N + j] = C0[i * N + j] + (double)(0.001f * 0.0025f) * s;
+    }
+  EXPECT(rel_err(C, ref, M * N) < 1e-6, "fp8 gemm: error %.3g", rel_err(C, ref, M * N));
+  char msg[256];
+  EXPECT(k_fp8_gemm_check(M, N, K, K_E5M2, K_E4M3, A, B, C, msg, sizeof msg) == 0, "fp8 gemm (32, 16, 48) is legal");
+  EXPECT(k_fp8_gemm_check(64, 64, 100, K_E4M3, K_E4M3, A, B, C, msg, sizeof msg) && strstr(msg, "K=100") &&
+         strstr(msg, "nearest legal value 96"), "fp8 gemm K=100 refused naming K and 96: %s", msg);
+  EXPECT(k_fp8_gemm_check(7, 64, 64, K_E4M3, K_E4M3, A, B, C, msg, sizeof msg) && strstr(msg, "M=7") &&
+         strstr(msg, "value 16"), "fp8 gemm M=7 refused naming M and 16: %s", msg);
+  EXPECT(k_fp8_gemm_check(64, 64, 64, K_E5M2, K_E5M2, A, B, C, msg, sizeof msg) && strstr(msg, "E5M2 x E5M2"),
+         "fp8 gemm E5M2 x E5M2 refused: %s", msg);
+  EXPECT(k_fp8_gemm_check(64, 64, 64, K_E4M3, K_E4M3, A + 1, B, C, msg, sizeof msg) && strstr(msg, "aligned"),
+         "fp8 gemm misaligned A refused: %s", msg);
+  // Scales: E4M3 history max 8, margin 1 -> 448 / 8 / 2 = 28; then the most recent amax 2,
+  // margin 0 -> 224; a NaN or zero amax leaves the scale.
+  float hist[4 * 2] = {0, 8, 0, 1, 0, 0, 0, 0}, am[4] = {2.0f, 4.0f, NAN, 0.0f}, sc[4] = {1, 1, 3, 5}, si[4] = {1, 1, 1, 1};
+  const uint8_t fm[4] = {K_E4M3, K_E5M2, K_E4M3, K_E4M3};
+  int n_bad = 1;
+  k_cpu_fp8_scales(hist, am, sc, si, fm, 4, 2, 0, 1, 1, &n_bad);
+  EXPECT(sc[0] == 28.0f && si[0] == 1.0f / 28.0f && sc[1] == 57344.0f / 4 / 2 && sc[2] == 3 && sc[3] == 5 &&
+         n_bad == 2 && am[0] == 0 && am[2] == 0 && hist[0] == 2 && isnan(hist[4]),
+         "fp8 scales (max of history, margin 1): scales %g %g %g %g, nonfinite %d", sc[0], sc[1], sc[2], sc[3], n_bad);
+  am[0] = 2.0f;
+  k_cpu_fp8_scales(hist, am, sc, si, fm, 1, 2, 1, 0, 0, &n_bad);
+  EXPECT(sc[0] == 224.0f && hist[1] == 2.0f, "fp8 scales (most recent, margin 0): %g", sc[0]);
+  free(x), free(out), free(out_t), free(A), free(B), free(C), free(C0), free(ref);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Determinism: the same bits for 1, 2 and 3 threads (3 gives uneven static splits).
 
 static void test_determinism(void) {
@@ -620,5 +765,8 @@ int main(void) {
   test_adamw();
   test_vector_ops();
   test_determinism();
+  test_fp8_codes(K_E4M3);
+  test_fp8_codes(K_E5M2);
+  test_fp8_ops();
   return test_summary();
 }

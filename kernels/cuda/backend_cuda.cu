@@ -249,5 +249,8 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->add = k_cuda_add;
   b->sumsq_ranges = k_cuda_sumsq_ranges;
   b->adamw_ranges = k_cuda_adamw_ranges;
+  b->fp8_cast = k_cuda_fp8_cast;
+  b->gemm_fp8 = k_cuda_gemm_fp8;
+  b->fp8_scales = k_cuda_fp8_scales;
   return b;
 }

@@ -25,6 +25,18 @@ void k_cuda_gemm(k_backend *b, int trans_a, int trans_b, int M, int N, int K, fl
 // kernels/cuda/gemm_lt.cu (cuBLASLt): D (M,N) fp32 = A (M,K) W (N,K)^T + C (M,N) fp32.
 void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D);
 
+// kernels/cuda/gemm_lt.cu (cuBLASLt): C (M,N) = beta C + (A (M,K) B (N,K)^T) * *a_scale_inv *
+// *b_scale_inv, FP8 operands (kernels/cpu/fp8_cpu.h: k_fp8_gemm_check's rules), C act or fp32.
+void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv, const uint8_t *B,
+                     k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type, int fast_accum);
+
+// kernels/cuda/fp8_cuda.cu: the fused FP8 cast (scale, round, transpose, amax) of act-dtype x,
+// and delayed scaling's update (kernels/cpu/fp8_cpu.h, bit for bit).
+void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
+                     uint8_t *out_t, float *amax);
+void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
+                       int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.
 void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const void *src, k_dtype src_type, int64_t n);

@@ -1,0 +1,121 @@
+// FP8 reference kernels (kernels/cpu/fp8_cpu.h): the bit-level encoding and decoding, the cast
+// with its transpose and amax, the FP8 GEMM by exact decoding, and delayed scaling's update.
+// Integer arithmetic on the float's bits throughout the encoder, so the result does not depend
+// on the host's rounding mode or on how the compiler evaluates floating point.
+#include "kernels/cpu/fp8_cpu.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/cpu/ops_cpu.h"
+
+// Per format: mantissa bits, exponent bias, largest finite code.
+static void fmt_params(k_fp8 f, int *mbits, int *bias, int *max_code) {
+  CHECK(f == K_E4M3 || f == K_E5M2, "unknown FP8 format %d (K_E4M3 or K_E5M2)", (int)f);
+  *mbits = f == K_E4M3 ? 3 : 2;
+  *bias = f == K_E4M3 ? 7 : 15;
+  *max_code = f == K_E4M3 ? 0x7E : 0x7B;
+}
+
+// |x| = sig * 2^(e - 23) with sig = 1.m (24 bits). The target's quantum (the spacing of its
+// values) at that magnitude is 2^(E - mbits) with E = max(e, 1 - bias) (below the smallest
+// normal the spacing is the subnormals'). q = |x| / quantum rounded to nearest even; then the code
+// is ((E + bias - 1) << mbits) + q, which holds across the subnormal/normal boundary and when the
+// rounding carries into the next binade (q = 2^(mbits+1)). Codes past the largest finite one
+// (E4M3's 0x7F is NaN, E5M2's 0x7C Inf) saturate.
+uint8_t k_cpu_fp8_encode(float x, k_fp8 fmt) {
+  int mbits, bias, max_code;
+  fmt_params(fmt, &mbits, &bias, &max_code);
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7F;                        // NaN
+  if (a == 0x7f800000u) return (uint8_t)(sign | max_code);  // Inf saturates
+  const int ef = (int)(a >> 23);
+  if (ef == 0) return sign;  // fp32 subnormal: far below half of the smallest FP8 subnormal
+  const int e = ef - 127, E = e > 1 - bias ? e : 1 - bias;
+  const uint32_t sig = (a & 0x7fffffu) | 0x800000u;
+  const int sh = (E - mbits) - (e - 23);  // bits of sig below the quantum: >= 23 - mbits
+  if (sh > 25) return sign;               // |x| < quantum / 2
+  uint32_t q = sig >> sh;
+  const uint32_t rem = sig & ((1u << sh) - 1u), half = 1u << (sh - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  const int64_t code = ((int64_t)(E + bias - 1) << mbits) + q;
+  return (uint8_t)(sign | (code > max_code ? max_code : (int)code));
+}
+
+float k_cpu_fp8_decode(uint8_t code, k_fp8 fmt) {
+  int mbits, bias, max_code;
+  fmt_params(fmt, &mbits, &bias, &max_code);
+  const int mag = code & 0x7F, ef = mag >> mbits, m = mag & ((1 << mbits) - 1);
+  const float s = (code & 0x80) ? -1.0f : 1.0f;
+  if (fmt == K_E4M3 && mag == 0x7F) return NAN;
+  if (fmt == K_E5M2 && ef == 31) return m ? NAN : s * INFINITY;
+  if (ef == 0) return s * ldexpf((float)m, 1 - bias - mbits);
+  return s * ldexpf((float)((1 << mbits) + m), ef - bias - mbits);
+}
+
+void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 fmt, uint8_t *out, uint8_t *out_t, float *amax) {
+  CHECK(rows >= 0 && cols >= 0, "fp8_cast shape rows=%lld cols=%d must be non-negative", (long long)rows, cols);
+  CHECK(fmt == K_E4M3 || fmt == K_E5M2, "fp8_cast: unknown FP8 format %d", (int)fmt);
+  uint32_t m;
+  memcpy(&m, amax, sizeof m);
+#pragma omp parallel for schedule(static) reduction(max : m)
+  for (int64_t r = 0; r < rows; r++) {
+    for (int c = 0; c < cols; c++) {
+      const float v = x[r * cols + c];
+      const uint8_t q = k_cpu_fp8_encode(v * scale, fmt);
+      out[r * cols + c] = q;
+      if (out_t) out_t[(int64_t)c * rows + r] = q;
+      uint32_t u;
+      memcpy(&u, &v, sizeof u);
+      u &= 0x7fffffffu;
+      if (u > m) m = u;
+    }
+  }
+  memcpy(amax, &m, sizeof m);
+}
+
+void k_cpu_gemm_fp8(k_isa isa, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, float a_scale_inv, const uint8_t *B,
+                    k_fp8 b_fmt, float b_scale_inv, float beta, float *C) {
+  char msg[256];
+  CHECK(!k_fp8_gemm_check(M, N, K, a_fmt, b_fmt, A, B, C, msg, sizeof msg), "%s", msg);
+  float lut_a[256], lut_b[256];
+  for (int i = 0; i < 256; i++) lut_a[i] = k_cpu_fp8_decode((uint8_t)i, a_fmt), lut_b[i] = k_cpu_fp8_decode((uint8_t)i, b_fmt);
+  const int64_t na = (int64_t)M * K, nb = (int64_t)N * K;
+  float *a = XMALLOC(sizeof(float) * (size_t)na), *bb = XMALLOC(sizeof(float) * (size_t)nb);
+  for (int64_t i = 0; i < na; i++) a[i] = lut_a[A[i]];
+  for (int64_t i = 0; i < nb; i++) bb[i] = lut_b[B[i]];
+  k_cpu_gemm_isa(isa, 0, 1, M, N, K, a_scale_inv * b_scale_inv, a, K, bb, K, beta, C, N);
+  free(a);
+  free(bb);
+}
+
+void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len,
+                      int pos, int margin, int use_max, int *n_nonfinite) {
+  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len, "fp8_scales: n=%d len=%d pos=%d (need len >= 1, 0 <= pos < len)", n,
+        len, pos);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    CHECK(fmt[i] == K_E4M3 || fmt[i] == K_E5M2, "fp8_scales: tensor %d has unknown FP8 format %d", i, (int)fmt[i]);
+    float *h = amax_history + (int64_t)i * len;
+    h[pos] = amax[i];
+    float a = amax[i];
+    if (use_max)
+      for (int j = 0; j < len; j++)
+        if (isnan(h[j]) || h[j] > a) a = h[j];
+    bad += !isfinite(amax[i]);
+    if (isfinite(a) && a > 0.0f) {
+      float s = ldexpf(k_fp8_max((k_fp8)fmt[i]) / a, -margin);
+      s = s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
+      scale[i] = s;
+      scale_inv[i] = 1.0f / s;
+    }
+    amax[i] = 0.0f;
+  }
+  *n_nonfinite += bad;
+}

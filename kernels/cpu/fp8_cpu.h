@@ -1,0 +1,90 @@
+// FP8 on the CPU: the exact reference of the backend's FP8 ops (kernels/backend.h: fp8_cast,
+// gemm_fp8, fp8_scales), so that FP8 training runs on CPU ranks and every GPU kernel is tested
+// bit for bit against it. Formats (OCP FP8; k_fp8 in kernels/backend.h):
+//   E4M3: sign, 4 exponent bits (bias 7), 3 mantissa bits; subnormals 2^-9 apart; largest
+//         finite 448 (0x7E); no Inf; 0x7F / 0xFF are NaN.
+//   E5M2: sign, 5 exponent bits (bias 15), 2 mantissa bits; subnormals 2^-16 apart; largest
+//         finite 57344 (0x7B); 0x7C / 0xFC are +-Inf, 0x7D-0x7F / 0xFD-0xFF NaN.
+// Encoding rounds to nearest, ties to even, and saturates: anything beyond the largest finite
+// value, Inf included, becomes +-largest finite (PTX's cvt.rn.satfinite). A NaN becomes 0x7F in
+// both formats (one code, so the GPU's output is compared bit for bit). Signs survive underflow
+// (-1e-30 -> 0x80, negative zero).
+#ifndef TRAINER_FP8_CPU_H
+#define TRAINER_FP8_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/backend.h"  // k_fp8, k_isa
+
+// Largest finite value of a format.
+static inline float k_fp8_max(k_fp8 f) { return f == K_E5M2 ? 57344.0f : 448.0f; }
+static inline const char *k_fp8_name(k_fp8 f) { return f == K_E5M2 ? "E5M2" : "E4M3"; }
+
+// Whether gemm_fp8 can run (M, N, K) with these formats and pointers, on every backend alike (so
+// a CPU rank refuses what a GPU would). Hopper's FP8 GEMMs (cuBLASLt) need M, N and K multiples
+// of 16, 16-byte aligned operands and at least one E4M3 operand. Returns 0 when legal, else 1
+// with a message in msg naming the dimension and the nearest legal value.
+static inline int k_fp8_gemm_check(int M, int N, int K, k_fp8 a_fmt, k_fp8 b_fmt, const void *A, const void *B, const void *C,
+                                   char *msg, size_t msg_bytes) {
+  const int dims[3] = {M, N, K};
+  const char *names[3] = {"M", "N", "K"};
+  for (int i = 0; i < 3; i++) {
+    if (dims[i] > 0 && dims[i] % 16 == 0) continue;
+    const int near = dims[i] <= 16 ? 16 : (dims[i] + 8) / 16 * 16;
+    snprintf(msg, msg_bytes, "gemm_fp8: %s=%d must be a positive multiple of 16 (FP8 GEMMs on Hopper); nearest legal "
+             "value %d (pad the tensor or keep this GEMM in bf16)", names[i], dims[i], near);
+    return 1;
+  }
+  if ((a_fmt != K_E4M3 && a_fmt != K_E5M2) || (b_fmt != K_E4M3 && b_fmt != K_E5M2)) {
+    snprintf(msg, msg_bytes, "gemm_fp8: unknown FP8 format (A %d, B %d): use K_E4M3 or K_E5M2", (int)a_fmt, (int)b_fmt);
+    return 1;
+  }
+  if (a_fmt == K_E5M2 && b_fmt == K_E5M2) {
+    snprintf(msg, msg_bytes, "gemm_fp8: E5M2 x E5M2 is not supported by Hopper's FP8 GEMMs: keep one operand in E4M3 "
+             "(gradients E5M2, weights and activations E4M3)");
+    return 1;
+  }
+  const uintptr_t p[3] = {(uintptr_t)A, (uintptr_t)B, (uintptr_t)C};
+  for (int i = 0; i < 3; i++)
+    if (p[i] % 16) {
+      snprintf(msg, msg_bytes, "gemm_fp8: operand %c at %p is not 16-byte aligned (FP8 GEMMs need it)", "ABC"[i],
+               (const void *)p[i]);
+      return 1;
+    }
+  return 0;
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One value: round to nearest even with saturation (see the top of this file); and back, exactly.
+uint8_t k_cpu_fp8_encode(float x, k_fp8 fmt);
+float k_cpu_fp8_decode(uint8_t code, k_fp8 fmt);
+
+// out (rows, cols) = encode(x * scale) (the product rounded to fp32 first, as the GPU does);
+// out_t (cols, rows) the same transposed (NULL: none); *amax = max(*amax, max |x|), taken on the
+// bits of |x| as unsigned integers (for non-negative floats that is their order, and any NaN
+// exceeds Inf), so a NaN in x makes *amax NaN. *amax must be non-negative or NaN.
+void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 fmt, uint8_t *out, uint8_t *out_t, float *amax);
+
+// C (M,N) fp32 = beta C + alpha (A B^T), alpha = a_scale_inv * b_scale_inv (rounded to fp32):
+// A (M,K) and B (N,K) decoded exactly to fp32 and multiplied by k_cpu_gemm_isa, so the scale
+// multiplies the fp32 sum, as cuBLASLt applies it. Checks k_fp8_gemm_check.
+void k_cpu_gemm_fp8(k_isa isa, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, float a_scale_inv, const uint8_t *B,
+                    k_fp8 b_fmt, float b_scale_inv, float beta, float *C);
+
+// The scale update of delayed scaling (kernels/backend.h, fp8_scales), the GPU's rules:
+// history[i][pos] = amax[i]; a = max of the row (a NaN wins) if use_max, else amax[i]; a finite
+// and > 0: scale[i] = clamp(ldexpf(fp8_max / a, -margin), FLT_MIN, FLT_MAX), scale_inv[i] = 1 /
+// scale[i]; amax[i] = 0; *n_nonfinite += the count of non-finite amax[i].
+void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len,
+                      int pos, int margin, int use_max, int *n_nonfinite);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

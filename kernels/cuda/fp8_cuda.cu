@@ -1,0 +1,183 @@
+// FP8 on the GPU: the fused cast (scale, round to FP8, transpose, amax in one pass over x) and
+// delayed scaling's scale update; the FP8 GEMM is in gemm_lt.cu with the other cuBLASLt calls.
+// Semantics and rounding are those of kernels/cpu/fp8_cpu.h, which the op suite compares with
+// bit for bit: the conversion is the hardware's cvt.rn.satfinite (round to nearest even), with
+// the input first clamped to +-largest finite (so saturation does not depend on how cvt treats
+// Inf) and a NaN written as 0x7F (so the code does not depend on the NaN's sign or payload).
+//
+// The cast works on 64 x 64 tiles, 256 threads: each thread reads 16-byte vectors of x along a
+// row, writes the codes of a row segment straight to out and into a shared tile, and, after a
+// barrier, reads 16 codes down a column of the tile and writes them as one 16-byte store to
+// out_t, so both outputs are written in full sectors. Shapes or pointers the vectors do not fit
+// take the same tiles element by element. amax: the max over the bits of |x| (non-negative
+// floats order like their bits, and a NaN's bits exceed Inf's) by warp and block reductions and
+// one atomicMax on the bits per block: integer max is order-independent, so the result is
+// deterministic, and no float atomics are used.
+#include "kernels/cpu/fp8_cpu.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <cuda_fp8.h>
+#include <float.h>
+
+enum { T8 = 64, T8_LD = T8 + 4, T8_THREADS = 256 };  // tile side, shared row stride (bytes), threads
+
+template <k_fp8 F>
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
+  const float m = F == K_E4M3 ? 448.0f : 57344.0f;
+  const __nv_fp8_interpretation_t fi = F == K_E4M3 ? __NV_E4M3 : __NV_E5M2;
+  uint32_t r = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(a, -m), m), fminf(fmaxf(b, -m), m)), __NV_SATFINITE, fi);
+  if (a != a) r = (r & 0xff00u) | 0x7fu;
+  if (b != b) r = (r & 0x00ffu) | 0x7f00u;
+  return r;
+}
+
+// |x| bits as an unsigned integer (the amax's order).
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+// Block-wide max of v, then one atomicMax into *amax by thread 0, skipped when the block's max
+// is not larger (the result is the same either way).
+__device__ __forceinline__ void amax_commit(uint32_t v, float *amax) {
+  __shared__ uint32_t sh[T8_THREADS / 32];
+  v = __reduce_max_sync(0xffffffffu, v);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < T8_THREADS / 32 ? sh[threadIdx.x] : 0u;
+    v = __reduce_max_sync(0xffffffffu, v);
+    unsigned int *a = (unsigned int *)amax;
+    if (threadIdx.x == 0 && v > *(volatile unsigned int *)a) atomicMax(a, v);
+  }
+}
+
+// One 64 x 64 tile of x (rows, cols): block (blockIdx.x, blockIdx.y) = (row tile, column tile).
+// VEC: cols a multiple of the vector (16 bytes of E), x 16-byte and out 16 / sizeof(E)-byte
+// aligned; with TRANS also rows a multiple of 16 and out_t 16-byte aligned.
+template <typename E, k_fp8 F, bool TRANS, bool VEC>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast(const E *x, int64_t rows, int cols, const float *scale, uint8_t *out,
+                                                        uint8_t *out_t, float *amax) {
+  __shared__ __align__(16) uint8_t tile[TRANS ? T8 * T8_LD : 1];
+  const int64_t r0 = (int64_t)blockIdx.x * T8;
+  const int c0 = blockIdx.y * T8;
+  const float s = *scale;
+  uint32_t m = 0;
+  if (VEC) {
+    enum { V = 16 / sizeof(E), PER_ROW = T8 / V };  // elements per vector, vectors per tile row
+#pragma unroll
+    for (int k = 0; k < T8 * PER_ROW / T8_THREADS; k++) {
+      const int v = threadIdx.x + k * T8_THREADS, tr = v / PER_ROW, tc = v % PER_ROW * V;
+      const int64_t r = r0 + tr;
+      if (r >= rows || c0 + tc >= cols) continue;
+      float f[V];
+      k_unpack<E>(*(const uint4 *)(x + r * cols + c0 + tc), f);
+      uint32_t w[V / 4];
+#pragma unroll
+      for (int i = 0; i < V; i += 4) {
+        m = max(m, max(max(abs_bits(f[i]), abs_bits(f[i + 1])), max(abs_bits(f[i + 2]), abs_bits(f[i + 3]))));
+        w[i / 4] = fp8x2<F>(f[i] * s, f[i + 1] * s) | fp8x2<F>(f[i + 2] * s, f[i + 3] * s) << 16;
+      }
+      uint8_t *o = out + r * cols + c0 + tc;  // 8 codes (bf16 x) in one 8-byte store, or 4 (fp32 x)
+      if (V == 8) *(uint2 *)o = make_uint2(w[0], w[V / 4 - 1]);
+      else *(uint32_t *)o = w[0];
+      if (TRANS)
+#pragma unroll
+        for (int i = 0; i < V / 4; i++) *(uint32_t *)&tile[tr * T8_LD + tc + 4 * i] = w[i];
+    }
+  } else {
+    for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
+      const int tr = e / T8, tc = e % T8;
+      const int64_t r = r0 + tr;
+      if (r >= rows || c0 + tc >= cols) continue;
+      const float f = k_ld(x[r * cols + c0 + tc]);
+      m = max(m, abs_bits(f));
+      const uint8_t q = (uint8_t)fp8x2<F>(f * s, 0.0f);
+      out[r * cols + c0 + tc] = q;
+      if (TRANS) tile[tr * T8_LD + tc] = q;
+    }
+  }
+  if (TRANS) {
+    __syncthreads();
+    if (VEC) {  // thread: column tc, rows [16 q, 16 q + 16) of the tile
+      const int tc = threadIdx.x >> 2, q = threadIdx.x & 3;
+      if (c0 + tc < cols && r0 + 16 * q < rows) {
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 16; j++) w[j / 4] |= (uint32_t)tile[(16 * q + j) * T8_LD + tc] << (8 * (j % 4));
+        *(uint4 *)(out_t + (int64_t)(c0 + tc) * rows + r0 + 16 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else {
+      for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
+        const int tc = e / T8, tr = e % T8;
+        if (r0 + tr < rows && c0 + tc < cols) out_t[(int64_t)(c0 + tc) * rows + r0 + tr] = tile[tr * T8_LD + tc];
+      }
+    }
+  }
+  amax_commit(m, amax);
+}
+
+template <typename E, k_fp8 F>
+static void fp8_cast_go(const E *x, int64_t rows, int cols, const float *scale, uint8_t *out, uint8_t *out_t, float *amax,
+                        cudaStream_t st) {
+  const int V = 16 / (int)sizeof(E);
+  const bool vec = cols % V == 0 && k_aligned16((uintptr_t)x) && (uintptr_t)out % V == 0 &&
+                   (!out_t || (rows % 16 == 0 && k_aligned16((uintptr_t)out_t)));
+  const dim3 grid((unsigned)((rows + T8 - 1) / T8), (unsigned)((cols + T8 - 1) / T8));
+  if (out_t && vec) k_fp8_cast<E, F, true, true><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
+  else if (out_t) k_fp8_cast<E, F, true, false><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
+  else if (vec) k_fp8_cast<E, F, false, true><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
+  else k_fp8_cast<E, F, false, false><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
+  CUDA_LAUNCH_CHECK("k_fp8_cast");
+}
+
+extern "C" void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
+                                uint8_t *out_t, float *amax) {
+  CHECK(rows >= 0 && cols >= 0, "fp8_cast shape rows=%lld cols=%d must be non-negative", (long long)rows, cols);
+  CHECK(fmt == K_E4M3 || fmt == K_E5M2, "fp8_cast: unknown FP8 format %d", (int)fmt);
+  CHECK((rows + T8 - 1) / T8 < ((int64_t)1 << 31), "fp8_cast: rows=%lld too many", (long long)rows);
+  if (rows == 0 || cols == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) {
+    if (fmt == K_E4M3) fp8_cast_go<k_bf16, K_E4M3>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    else fp8_cast_go<k_bf16, K_E5M2>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
+  } else {
+    if (fmt == K_E4M3) fp8_cast_go<float, K_E4M3>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    else fp8_cast_go<float, K_E5M2>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delayed scaling: one thread per tensor, k_cpu_fp8_scales's expressions in its order (IEEE
+// division, exact ldexpf; no fast-math), so the scales agree bit for bit.
+
+__global__ void k_fp8_scales(float *hist, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len, int pos,
+                             int margin, int use_max, int *n_nonfinite) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float *h = hist + (int64_t)i * len;
+  const float am = amax[i];
+  h[pos] = am;
+  float a = am;
+  if (use_max)
+    for (int j = 0; j < len; j++) {
+      const float v = h[j];
+      if (isnan(v) || v > a) a = v;
+    }
+  if (!isfinite(am)) atomicAdd(n_nonfinite, 1);
+  if (isfinite(a) && a > 0.0f) {
+    float s = ldexpf((fmt[i] == K_E5M2 ? 57344.0f : 448.0f) / a, -margin);
+    s = s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
+    scale[i] = s;
+    scale_inv[i] = 1.0f / s;
+  }
+  amax[i] = 0.0f;
+}
+
+extern "C" void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv,
+                                  const uint8_t *fmt, int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
+  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len, "fp8_scales: n=%d len=%d pos=%d (need len >= 1, 0 <= pos < len)", n,
+        len, pos);
+  if (n == 0) return;
+  k_fp8_scales<<<(n + 127) / 128, 128, 0, k_cuda_ctx_of(b)->stream>>>(amax_history, amax, scale, scale_inv, fmt, n, len, pos,
+                                                                     margin, use_max, n_nonfinite);
+  CUDA_LAUNCH_CHECK("k_fp8_scales");
+}

@@ -1,0 +1,222 @@
+// The FP8 rows of the op suite (fp8_cast, gemm_fp8, fp8_scales): a part of tests/test_backend_ops.c,
+// included once by it just before its table (it uses that file's backend under test G, its
+// helpers and its tolerances), kept apart so the suite's file stays readable. The reference is
+// kernels/cpu/fp8_cpu.h: casts and scales must match it bit for bit on every backend, the GEMM
+// within the accumulation bounds its row states.
+#ifndef TRAINER_TESTS_FP8_CASES_H
+#define TRAINER_TESTS_FP8_CASES_H
+
+#include "kernels/cpu/fp8_cpu.h"
+
+static float one_bf16_ulp(float m, int dir) { return bf16_float((uint16_t)(bf16_bits(m) + dir)); }
+
+// Values whose codes sit on the format's edges, before the division by the cast's scale: every
+// midpoint between neighbouring codes (the ties) and one bf16 step either side, subnormals and
+// their ties, values past the largest finite one, tiny ones that underflow, signed zeros; with
+// nonfinite also Inf and NaN. Returns how many it wrote (at most n_max).
+static int fp8_specials(k_fp8 f, int nonfinite, float *v, int n_max) {
+  const int top = f == K_E4M3 ? 0x7E : 0x7B;
+  const float mx = k_fp8_max(f), q = f == K_E4M3 ? 0x1p-9f : 0x1p-16f;
+  int n = 0;
+#define PUT(x) (n < n_max ? (void)(v[n++] = (x)) : (void)0)
+  for (int c = 0; c < top; c++) {
+    const float m = 0.5f * (k_cpu_fp8_decode((uint8_t)c, f) + k_cpu_fp8_decode((uint8_t)(c + 1), f));
+    PUT(m), PUT(-m), PUT(one_bf16_ulp(m, 1)), PUT(c ? one_bf16_ulp(m, -1) : 0.25f * q);
+  }
+  for (int k = 1; k < 8; k++) PUT(0.5f * k * q), PUT(-0.5f * k * q);
+  const float big[] = {mx, -mx, 1.03125f * mx, 1.0625f * mx, 2 * mx, -2 * mx, 1e30f, -1e30f, 3e38f, -3e38f,
+                       1e-30f, -1e-30f, 0.0f, -0.0f};
+  for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) PUT(big[i]);
+  if (nonfinite) PUT(INFINITY), PUT(-INFINITY), PUT(NAN), PUT(-NAN);
+#undef PUT
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp8_cast: codes, transposed codes and amax bit for bit against k_cpu_fp8_cast on the same
+// act-dtype input. Shapes SHF(scale, 0, rows, cols, fmt, trans, specials, offset): specials 1
+// scatters fp8_specials / scale over random log-uniform data (scale a power of two keeps them
+// exact), 2 adds Inf and NaN; offset > 0 misaligns x and the outputs by that many elements (the
+// scalar path); shapes with cols a multiple of 8 and rows of 16 take the vector path. The amax
+// starts at 0.25, or at 1e30 (above every |x|: it must stay) for every third shape.
+
+static void run_fp8_cast(const op_case *c, const op_shape *s, int idx) {
+  (void)c;
+  const int64_t rows = s->i[0], n = rows * s->i[1];
+  const int cols = (int)s->i[1], trans = (int)s->i[3], specials = (int)s->i[4], off = (int)s->i[5];
+  const k_fp8 f = (k_fp8)s->i[2];
+  const float scale = (float)s->f[0], a0 = idx % 3 == 2 ? 1e30f : 0.25f;
+  float *x = malloc(sizeof(float) * (size_t)(n + off + 1));
+  const double hi = log2(1.2 * k_fp8_max(f)), lo = -18.0;  // x * scale from below the subnormals to past the top
+  for (int64_t i = 0; i < n + off; i++) {
+    const double u = rng_uniform();
+    x[i] = (float)((u < 0 ? -1 : 1) * exp2(lo + (hi - lo) * fabs(rng_uniform())) / scale);
+  }
+  if (specials) {
+    float sp[1200];
+    const int ns = fp8_specials(f, specials == 2, sp, 1200);
+    for (int i = 0; i < ns && i < n; i++) x[off + (i * 7919 + 13) % n] = sp[i] / scale;
+  }
+  round_act(x, n + off);
+  uint8_t *ref = malloc((size_t)n + 1), *ref_t = malloc((size_t)n + 1), *got = malloc((size_t)n + 1),
+          *got_t = malloc((size_t)n + 1);
+  float ref_amax = a0, got_amax;
+  k_cpu_fp8_cast(x + off, rows, cols, scale, f, ref, ref_t, &ref_amax);
+  const size_t eb = k_dtype_bytes(G->act);
+  char *dx = dev_put_act(x, n + off);
+  uint8_t *d_out = G->alloc(G, (size_t)(n + off)), *d_t = G->alloc(G, (size_t)(n + off));
+  float *d_scale = dev_putf(&scale, 1), *d_amax = dev_putf(&a0, 1);
+  G->fp8_cast(G, dx + off * eb, rows, cols, d_scale, f, d_out + off, trans ? d_t + off : NULL, d_amax);
+  G->to_host(G, got, d_out + off, (size_t)n);
+  G->to_host(G, got_t, d_t + off, (size_t)n);
+  G->to_host(G, &got_amax, d_amax, sizeof got_amax);
+  int64_t bad = 0, bad_t = 0, first = -1;
+  for (int64_t i = 0; i < n; i++) {
+    if (got[i] != ref[i] && bad++ == 0) first = i;
+    if (trans) bad_t += got_t[i] != ref_t[i];
+  }
+  EXPECT(bad == 0 && bad_t == 0 && memcmp(&got_amax, &ref_amax, 4) == 0,
+         "[%s] fp8_cast %s rows=%lld cols=%d scale %g%s%s offset %d: %lld codes and %lld transposed codes differ (first "
+         "at %lld: x %.9g gave 0x%02X, want 0x%02X); amax %.9g, want %.9g", LABEL, k_fp8_name(f), (long long)rows, cols,
+         scale, trans ? " +transpose" : "", specials ? " +specials" : "", off, (long long)bad, (long long)bad_t,
+         (long long)first, first >= 0 ? x[off + first] : 0.0, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
+         got_amax, ref_amax);
+  free(x), free(ref), free(ref_t), free(got), free(got_t);
+  dev_free(dx), dev_free(d_out), dev_free(d_t), dev_free(d_scale), dev_free(d_amax);
+}
+
+#define FC(sc, r, c, f, t, sp, o) SHF(sc, 0, r, c, f, t, sp, o)
+static const op_shape fp8_cast_shapes[] = {
+    // Element paths: odd shapes, partial tiles, misaligned.
+    FC(4, 1, 1, K_E4M3, 1, 0, 0), FC(4, 7, 13, K_E4M3, 1, 1, 0), FC(0.25, 65, 130, K_E5M2, 1, 2, 0),
+    FC(4, 100, 37, K_E4M3, 1, 2, 0), FC(3.7, 33, 64, K_E5M2, 0, 0, 0), FC(4, 64, 64, K_E4M3, 1, 1, 1),
+    // Vector paths (cols % 8 == 0, rows % 16 == 0): whole and partial 64 x 64 tiles.
+    FC(4, 16, 8, K_E4M3, 1, 1, 0), FC(8, 48, 80, K_E5M2, 1, 2, 0), FC(4, 128, 256, K_E4M3, 1, 2, 0),
+    FC(4, 128, 256, K_E5M2, 1, 1, 0), FC(2.3, 1024, 768, K_E4M3, 1, 0, 0), FC(4, 80, 72, K_E4M3, 0, 2, 0),
+    FC(1024, 256, 1040, K_E5M2, 1, 1, 0), FC(0.0625, 4096, 64, K_E4M3, 1, 1, 0)};
+
+// ---------------------------------------------------------------------------------------------
+// gemm_fp8: C = beta C + (A B^T) * a_scale_inv * b_scale_inv on random codes (log-uniform over
+// the top 8 binades, random signs), against k_cpu_gemm_fp8 (exact on the CPU backend). Shapes
+// SHF(beta, 0, M, N, K, a_fmt, b_fmt, c_f32, fast): C in the act dtype, or fp32 with c_f32;
+// beta 0 starts C as NaN (it must not be read). Bounds per element: |got - ref| <= elem *
+// (alpha sum_k |a_k b_k| + |beta C0|) + (bf16 C: 2^-8 |ref|, its one rounding), and the
+// normalised error <= norm (at least 1e-2 for a bf16 C). The row's act32 column holds the bounds
+// without fast accumulation, act16 those with it, whatever the act dtype. Both run twice: the
+// second C must be bitwise the first.
+// Why they are looser than the bf16 GEMM's 1e-4: the products of two FP8 values are exact, but
+// Hopper's FP8 tensor cores add them with about 14 significant bits (truncating), so each K=32
+// step of a WGMMA errs by up to ~2^-13 of the running sum. cuBLASLt without fast accumulation
+// moves the partial sums into fp32 every few steps (K=128), which bounds the error by that of
+// one short reduced-precision chunk: 2^-8 of sum |a b| is about 4x the worst chunk seen in that
+// model. With fast accumulation the reduced-precision sum runs over all of K (the error grows
+// with K, ~1-2% of |C| at K=4096 as measured by others), hence 2^-5 and a 5e-2 normalised error.
+
+static void run_gemm_fp8(const op_case *c, const op_shape *s, int idx) {
+  (void)idx;
+  const int M = (int)s->i[0], N = (int)s->i[1], K = (int)s->i[2], c_f32 = (int)s->i[5], fast = (int)s->i[6];
+  const k_fp8 af = (k_fp8)s->i[3], bf = (k_fp8)s->i[4];
+  const float beta = (float)s->f[0], a_si = 1.3f / k_fp8_max(af), b_si = 0.7f / k_fp8_max(bf);
+  const k_dtype ct = c_f32 ? K_F32 : G->act;
+  const tol t = EXACT ? TOL0 : fast ? c->act16 : c->act32;
+  const int64_t na = (int64_t)M * K, nb = (int64_t)N * K, nc = (int64_t)M * N;
+  uint8_t *A = malloc((size_t)na), *B = malloc((size_t)nb);
+  float *fa = malloc(sizeof(float) * (size_t)na), *fb = malloc(sizeof(float) * (size_t)nb);
+  for (int64_t i = 0; i < na + nb; i++) {
+    const k_fp8 fi = i < na ? af : bf;
+    const double u = rng_uniform(), v = (u < 0 ? -1 : 1) * k_fp8_max(fi) * exp2(-8.0 * fabs(rng_uniform()));
+    uint8_t *code = i < na ? &A[i] : &B[i - na];
+    *code = k_cpu_fp8_encode((float)v, fi);
+    (i < na ? fa : fb)[i < na ? i : i - na] = fabsf(k_cpu_fp8_decode(*code, fi));
+  }
+  float *C0 = rand_buf(nc, 1.0), *ref = NULL, *bound = calloc((size_t)nc, sizeof(float));
+  for (int64_t i = 0; i < nc; i++) C0[i] = beta == 0.0f ? NAN : ct == K_BF16 ? bf16_round(C0[i]) : C0[i];
+  ref = copy_buf(C0, nc);
+  k_cpu_gemm_fp8(K_ISA_AUTO, M, N, K, A, af, a_si, B, bf, b_si, beta, ref);
+  k_cpu_gemm(0, 1, M, N, K, fabsf(a_si * b_si), fa, K, fb, K, 0.0f, bound, N);
+  uint8_t *dA = dev_put(A, (size_t)na), *dB = dev_put(B, (size_t)nb);
+  float *d_asi = dev_putf(&a_si, 1), *d_bsi = dev_putf(&b_si, 1);
+  void *dC = dev_put_typed(C0, nc, ct), *dC2 = dev_put_typed(C0, nc, ct);
+  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC, ct, fast);
+  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC2, ct, fast);
+  float *got = dev_get_typed(dC, nc, ct);
+  const double tol_rnd = ct == K_BF16 ? 1.0 / 256 : 0.0, tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
+  double ss_err = 0.0, ss_ref = 0.0, worst = 0.0;
+  int nan_ok = 1;
+  for (int64_t i = 0; i < nc; i++) {
+    if (isnan(got[i]) || isnan(ref[i])) {
+      nan_ok = 0;
+      continue;
+    }
+    const double e = (double)got[i] - ref[i], b0 = beta == 0.0f ? 0.0 : fabs((double)beta * C0[i]);
+    ss_err += e * e, ss_ref += (double)ref[i] * ref[i];
+    const double rel = fabs(e) / (t.elem * (bound[i] + b0) + tol_rnd * fabs((double)ref[i]) + 1e-30);
+    if (rel > worst) worst = rel;
+  }
+  const double norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err / (ss_ref + 1e-30));
+  const int64_t n_diff = EXACT ? n_bits_differ(got, ref, nc) : 0;
+  EXPECT(nan_ok && norm <= tol_norm && worst <= 1.0 && n_diff == 0,
+         "[%s] gemm_fp8 M=%d N=%d K=%d %s x %s C %s beta %g fast_accum %d: nan_ok %d, norm err %.3g (bound %.3g), "
+         "worst/bound %.3g, %lld elements not bitwise equal (checked when exact)", LABEL, M, N, K, k_fp8_name(af),
+         k_fp8_name(bf), ct == K_BF16 ? "bf16" : "f32", beta, fast, nan_ok, norm, tol_norm, worst, (long long)n_diff);
+  EXPECT(dev_equal_bytes(dC, dC2, k_dtype_bytes(ct) * (size_t)nc), "[%s] gemm_fp8 M=%d N=%d K=%d not bitwise repeatable",
+         LABEL, M, N, K);
+  free(A), free(B), free(fa), free(fb), free(C0), free(ref), free(bound), free(got);
+  dev_free(dA), dev_free(dB), dev_free(d_asi), dev_free(d_bsi), dev_free(dC), dev_free(dC2);
+}
+
+// The block's roles: forward X W^T (E4M3 x E4M3), dgrad dY W (E5M2 x E4M3, W transposed), wgrad
+// dW += dY^T X (E5M2 x E4M3, fp32 C, beta 1); then E4M3 x E5M2, small and long-K products.
+#define GF(beta, m, n, k, a, b, c32, fast) SHF(beta, 0, m, n, k, a, b, c32, fast)
+static const op_shape gemm_fp8_shapes[] = {
+    GF(0, 16, 16, 16, K_E4M3, K_E4M3, 1, 0),        GF(0, 64, 48, 32, K_E4M3, K_E5M2, 0, 0),
+    GF(1, 48, 64, 80, K_E5M2, K_E4M3, 1, 0),        GF(1, 32, 96, 16, K_E4M3, K_E4M3, 0, 0),
+    GF(0, 256, 512, 1024, K_E4M3, K_E4M3, 0, 0),    GF(0, 256, 512, 1024, K_E4M3, K_E4M3, 0, 1),
+    GF(0, 512, 256, 768, K_E5M2, K_E4M3, 0, 0),     GF(1, 768, 256, 512, K_E5M2, K_E4M3, 1, 0),
+    GF(1, 768, 256, 512, K_E5M2, K_E4M3, 1, 1),     GF(0, 64, 64, 4096, K_E4M3, K_E4M3, 1, 0),
+    GF(0, 64, 64, 4096, K_E4M3, K_E4M3, 1, 1),      GF(1, 64, 64, 4096, K_E4M3, K_E4M3, 0, 0)};
+
+// ---------------------------------------------------------------------------------------------
+// fp8_scales: `steps` updates in a row (history position step % len) with amaxes cycling through
+// normal values, zero, NaN, Inf, a subnormal (the scale clamps to FLT_MAX) and a huge one (with
+// margin 8 the scale clamps to FLT_MIN), formats alternating, the history seeded with random
+// values and one NaN; history, amax, scale, scale_inv and the nonfinite count bit for bit against
+// k_cpu_fp8_scales. Shapes {n, len, margin, use_max, steps}.
+
+static void run_fp8_scales(const op_case *c, const op_shape *s, int idx) {
+  (void)c, (void)idx;
+  const int n = (int)s->i[0], len = (int)s->i[1], margin = (int)s->i[2], use_max = (int)s->i[3], steps = (int)s->i[4];
+  const int64_t nh = (int64_t)n * len;
+  float *h = malloc(sizeof(float) * (size_t)nh), *am = malloc(sizeof(float) * (size_t)n);
+  float *sc = malloc(sizeof(float) * (size_t)n), *si = malloc(sizeof(float) * (size_t)n);
+  uint8_t *fm = malloc((size_t)n);
+  for (int64_t i = 0; i < nh; i++) h[i] = (float)(2.0 * fabs(rng_uniform()));
+  if (nh > 5) h[5] = NAN;
+  for (int i = 0; i < n; i++) sc[i] = 1.0f, si[i] = 1.0f, fm[i] = (uint8_t)(i % 2 ? K_E5M2 : K_E4M3);
+  float *d_h = dev_putf(h, nh), *d_am = G->alloc(G, sizeof(float) * (size_t)n), *d_sc = dev_putf(sc, n),
+        *d_si = dev_putf(si, n);
+  uint8_t *d_fm = dev_put(fm, (size_t)n);
+  int n_bad = 3, *d_bad = dev_put(&n_bad, sizeof n_bad);
+  const float special[] = {2.0f, 0.0f, NAN, INFINITY, 1e-40f, 3e38f, 0.01f, 300.0f};
+  for (int step = 0; step < steps; step++) {
+    for (int i = 0; i < n; i++) am[i] = (i + step) % 3 ? special[(i + step) % 8] : (float)(100.0 * fabs(rng_uniform()));
+    G->from_host(G, d_am, am, sizeof(float) * (size_t)n);
+    G->fp8_scales(G, d_h, d_am, d_sc, d_si, d_fm, n, len, step % len, margin, use_max, d_bad);
+    k_cpu_fp8_scales(h, am, sc, si, fm, n, len, step % len, margin, use_max, &n_bad);
+  }
+  float *gh = dev_getf(d_h, nh), *gam = dev_getf(d_am, n), *gsc = dev_getf(d_sc, n), *gsi = dev_getf(d_si, n);
+  int g_bad = 0;
+  G->to_host(G, &g_bad, d_bad, sizeof g_bad);
+  const int ok = memcmp(gh, h, sizeof(float) * (size_t)nh) == 0 && memcmp(gam, am, sizeof(float) * (size_t)n) == 0 &&
+                 memcmp(gsc, sc, sizeof(float) * (size_t)n) == 0 && memcmp(gsi, si, sizeof(float) * (size_t)n) == 0;
+  EXPECT(ok && g_bad == n_bad, "[%s] fp8_scales n=%d len=%d margin %d use_max %d steps %d: history, amax, scale or "
+         "scale_inv not bitwise the reference's (%d), nonfinite count %d, want %d", LABEL, n, len, margin, use_max, steps,
+         ok, g_bad, n_bad);
+  free(h), free(am), free(sc), free(si), free(fm), free(gh), free(gam), free(gsc), free(gsi);
+  dev_free(d_h), dev_free(d_am), dev_free(d_sc), dev_free(d_si), dev_free(d_fm), dev_free(d_bad);
+}
+
+static const op_shape fp8_scales_shapes[] = {SH(1, 1, 0, 0, 3),  SH(7, 4, 0, 1, 9),   SH(7, 4, 1, 0, 5),
+                                             SH(9, 16, 8, 1, 20), SH(300, 1024, 2, 1, 3), SH(0, 1, 0, 0, 1)};
+
+#endif
