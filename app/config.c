@@ -43,7 +43,7 @@ typedef struct cfg_key {
 #define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
 #define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
 
-static const char *const cfg_sections[] = {"model", "parallel", "train", "data", "checkpoint", "log"};
+static const char *const cfg_sections[] = {"model", "parallel", "train", "fp8", "data", "checkpoint", "log"};
 #define CFG_N_SECTIONS ((int)(sizeof cfg_sections / sizeof cfg_sections[0]))
 
 // Rows are grouped by section, in cfg_sections order; cfg_to_yaml relies on it.
@@ -106,15 +106,26 @@ static const cfg_key cfg_keys[] = {
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
   CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
   CFG_STRING(train, precision, "auto",
-             "arithmetic of activations and GEMMs: auto | fp32 | tf32 | bf16 (auto: bf16 on GPUs, fp32 on CPU "
-             "ranks; tf32: fp32 activations with TF32 GEMMs, GPUs only); master weights, gradients and optimizer "
-             "state are fp32 in every case"),
+             "arithmetic of activations and GEMMs: auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on "
+             "CPU ranks; tf32: fp32 activations with TF32 GEMMs, GPUs only; fp8: bf16 activations and the four "
+             "projections of every block in FP8 (the fp8 section), emulated exactly on CPU ranks); master "
+             "weights, gradients and optimizer state are fp32 in every case"),
   CFG_STRING(train, attention, "cudnn",
              "GPU attention kernel: cudnn (cuDNN's fused attention with bf16 activations; the own kernel for fp32 "
              "or a shape cuDNN refuses) | own (the project's own kernel always)"),
   CFG_STRING(train, cpu_isa, "auto",
              "widest vector instruction set of the CPU GEMM: auto (the widest the CPU has) | avx512 | avx2 | sse"),
   CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
+
+  CFG_STRING(fp8, recipe, "delayed",
+             "per-tensor scaling of activations and gradients: delayed (from the amax history of earlier steps) | "
+             "current (from the tensor's own amax, reduced over its tensor-parallel group, before each cast)"),
+  CFG_INT(fp8, amax_history, 1, 4096, 1024, "delayed: steps of amax history per tensor"),
+  CFG_STRING(fp8, amax_compute, "max", "delayed: max (the history's largest amax) | most_recent"),
+  CFG_INT(fp8, margin, 0, 32, 0, "scale = largest FP8 value / amax / 2^margin"),
+  CFG_STRING(fp8, format, "hybrid", "hybrid (E4M3 weights and activations, E5M2 gradients) | e4m3 (all E4M3)"),
+  CFG_BOOL(fp8, fast_accum, 1, "forward FP8 GEMMs accumulate in the tensor cores' fast mode (GPUs; backward never)"),
+  CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
   CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),
@@ -635,15 +646,22 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
   CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
            t->recompute);
-  static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16"}, *const attentions[] = {"cudnn", "own"},
+  static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16", "fp8"}, *const attentions[] = {"cudnn", "own"},
                            *const isas[] = {"auto", "avx512", "avx2", "sse"};
-  CFG_RULE(cfg_is_one_of(t->precision, precisions, 4), "train.precision = '%s' is not one of: auto, fp32, tf32, bf16",
-           t->precision);
+  CFG_RULE(cfg_is_one_of(t->precision, precisions, 5),
+           "train.precision = '%s' is not one of: auto, fp32, tf32, bf16, fp8", t->precision);
+  static const char *const recipes[] = {"delayed", "current"}, *const amax_modes[] = {"max", "most_recent"},
+                           *const formats[] = {"hybrid", "e4m3"};
+  CFG_RULE(cfg_is_one_of(c->fp8.recipe, recipes, 2), "fp8.recipe = '%s' is not one of: delayed, current (block "
+           "scaling is not offered: docs/config.md says why)", c->fp8.recipe);
+  CFG_RULE(cfg_is_one_of(c->fp8.amax_compute, amax_modes, 2), "fp8.amax_compute = '%s' is not one of: max, most_recent",
+           c->fp8.amax_compute);
+  CFG_RULE(cfg_is_one_of(c->fp8.format, formats, 2), "fp8.format = '%s' is not one of: hybrid, e4m3", c->fp8.format);
   CFG_RULE(cfg_is_one_of(t->attention, attentions, 2), "train.attention = '%s' is not one of: cudnn, own",
            t->attention);
   CFG_RULE(cfg_is_one_of(t->cpu_isa, isas, 4), "train.cpu_isa = '%s' is not one of: auto, avx512, avx2, sse",
            t->cpu_isa);
-  CFG_RULE(strcmp(t->device, "cpu") != 0 || strcmp(t->precision, "tf32") != 0 && strcmp(t->precision, "bf16") != 0,
+  CFG_RULE(strcmp(t->device, "cpu") != 0 || (strcmp(t->precision, "tf32") != 0 && strcmp(t->precision, "bf16") != 0),
            "train.precision = %s with train.device = cpu: CPU ranks compute in fp32; set train.precision=fp32 (or "
            "auto), or train.device=cuda", t->precision);
   CFG_RULE(c->checkpoint.resume[0] != '\0',
@@ -700,6 +718,23 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
            "stages): set model.tie_embeddings=false",
            p->pp);
+  if (strcmp(t->precision, "fp8") == 0) {
+    // FP8 GEMMs take dimensions that are multiples of 16 only: each projection's local sizes
+    // and the rows of a micro-batch (of a sequence shard with SP, whose GEMMs run per shard).
+    long long hd = m->dim / m->n_heads, rows = (long long)m->seq_len * t->micro_batch;
+    struct { const char *what; long long n; } dims[] = {
+        {"model.dim", m->dim},
+        {"model.n_heads * head dim / parallel.tp (the attention output projection's input)", m->n_heads * hd / tp},
+        {"model.n_kv_heads * head dim / parallel.tp (each of k and v)", m->n_kv_heads * hd / tp},
+        {"model.ffn_dim / parallel.tp", m->ffn_dim / tp},
+        {"model.seq_len * train.micro_batch (rows of a micro-batch)", rows},
+        {"model.seq_len * train.micro_batch / parallel.tp (rows of a sequence shard)", p->sequence_parallel ? rows / tp : 16},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+      CFG_RULE(dims[i].n % 16 == 0,
+               "train.precision=fp8: %s = %lld is not a multiple of 16, which FP8 GEMMs need: the nearest legal "
+               "value is %lld", dims[i].what, dims[i].n, dims[i].n < 16 ? 16 : (dims[i].n + 8) / 16 * 16);
+  }
 #undef CFG_RULE
   return 0;
 }
@@ -767,11 +802,22 @@ model_layout cfg_model_layout(const cfg *c) {
       .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
                    : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
                                                  : MODEL_RECOMPUTE_NONE,
+      .fp8 = {
+          .enabled = strcmp(c->train.precision, "fp8") == 0,
+          .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT : MODEL_FP8_DELAYED,
+          .amax_history = c->fp8.amax_history,
+          .amax_max = strcmp(c->fp8.amax_compute, "max") == 0,
+          .margin = c->fp8.margin,
+          .hybrid = strcmp(c->fp8.format, "hybrid") == 0,
+          .fast_accum = c->fp8.fast_accum,
+          .edge_layers_bf16 = c->fp8.bf16_edge_layers,
+      },
   };
 }
 
 int cfg_n_micro(const cfg *c) { return c->train.global_batch / (c->parallel.dp * c->train.micro_batch); }
 
 int cfg_act_bf16(const cfg *c) {
-  return strcmp(c->train.precision, "auto") == 0 || strcmp(c->train.precision, "bf16") == 0;
+  const char *p = c->train.precision;
+  return strcmp(p, "auto") == 0 || strcmp(p, "bf16") == 0 || strcmp(p, "fp8") == 0;
 }

@@ -33,11 +33,21 @@ typedef struct cfg_train {
   int micro_batch;      // sequences per micro-batch on one rank
   uint64_t seed;
   char device[CFG_STR];     // auto | cpu | cuda
-  char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 (auto: bf16 on GPUs, fp32 on CPU ranks)
+  char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on CPU ranks)
   char attention[CFG_STR];  // cudnn | own (GPUs)
   char cpu_isa[CFG_STR];    // auto | avx512 | avx2 | sse: widest vector ISA of the CPU GEMM
   char recompute[CFG_STR];  // none | selective | full
 } cfg_train;
+
+typedef struct cfg_fp8 {
+  char recipe[CFG_STR];        // delayed | current
+  int amax_history;            // steps of amax history (delayed)
+  char amax_compute[CFG_STR];  // max | most_recent (delayed)
+  int margin;
+  char format[CFG_STR];        // hybrid | e4m3
+  int fast_accum;              // bool: forward GEMMs only
+  int bf16_edge_layers;        // bool
+} cfg_fp8;
 
 typedef struct cfg_data {
   char train[CFG_STR];  // shard path or glob
@@ -64,6 +74,7 @@ typedef struct cfg {
   model_config model;
   cfg_parallel parallel;
   cfg_train train;
+  cfg_fp8 fp8;
   opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
                          // parallel.bucket_mb, parallel.grad_reduce_bf16
   cfg_data data;
@@ -87,7 +98,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err);
 size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf);
 // The model's layout for this run (pipeline, sequence parallelism, micro-batch, recomputation).
 model_layout cfg_model_layout(const cfg *c);
-// Whether GPU ranks compute with bf16 activations (train.precision auto or bf16).
+// Whether GPU ranks compute with bf16 activations (train.precision auto, bf16 or fp8).
 int cfg_act_bf16(const cfg *c);
 // Micro-batches per rank and step: global_batch / (dp * micro_batch) (dp resolved).
 int cfg_n_micro(const cfg *c);

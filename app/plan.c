@@ -49,7 +49,7 @@ int run_plan(const cfg *c, int world_size) {
     pp_schedule_free(&s);
     for (int tr = 0; tr < tp; tr++) {
       model_dims_compute(&dm, mc, ml.micro_batch, tp, tr, sp);
-      int64_t n = 0, act = 0;
+      int64_t n = 0, act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8)
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
@@ -59,6 +59,10 @@ int run_plan(const cfg *c, int world_size) {
         if (first) n += local_elems(mc, tp, MODEL_EMBED);
         for (int k = 0; k < MODEL_N_KINDS; k++)
           if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+        for (int l = l0; l < l0 + per_chunk; l++)
+          if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
+            for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
+              if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
         if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
@@ -67,11 +71,22 @@ int run_plan(const cfg *c, int world_size) {
       // a bf16 reduction adds bf16 copies of both.
       int zero = c->optim.distributed_optimizer && dp > 1, bf16 = c->optim.grad_reduce_bf16 && dp > 1;
       double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
-      double w = (gpu ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
+      double w = (bf16_act ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
       // two per activation set in flight (parallel/step/pp_exec.c).
       double n_stage = pc->pp_overlap ? 2.0 * max_in_flight : (double)max_group;
       double stage = pc->pp_comm_bf16 && pp > 1 ? n_stage * dm.rows_s * dm.d * 2.0 : 0.0;
+      // FP8: each projection's weight in FP8 and transposed (2 bytes a parameter), and the casts of
+      // one GEMM's input and output gradient (model/fp8.c); the scaling state is a few KiB.
+      double fp8 = 0;
+      if (ml.fp8.enabled) {
+        int qd = dm.nh * dm.hd, qkvd = qd + 2 * dm.nkv * dm.hd, k_max = dm.d > qd ? dm.d : qd, n_max = dm.d;
+        if (dm.ffn > k_max) k_max = dm.ffn;
+        if (qkvd > n_max) n_max = qkvd;
+        if (2 * dm.ffn > n_max) n_max = 2 * dm.ffn;
+        fp8 = 2.0 * n_proj + (double)dm.rows * (k_max + 2.0 * n_max);
+      }
+      w += fp8;
       double acts = (double)act * max_in_flight + stage;
       char heads[32], kv[32], vocab[32];
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
@@ -83,6 +98,8 @@ int run_plan(const cfg *c, int world_size) {
     }
   }
   printf("(GiB; act/micro: activations of one micro-batch in one chunk; in-flt: most micro-batch chunks whose "
-         "backward has not run yet; dp replicas hold the same as dp rank 0)\n");
+         "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
+         ml.fp8.enabled ? "; weights include the FP8 copies of the block projections, transposed copies and the "
+                          "FP8 cast buffers" : "");
   return 0;
 }

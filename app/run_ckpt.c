@@ -2,6 +2,7 @@
 #include "app/run_ckpt.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
+#include "model/fp8.h"
 #include <string.h>
 
 static const char *section_prefix[3] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
@@ -13,11 +14,12 @@ static const model_tensor *find_tensor(const model *m, model_kind k, int layer) 
 }
 
 // One entry per (section, tensor of the whole model), identical names and shapes on every
-// rank; blocks this rank does not hold have count 0. host[s] are flat host buffers.
-static ckpt_tensor *build_list(const model *m, float *host[3], int *n_out) {
+// rank; blocks this rank does not hold have count 0. host[s] are flat host buffers. Room for
+// n_extra more entries is left at the end.
+static ckpt_tensor *build_list(const model *m, float *host[3], int n_extra, int *n_out) {
   const model_config *mc = &m->cfg;
   int per_section = 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1);
-  ckpt_tensor *list = XCALLOC((size_t)3 * per_section, sizeof(ckpt_tensor));
+  ckpt_tensor *list = XCALLOC((size_t)3 * per_section + n_extra, sizeof(ckpt_tensor));
   int n = 0;
   for (int s = 0; s < 3; s++) {
     for (int k = 0; k < MODEL_N_KINDS; k++) {
@@ -47,6 +49,67 @@ static ckpt_tensor *build_list(const model *m, float *host[3], int *n_out) {
   return list;
 }
 
+// FP8 scaling state (train.precision=fp8): the activation group's scale, 1 / scale and amax
+// history, each at its full shape over every layer of the model, (n_layers, slots) and
+// (n_layers, slots, history); each chunk of this rank is one block of rows. Values are the
+// same on every tp and dp rank (the amaxes are reduced over both), so one replica writes.
+// Weights need none: their scales come from their current amax each step.
+typedef struct fp8_host {
+  float *scale, *scale_inv, *history;  // host copies of the model_fp8 arrays
+  int len;                             // history length
+} fp8_host;
+
+static void fp8_host_alloc(const model *m, fp8_host *h) {
+  const model_fp8 *f = m->fp8;
+  h->len = f->cfg.recipe == MODEL_FP8_DELAYED ? f->cfg.amax_history : 1;
+  h->scale = XCALLOC((size_t)f->n_act, sizeof(float));
+  h->scale_inv = XCALLOC((size_t)f->n_act, sizeof(float));
+  h->history = XCALLOC((size_t)(f->n_act * h->len), sizeof(float));
+}
+
+static void fp8_host_free(fp8_host *h) {
+  free(h->scale);
+  free(h->scale_inv);
+  free(h->history);
+}
+
+// Appends the state's 3 * vpp entries to list at *n.
+static void fp8_list(const model *m, const fp8_host *h, ckpt_tensor *list, int *n) {
+  static const char *const names[3] = {"fp8/scale", "fp8/scale_inv", "fp8/amax_history"};
+  float *data[3] = {h->scale, h->scale_inv, h->history};
+  for (int s = 0; s < 3; s++)
+    for (int ci = 0; ci < m->vpp; ci++) {
+      const model_chunk *ch = &m->chunks[ci];
+      ckpt_tensor *t = &list[(*n)++];
+      snprintf(t->name, sizeof t->name, "%s", names[s]);
+      t->ndim = s == 2 ? 3 : 2;
+      int64_t full[3] = {m->cfg.n_layers, FP8_ACT_SLOTS, h->len}, start[3] = {ch->layer0, 0, 0},
+              count[3] = {ch->n_layers, FP8_ACT_SLOTS, h->len};
+      for (int dd = 0; dd < t->ndim; dd++) t->full[dd] = full[dd], t->start[dd] = start[dd], t->count[dd] = count[dd];
+      int64_t first = ch->n_layers ? ch->layers[0].fp8 : 0;
+      t->data = data[s] + first * FP8_ACT_SLOTS * (s == 2 ? h->len : 1);
+      t->write = m->g->dp_rank == 0 && m->g->tp_rank == 0;
+    }
+}
+
+static void fp8_to_host(const model *m, fp8_host *h) {
+  const model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  be->to_host(be, h->scale, f->scale, (size_t)f->n_act * sizeof(float));
+  be->to_host(be, h->scale_inv, f->scale_inv, (size_t)f->n_act * sizeof(float));
+  be->to_host(be, h->history, f->history, (size_t)(f->n_act * h->len) * sizeof(float));
+}
+
+static void fp8_from_host(model *m, const fp8_host *h, int64_t step) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  be->from_host(be, f->scale, h->scale, (size_t)f->n_act * sizeof(float));
+  be->from_host(be, f->scale_inv, h->scale_inv, (size_t)f->n_act * sizeof(float));
+  be->from_host(be, f->history, h->history, (size_t)(f->n_act * h->len) * sizeof(float));
+  be->sync(be);  // the host buffers are freed next
+  f->pos = step % h->len;  // one update per step: model_fp8_settle ran before the save
+}
+
 static void alloc_host(const model *m, float *host[3]) {
   for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
 }
@@ -58,7 +121,14 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   opt_get_params(o, host[0]);
   opt_get_moments(o, host[1], host[2]);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp, &n);
+  fp8_host h8 = {0};
+  if (m->fp8) {
+    model_fp8_settle(m);
+    fp8_host_alloc(m, &h8);
+    fp8_to_host(m, &h8);
+    fp8_list(m, &h8, list, &n);
+  }
   size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
   char *yaml = XMALLOC(n_yaml);
   cfg_to_yaml(c, yaml, n_yaml);
@@ -67,16 +137,44 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
   free(yaml);
   free(list);
+  fp8_host_free(&h8);
   for (int s = 0; s < 3; s++) free(host[s]);
   return rc;
 }
 
+// Whether the checkpoint at path was written by an FP8 run (its stored config says so). 0 or -1.
+static int ckpt_fp8_state(const char *path, const model *m, int *has, char *err, size_t n_err) {
+  ckpt_meta meta = {0};
+  if (ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err) != 0) return -1;
+  *has = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
+  free((void *)meta.config_yaml);
+  return 0;
+}
+
+// One line on rank 0 where the checkpoint's precision and the run's differ in FP8 state.
+static void fp8_notice(const char *path, const model *m, int has) {
+  if (m->g->world_rank != 0 || has == (m->fp8 != NULL)) return;
+  if (has)
+    printf("note: checkpoint %s holds FP8 scaling state; this run is not FP8 (train.precision), so it is "
+           "dropped\n", path);
+  else
+    printf("note: checkpoint %s has no FP8 scaling state (not trained in FP8): the FP8 scales start at 1 with "
+           "an empty amax history\n", path);
+}
+
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
+  int has_fp8 = 0;
+  if (ckpt_fp8_state(path, m, &has_fp8, err, n_err) != 0) return -1;
   float *host[3];
   alloc_host(m, host);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp, &n);
+  fp8_host h8 = {0};
+  if (m->fp8 && has_fp8) {
+    fp8_host_alloc(m, &h8);
+    fp8_list(m, &h8, list, &n);
+  }
   ckpt_meta meta = {0};
   int rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
@@ -85,12 +183,15 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     opt_set_moments(o, host[1], host[2]);
     *step = meta.step;
     *samples_seen = meta.samples_seen;
+    if (h8.scale) fp8_from_host(m, &h8, meta.step);
+    fp8_notice(path, m, has_fp8);
     if (meta.seed != c->train.seed && m->g->world_rank == 0)
       fprintf(stderr, "warning: checkpoint %s was trained with train.seed %llu, the config says %llu\n", path,
               (unsigned long long)meta.seed, (unsigned long long)c->train.seed);
   }
   free((void *)meta.config_yaml);
   free(list);
+  fp8_host_free(&h8);
   for (int s = 0; s < 3; s++) free(host[s]);
   return rc;
 }

@@ -122,8 +122,8 @@ typedef struct k_backend {
   // stay in backend memory so that delayed scaling needs no host round trip.
   // x (rows, cols) in act dtype -> out (rows, cols) = fp8(x * *scale) in fmt, rounded to nearest
   // even, saturating to +-448 (E4M3) / +-57344 (E5M2), Inf included; NaN becomes 0x7F. out_t
-  // (cols, rows) (NULL: none) gets the same codes transposed: the K-major copy that the backward
-  // GEMMs read. *amax (1 float, non-negative) = max(*amax, max |x|) of the unscaled x; a NaN in x
+  // (cols, rows) gets the same codes transposed: the K-major copy that the backward GEMMs read.
+  // Either may be NULL (not written; both NULL: the amax alone, for current scaling). *amax (1 float, non-negative) = max(*amax, max |x|) of the unscaled x; a NaN in x
   // makes it NaN. One pass over x.
   void (*fp8_cast)(struct k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
                    uint8_t *out_t, float *amax);

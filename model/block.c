@@ -11,6 +11,7 @@
 #include "kernels/check.h"
 #include "model/model.h"
 #include "model/model_internal.h"
+#include "model/fp8.h"
 #include "parallel/comm/tp.h"
 #include <math.h>
 #include <string.h>
@@ -236,34 +237,108 @@ static void norm_enter(model *m, const float *x, const float *w, float *rstd, vo
   tp_gather_finish(&m->work->region);
 }
 
+// The block's projections (weights wq|wk|wv, wo, w_gate|w_up, w_down), each in FP8 where
+// train.precision=fp8 puts its layer (model/fp8.h), else in the act dtype.
+static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_layer_on(m, ly->wq->layer); }
+
+// c (r1 - r0, N) = rows [r0, r1) of a (rows, K) times w^T, into ct with beta 0 or 1. In FP8 the
+// whole of a was cast by model_fp8_cast_input first.
+static void proj_rows(model *m, const model_layer *ly, const model_tensor *w, int p, int64_t r0, int64_t r1, int N,
+                      int K, const void *a, void *c, k_dtype ct, float beta) {
+  if (r1 <= r0) return;
+  if (fp8_on(m, ly)) {
+    model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, N, K, c, ct, beta);
+    return;
+  }
+  m->be->gemm(m->be, 0, 1, (int)(r1 - r0), N, K, 1, at(m, (void *)a, r0 * K), K, w->pc, K, beta, c, N, ct);
+}
+
+// y (rows, N) = x (rows, K) w^T, x gathered into the region by tp_gather_start. In FP8 the
+// gather completes first and the whole input is cast at once.
+static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
+                              const void *x, void *y, k_dtype ct) {
+  if (!fp8_on(m, ly)) {
+    gemm_gathered(m, 1, N, K, x, w->pc, K, y, ct);
+    return;
+  }
+  tp_gather_finish(&m->work->region);
+  model_fp8_cast_input(m, ly->fp8, p, x, m->dims.rows, K);
+  proj_rows(m, ly, w, p, 0, m->dims.rows, N, K, x, y, ct, 0);
+}
+
+// Data gradient dx (rows, K) = g (rows, N) w, w (N, K). In FP8 g is cast (with its transpose,
+// for proj_wgrad next).
+static void proj_dgrad(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K, const void *g,
+                       void *dx, k_dtype ct) {
+  int64_t rows = m->dims.rows;
+  if (!fp8_on(m, ly)) {
+    m->be->gemm(m->be, 0, 0, (int)rows, K, N, 1, g, N, w->pc, K, 0, dx, K, ct);
+    return;
+  }
+  model_fp8_cast_grad(m, ly->fp8, p, g, rows, N);
+  model_fp8_dgrad(m, ly->fp8, p, rows, N, K, dx, ct);
+}
+
+// The same with g gathered into the region by tp_gather_start (the gather completes in FP8
+// before the cast; else the GEMM starts on this rank's rows).
+static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
+                                const void *g, void *dx, k_dtype ct) {
+  if (!fp8_on(m, ly)) {
+    gemm_gathered(m, 0, K, N, g, w->pc, K, dx, ct);
+    return;
+  }
+  tp_gather_finish(&m->work->region);
+  proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
+}
+
+// Weight gradient w->g (N, K) += g^T x, g (rows, N) the output gradient of the last
+// proj_dgrad, x (rows, K) the saved input.
+static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, int N, int K, const void *g,
+                       const void *x) {
+  int64_t rows = m->dims.rows;
+  if (!fp8_on(m, ly)) {
+    m->be->gemm(m->be, 1, 0, N, K, (int)rows, 1, g, N, x, K, 1, w->g, K, K_F32);
+    return;
+  }
+  model_fp8_wgrad(m, ly->fp8, p, x, rows, N, K, w->g);
+}
+
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
 // go first, and their reduce-scatter (this rank's rows zero in it) runs while this rank's rows
 // are computed into s1; then s2 = received + own, the sum a reduce-scatter of all rows gives.
-static void proj_residual(model *m, const void *a, int K, const void *w, const float *xin, float *xout) {
+static void proj_residual(model *m, const model_layer *ly, const model_tensor *w, int p, const void *a, int K,
+                          const float *xin, float *xout) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   const tp_region *R = &wk->region;
-  int d = dm->d;
-  int64_t rs = dm->rows_s, r0 = tp_own_row(R), r1 = r0 + rs;
+  int d = dm->d, fp8 = fp8_on(m, ly);
+  int64_t rs = dm->rows_s, rows = dm->rows, r0 = tp_own_row(R), r1 = r0 + rs;
+  size_t n_bytes = (size_t)(rs * d) * sizeof(float);
+  if (fp8) model_fp8_cast_input(m, ly->fp8, p, a, rows, K);
   if (exit_is_copy(R)) {
-    be->linear_residual(be, (int)dm->rows, d, K, a, w, xin, xout);
+    if (!fp8) {
+      be->linear_residual(be, (int)rows, d, K, a, w->pc, xin, xout);
+    } else {
+      be->copy(be, xout, xin, n_bytes);
+      proj_rows(m, ly, w, p, 0, rows, d, K, a, xout, K_F32, 1);
+    }
     return;
   }
   if (!R->sp) {
-    be->gemm(be, 0, 1, (int)dm->rows, d, K, 1, a, K, w, K, 0, wk->f1, d, K_F32);
+    proj_rows(m, ly, w, p, 0, rows, d, K, a, wk->f1, K_F32, 0);
     tp_reduce_start(R, wk->f1, wk->s2, d);
     tp_reduce_finish(R, wk->f1, wk->s2, d);
   } else {
-    gemm_rows(m, 0, r0, 1, d, K, a, w, K, wk->f1, K_F32);
-    gemm_rows(m, r1, dm->rows, 1, d, K, a, w, K, wk->f1, K_F32);
-    be->zero(be, wk->f1 + r0 * d, (size_t)(rs * d) * sizeof(float));
+    proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
+    proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
+    be->zero(be, wk->f1 + r0 * d, n_bytes);
     tp_reduce_start(R, wk->f1, wk->s2, d);
-    be->gemm(be, 0, 1, (int)rs, d, K, 1, at(m, (void *)a, r0 * K), K, w, K, 0, wk->s1, d, K_F32);
+    proj_rows(m, ly, w, p, r0, r1, d, K, a, wk->s1, K_F32, 0);
     tp_reduce_finish(R, wk->f1, wk->s2, d);
     be->add(be, wk->s2, wk->s1, rs * d);
   }
-  be->copy(be, xout, xin, (size_t)(rs * d) * sizeof(float));
+  be->copy(be, xout, xin, n_bytes);
   be->add(be, xout, wk->s2, rs * d);
 }
 
@@ -317,15 +392,15 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   float *xin = L.x, *xout = xin + rs * d;
 
   norm_enter_start(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
-  gemm_gathered(m, 1, qkvd, d, L.hf, ly->wq->pc, d, L.qkv, A);
+  proj_fwd_gathered(m, ly, ly->wq, FP8_QKV, qkvd, d, L.hf, L.qkv, A);
   be->rope(be, L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
   be->attn_fwd(be, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
-  proj_residual(m, L.att, qd, ly->wo->pc, xin, L.x2);
+  proj_residual(m, ly, ly->wo, FP8_O, L.att, qd, xin, L.x2);
 
   norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
-  gemm_gathered(m, 1, 2 * ffn, d, L.h2f, ly->w_gate->pc, d, L.gu, A);
+  proj_fwd_gathered(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, L.h2f, L.gu, A);
   be->swiglu_fwd(be, L.gu, L.act, rows, ffn);
-  proj_residual(m, L.act, ffn, ly->w_down->pc, L.x2, xout);
+  proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);
 }
 
 // Before layer i's backward: the tensors train.recompute did not keep, from the ones it did.
@@ -355,24 +430,24 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   grad_exit_start(m, g);
-  gemm_gathered(m, 0, ffn, d, w->fa, ly->w_down->pc, ffn, w->ff1, A);
-  be->gemm(be, 1, 0, d, ffn, rows, 1, w->fa, d, L.act, ffn, 1, ly->w_down->g, ffn, K_F32);
+  proj_dgrad_gathered(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, w->ff1, A);
+  proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act);
   be->swiglu_bwd(be, w->ff1, L.gu, w->gu1, rows, ffn);
-  be->gemm(be, 0, 0, rows, d, 2 * ffn, 1, w->gu1, 2 * ffn, ly->w_gate->pc, d, 0, w->f2, d, K_F32);
+  proj_dgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, w->gu1, w->f2, K_F32);
   grad_enter_start(m, w->f2);
-  be->gemm(be, 1, 0, 2 * ffn, d, rows, 1, w->gu1, 2 * ffn, L.h2f, d, 1, ly->w_gate->g, d, K_F32);
+  proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, w->gu1, L.h2f);
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   grad_exit_start(m, g);
-  gemm_gathered(m, 0, qd, d, w->fa, ly->wo->pc, qd, w->q1, A);
-  be->gemm(be, 1, 0, d, qd, rows, 1, w->fa, d, L.att, qd, 1, ly->wo->g, qd, K_F32);
+  proj_dgrad_gathered(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, w->q1, A);
+  proj_wgrad(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, L.att);
   be->attn_bwd(be, w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
   be->rope(be, w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
-  be->gemm(be, 0, 0, rows, d, qkvd, 1, w->qkv1, qkvd, ly->wq->pc, d, 0, w->f2, d, K_F32);
+  proj_dgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, w->f2, K_F32);
   grad_enter_start(m, w->f2);
-  be->gemm(be, 1, 0, qkvd, d, rows, 1, w->qkv1, qkvd, L.hf, d, 1, ly->wq->g, d, K_F32);
+  proj_wgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, L.hf);
   grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
 

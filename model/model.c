@@ -4,6 +4,7 @@
 #include "model/model.h"
 #include "kernels/check.h"
 #include "model/model_internal.h"
+#include "model/fp8.h"
 #include <math.h>
 #include <string.h>
 
@@ -171,10 +172,12 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
     m->tensors[i].pc = (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes;
   }
   model_work_init(m);
+  if (ml->fp8.enabled) model_fp8_init(m, &ml->fp8);
 }
 
 void model_free(model *m) {
   if (!m->tensors) return;
+  model_fp8_free(m);
   model_work_free(m);
   if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
   m->be->free(m->be, m->params);
@@ -207,6 +210,7 @@ static float normal_at(uint64_t key, uint64_t i) {
 
 void model_sync_compute_weights(model *m) {
   if (m->params_c != (void *)m->params) m->be->cast(m->be, m->params_c, m->be->act, m->params, K_F32, m->n_params);
+  model_fp8_weights_changed(m);
 }
 
 void model_init_weights(model *m, uint64_t seed) {

@@ -57,6 +57,7 @@ typedef struct model_tensor {
 
 typedef struct model_layer {
   model_tensor *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+  int fp8;                // index of its FP8 scaling slots (model/fp8.h); with FP8 only
 } model_layer;
 
 typedef struct model_chunk {
@@ -93,6 +94,7 @@ typedef struct model {
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
   int64_t n_params_used;  // local elements before padding
   struct model_work *work;  // scratch shared by every forward/backward (block.c)
+  struct model_fp8 *fp8;    // train.precision=fp8: scaling state and FP8 copies (model/fp8.h); else NULL
   // Called by model_chunk_bwd, once per call, as soon as a group of parameter gradients has
   // received this micro-batch's contribution (queued on the backend): after the head and final
   // norm (layer = MODEL_GRADS_HEAD), after each layer (its local index in the chunk), after the

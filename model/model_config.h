@@ -24,6 +24,23 @@ typedef struct model_config {
 // backward. All three give bitwise the same gradients.
 typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute;
 
+// FP8 for the four projections of every block (train.precision=fp8; the fp8: section of the
+// config): per-tensor scales, E4M3 for weights and activations and E5M2 (hybrid) or E4M3 for
+// gradients. Delayed scaling scales a tensor from the largest amax of its history (or the most
+// recent) of earlier steps; current scaling from its own amax just before the cast. Weights
+// are always scaled from their current amax, once per optimizer step.
+typedef enum model_fp8_recipe { MODEL_FP8_DELAYED, MODEL_FP8_CURRENT } model_fp8_recipe;
+typedef struct model_fp8_config {
+  int enabled;               // bool
+  model_fp8_recipe recipe;
+  int amax_history;          // steps of amax kept (delayed)
+  int amax_max;              // bool: scale from the history's largest amax (else the most recent)
+  int margin;                // scale = max / amax / 2^margin
+  int hybrid;                // bool: gradients in E5M2 (else E4M3)
+  int fast_accum;            // bool: the forward GEMMs accumulate in the tensor cores' fast mode
+  int edge_layers_bf16;      // bool: the first and last block stay in bf16
+} model_fp8_config;
+
 // How a run lays the model out: pipeline stages and their virtual chunks, the last stage's
 // share of the layers, sequence parallelism, the micro-batch and what backward recomputes.
 typedef struct model_layout {
@@ -32,6 +49,7 @@ typedef struct model_layout {
   int sequence_parallel;     // bool (only with tp > 1)
   int micro_batch;           // sequences per micro-batch
   model_recompute recompute;
+  model_fp8_config fp8;
 } model_layout;
 
 #endif

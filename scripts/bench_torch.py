@@ -3,10 +3,15 @@
 
 The same Llama-style decoder as model/block.c (RMSNorm, rotary "rotate half", grouped-query
 causal attention through scaled_dot_product_attention, SwiGLU, untied LM head unless the shape
-ties it), trained with bf16 autocast and fused AdamW, eager and torch.compile.
+ties it), trained with bf16 autocast and fused AdamW, eager and torch.compile; compile_fp8 also
+runs the block's linear layers in FP8 the way torchao's float8 "tensorwise" recipe does
+(dynamic per-tensor scales from each tensor's amax, E4M3 inputs and weights, E5M2 gradients,
+torch._scaled_mm for the forward, data-gradient and weight-gradient GEMMs, fast accumulation
+in the forward only; the LM head stays bf16), under torch.compile.
 
   python3 scripts/bench_torch.py --shape 124m --batch 16 --mode compile
   python3 scripts/bench_torch.py --shape all            # every shape, eager and compile
+  python3 scripts/bench_torch.py --shape 7b-layers --mode compile_fp8
 
 Prints tokens/s, model TFLOP/s and MFU with the formula the trainer uses: flops per token =
 6 N + 12 L d T, N the parameters without the embedding table; peak 989.4 TFLOP/s (H100/H200
@@ -44,19 +49,62 @@ def rope(x, cos, sin):  # x (B, H, T, hd); pairs (i, i + hd/2)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def to_fp8(x, dtype):
+    """x in FP8 with a dynamic per-tensor scale (its amax), and the inverse scale for the GEMM."""
+    fmax = torch.finfo(dtype).max
+    scale = fmax / x.abs().max().float().clamp(min=1e-12)
+    return (x.float() * scale).clamp(-fmax, fmax).to(dtype), scale.reciprocal()
+
+
+class FP8Matmul(torch.autograd.Function):
+    """y = x w^T with every GEMM in FP8 (_scaled_mm wants a row-major, b column-major)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs = to_fp8(x2, torch.float8_e4m3fn)
+        wq, ws = to_fp8(w, torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16, use_fast_accum=True)
+        ctx.save_for_backward(x2, w)
+        ctx.x_shape = x.shape
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, w = ctx.saved_tensors
+        gq, gs = to_fp8(gy.reshape(-1, gy.shape[-1]), torch.float8_e5m2)
+        wq, ws = to_fp8(w, torch.float8_e4m3fn)
+        xq, xs = to_fp8(x2, torch.float8_e4m3fn)
+        dx = torch._scaled_mm(gq, wq.t().contiguous().t(), scale_a=gs, scale_b=ws, out_dtype=torch.bfloat16)
+        dw = torch._scaled_mm(gq.t().contiguous(), xq.t().contiguous().t(), scale_a=gs, scale_b=xs,
+                              out_dtype=torch.float32)
+        return dx.view(ctx.x_shape), dw.to(w.dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear without bias, in FP8 when Linear.fp8 is set (compile_fp8)."""
+
+    fp8 = False
+
+    def forward(self, x):
+        if not Linear.fp8:
+            return super().forward(x)
+        return FP8Matmul.apply(x.to(torch.bfloat16), self.weight.to(torch.bfloat16))
+
+
 class Block(nn.Module):
     def __init__(self, s):
         super().__init__()
         d, H, Hkv, hd = s["d"], s["H"], s["Hkv"], s["d"] // s["H"]
         self.H, self.Hkv, self.hd = H, Hkv, hd
         self.attn_norm, self.mlp_norm = RMSNorm(d), RMSNorm(d)
-        self.wq = nn.Linear(d, H * hd, bias=False)
-        self.wk = nn.Linear(d, Hkv * hd, bias=False)
-        self.wv = nn.Linear(d, Hkv * hd, bias=False)
-        self.wo = nn.Linear(H * hd, d, bias=False)
-        self.w_gate = nn.Linear(d, s["ffn"], bias=False)
-        self.w_up = nn.Linear(d, s["ffn"], bias=False)
-        self.w_down = nn.Linear(s["ffn"], d, bias=False)
+        self.wq = Linear(d, H * hd, bias=False)
+        self.wk = Linear(d, Hkv * hd, bias=False)
+        self.wv = Linear(d, Hkv * hd, bias=False)
+        self.wo = Linear(H * hd, d, bias=False)
+        self.w_gate = Linear(d, s["ffn"], bias=False)
+        self.w_up = Linear(d, s["ffn"], bias=False)
+        self.w_down = Linear(s["ffn"], d, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -108,7 +156,8 @@ def bench(name, s, batch, mode, steps, warmup, peak):
     dev = "cuda"
     model = Model(s).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
-    step_fn_model = torch.compile(model) if mode == "compile" else model
+    Linear.fp8 = mode == "compile_fp8"
+    step_fn_model = torch.compile(model) if mode.startswith("compile") else model
     tokens = torch.randint(0, s["V"], (batch, s["T"] + 1), device=dev)
     inp, tgt = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
@@ -143,7 +192,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="all", choices=["all"] + list(SHAPES))
     ap.add_argument("--batch", type=int, default=0, help="sequences per step (default: per shape)")
-    ap.add_argument("--mode", default="both", choices=["eager", "compile", "both"])
+    ap.add_argument("--mode", default="both",
+                    help="eager, compile, compile_fp8, a comma-separated list of them, or both (eager,compile)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=989.4)
@@ -151,8 +201,12 @@ def main():
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; flops/token = 6N + 12 L d T; "
           f"peak {a.peak_tflops} TFLOP/s")
     torch.backends.cuda.matmul.allow_tf32 = True
+    modes = ["eager", "compile"] if a.mode == "both" else a.mode.split(",")
+    bad = [m for m in modes if m not in ("eager", "compile", "compile_fp8")]
+    if bad:
+        ap.error(f"unknown --mode {','.join(bad)}: use eager, compile, compile_fp8 or both")
     for name in SHAPES if a.shape == "all" else [a.shape]:
-        for mode in ["eager", "compile"] if a.mode == "both" else [a.mode]:
+        for mode in modes:
             bench(name, SHAPES[name], a.batch or SHAPES[name]["batch"], mode, a.steps, a.warmup, a.peak_tflops)
 
 

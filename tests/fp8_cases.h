@@ -81,6 +81,24 @@ static void run_fp8_cast(const op_case *c, const op_shape *s, int idx) {
          scale, trans ? " +transpose" : "", specials ? " +specials" : "", off, (long long)bad, (long long)bad_t,
          (long long)first, first >= 0 ? x[off + first] : 0.0, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
          got_amax, ref_amax);
+  // Either output may be NULL: the transpose alone (a weight gradient's input), and the amax
+  // alone (current scaling); the codes written and the amax must not change.
+  if (trans) {
+    float a1 = a0, a2 = a0;
+    G->zero(G, d_t, (size_t)(n + off));
+    G->from_host(G, d_amax, &a1, sizeof a1);
+    G->fp8_cast(G, dx + off * eb, rows, cols, d_scale, f, NULL, d_t + off, d_amax);
+    G->to_host(G, got_t, d_t + off, (size_t)n);
+    G->to_host(G, &a1, d_amax, sizeof a1);
+    G->from_host(G, d_amax, &a2, sizeof a2);
+    G->fp8_cast(G, dx + off * eb, rows, cols, d_scale, f, NULL, NULL, d_amax);
+    G->to_host(G, &a2, d_amax, sizeof a2);
+    bad_t = 0;
+    for (int64_t i = 0; i < n; i++) bad_t += got_t[i] != ref_t[i];
+    EXPECT(bad_t == 0 && memcmp(&a1, &ref_amax, 4) == 0 && memcmp(&a2, &ref_amax, 4) == 0,
+           "[%s] fp8_cast %s rows=%lld cols=%d with out NULL: %lld transposed codes differ; amax %.9g and (amax "
+           "alone) %.9g, want %.9g", LABEL, k_fp8_name(f), (long long)rows, cols, (long long)bad_t, a1, a2, ref_amax);
+  }
   free(x), free(ref), free(ref_t), free(got), free(got_t);
   dev_free(dx), dev_free(d_out), dev_free(d_t), dev_free(d_scale), dev_free(d_amax);
 }

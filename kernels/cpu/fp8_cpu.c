@@ -69,7 +69,7 @@ void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 f
     for (int c = 0; c < cols; c++) {
       const float v = x[r * cols + c];
       const uint8_t q = k_cpu_fp8_encode(v * scale, fmt);
-      out[r * cols + c] = q;
+      if (out) out[r * cols + c] = q;
       if (out_t) out_t[(int64_t)c * rows + r] = q;
       uint32_t u;
       memcpy(&u, &v, sizeof u);

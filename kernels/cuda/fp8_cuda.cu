@@ -76,9 +76,11 @@ __global__ void __launch_bounds__(T8_THREADS) k_fp8_cast(const E *x, int64_t row
         m = max(m, max(max(abs_bits(f[i]), abs_bits(f[i + 1])), max(abs_bits(f[i + 2]), abs_bits(f[i + 3]))));
         w[i / 4] = fp8x2<F>(f[i] * s, f[i + 1] * s) | fp8x2<F>(f[i + 2] * s, f[i + 3] * s) << 16;
       }
-      uint8_t *o = out + r * cols + c0 + tc;  // 8 codes (bf16 x) in one 8-byte store, or 4 (fp32 x)
-      if (V == 8) *(uint2 *)o = make_uint2(w[0], w[V / 4 - 1]);
-      else *(uint32_t *)o = w[0];
+      if (out) {  // 8 codes (bf16 x) in one 8-byte store, or 4 (fp32 x)
+        uint8_t *o = out + r * cols + c0 + tc;
+        if (V == 8) *(uint2 *)o = make_uint2(w[0], w[V / 4 - 1]);
+        else *(uint32_t *)o = w[0];
+      }
       if (TRANS)
 #pragma unroll
         for (int i = 0; i < V / 4; i++) *(uint32_t *)&tile[tr * T8_LD + tc + 4 * i] = w[i];
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(T8_THREADS) k_fp8_cast(const E *x, int64_t row
       const float f = k_ld(x[r * cols + c0 + tc]);
       m = max(m, abs_bits(f));
       const uint8_t q = (uint8_t)fp8x2<F>(f * s, 0.0f);
-      out[r * cols + c0 + tc] = q;
+      if (out) out[r * cols + c0 + tc] = q;
       if (TRANS) tile[tr * T8_LD + tc] = q;
     }
   }

@@ -40,9 +40,14 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   stop(r, t0);
 }
 
-void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) {
+// A blocking all-reduce over the group, timed like the collectives above.
+static void tp_all_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) {
   if (r->c->size == 1) return;
   double t0 = start(r);
   r->c->ops->all_reduce(r->c, x, n, COMM_F32, op);
   stop(r, t0);
 }
+
+void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) { tp_all_reduce(r, x, n, op); }
+
+void tp_amax_reduce(const tp_region *r, float *amax, int64_t n) { tp_all_reduce(r, amax, n, COMM_MAX); }

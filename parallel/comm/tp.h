@@ -5,8 +5,8 @@
 // so a sequence shard is a contiguous block of rows. Every collective comes in two halves, so
 // work queued between them (the GEMM over this rank's own rows, a weight-gradient GEMM) runs
 // while it does (NCCL: on the tp communicator's side stream); the buffers it names must not be
-// touched in between. The one tp collective outside these pairs is the vocab-parallel
-// cross-entropy's (tp_vocab_reduce).
+// touched in between. The tp collectives outside these pairs: the vocab-parallel
+// cross-entropy's (tp_vocab_reduce) and FP8's amax (tp_amax_reduce).
 #ifndef TRAINER_TP_H
 #define TRAINER_TP_H
 
@@ -40,5 +40,8 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
 // the same result on every rank; blocking in queue order (later work sees it). Timed like the
 // collectives above; tp 1: nothing to do.
 void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op);
+// FP8 scaling: n amaxes (backend memory) of tensors split over the group, or held whole by
+// every rank, maxed over it in place, so every rank scales a tensor alike. Blocking, timed.
+void tp_amax_reduce(const tp_region *r, float *amax, int64_t n);
 
 #endif

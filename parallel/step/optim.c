@@ -1,5 +1,6 @@
 // Gradient synchronisation and AdamW (see optim.h).
 #include "parallel/step/optim.h"
+#include "model/fp8.h"
 #include "kernels/check.h"
 #include "kernels/trace.h"
 #include <math.h>
@@ -227,6 +228,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
   if (o->norm_pack) opt_unpack_norms(o);
+  model_fp8_weights_changed(m);
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;

@@ -1,6 +1,7 @@
 // Pipeline executor (see pp_exec.h). Consecutive send/recv steps of a schedule are posted as
 // one group and completed together, which is the contract pp_schedule_build is built for.
 #include "parallel/step/pp_exec.h"
+#include "model/fp8.h"
 #include "kernels/check.h"
 #include "kernels/trace.h"
 #include <string.h>
@@ -238,6 +239,7 @@ static void finish_transfers(pp_exec *e) {
 
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
   model *m = e->m;
+  model_fp8_begin_step(m, 1);
   comm *pc = m->g->pp_c;
   int64_t rows = m->dims.rows;
   double loss = 0;
@@ -293,6 +295,7 @@ double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targ
 
 double pp_exec_forward(pp_exec *e, const int32_t *tokens, const int32_t *targets) {
   model *m = e->m;
+  model_fp8_begin_step(m, 0);
   int n_vstages = m->pp * m->vpp;
   double loss = 0;
   // Virtual stages run one after the other; each waits for its input, so plain blocking

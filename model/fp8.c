@@ -1,0 +1,234 @@
+// FP8 projections (see fp8.h): scaling state, weight copies, and the three GEMM roles.
+#include "model/fp8.h"
+#include "kernels/check.h"
+#include "parallel/comm/tp.h"
+#include <string.h>
+
+// Largest input (K) and output (N) width of the four projections, on this rank.
+static void fp8_widths(const model *m, int *k_max, int *n_max) {
+  const model_dims *dm = &m->dims;
+  int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd, d = dm->d, ffn = dm->ffn;
+  int k[] = {d, qd, d, ffn}, n[] = {qkvd, d, 2 * ffn, d};
+  *k_max = *n_max = 0;
+  for (int p = 0; p < FP8_N_PROJ; p++) {
+    if (k[p] > *k_max) *k_max = k[p];
+    if (n[p] > *n_max) *n_max = n[p];
+  }
+}
+
+// Projection p of a layer: its (fused) weight in the compute dtype, N and K.
+static const void *fp8_weight(const model *m, const model_layer *ly, int p, int *n, int *k) {
+  const model_dims *dm = &m->dims;
+  int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd;
+  const model_tensor *w[] = {ly->wq, ly->wo, ly->w_gate, ly->w_down};
+  int ns[] = {qkvd, dm->d, 2 * dm->ffn, dm->d}, ks[] = {dm->d, qd, dm->d, dm->ffn};
+  *n = ns[p];
+  *k = ks[p];
+  return w[p]->pc;
+}
+
+static float *fp8_upload(k_backend *be, int64_t n, float value) {
+  float *host = XMALLOC((size_t)n * sizeof(float)), *dev = be->alloc(be, (size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) host[i] = value;
+  be->from_host(be, dev, host, (size_t)n * sizeof(float));
+  be->sync(be);
+  free(host);
+  return dev;
+}
+
+static uint8_t *fp8_formats(k_backend *be, int64_t n, int per_layer, k_fp8 (*of)(int slot, int hybrid), int hybrid) {
+  uint8_t *host = XMALLOC((size_t)n), *dev = be->alloc(be, (size_t)n);
+  for (int64_t i = 0; i < n; i++) host[i] = (uint8_t)of((int)(i % per_layer), hybrid);
+  be->from_host(be, dev, host, (size_t)n);
+  be->sync(be);
+  free(host);
+  return dev;
+}
+
+static k_fp8 fp8_act_format(int slot, int hybrid) { return slot >= FP8_G && hybrid ? K_E5M2 : K_E4M3; }
+static k_fp8 fp8_weight_format(int slot, int hybrid) { (void)slot, (void)hybrid; return K_E4M3; }
+
+int model_fp8_layer_on(const model *m, int layer) {
+  return m->fp8 && !(m->fp8->cfg.edge_layers_bf16 && (layer == 0 || layer == m->cfg.n_layers - 1));
+}
+
+void model_fp8_init(model *m, const model_fp8_config *fc) {
+  k_backend *be = m->be;
+  model_fp8 *f = XCALLOC(1, sizeof *f);
+  m->fp8 = f;
+  f->cfg = *fc;
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) m->chunks[ci].layers[i].fp8 = f->n_layers++;
+  f->n_act = (int64_t)FP8_ACT_SLOTS * f->n_layers;
+  f->n_w = (int64_t)FP8_N_PROJ * f->n_layers;
+  int len = fc->recipe == MODEL_FP8_DELAYED ? fc->amax_history : 1;
+  f->amax = be->alloc(be, (size_t)f->n_act * sizeof(float));
+  f->scale = fp8_upload(be, f->n_act, 1.0f);
+  f->scale_inv = fp8_upload(be, f->n_act, 1.0f);
+  f->history = be->alloc(be, (size_t)(f->n_act * len) * sizeof(float));
+  f->fmt = fp8_formats(be, f->n_act, FP8_ACT_SLOTS, fp8_act_format, fc->hybrid);
+  f->w_amax = be->alloc(be, (size_t)f->n_w * sizeof(float));
+  f->w_scale = fp8_upload(be, f->n_w, 1.0f);
+  f->w_scale_inv = fp8_upload(be, f->n_w, 1.0f);
+  f->w_history = be->alloc(be, (size_t)f->n_w * sizeof(float));
+  f->w_fmt = fp8_formats(be, f->n_w, FP8_N_PROJ, fp8_weight_format, 0);
+  f->amax_sink = be->alloc(be, sizeof(float));
+  f->n_nonfinite = be->alloc(be, sizeof(int));
+  f->w8 = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
+  f->w8t = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
+      model_layer *ly = &m->chunks[ci].layers[i];
+      if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
+      for (int p = 0; p < FP8_N_PROJ; p++) {
+        int n, k;
+        fp8_weight(m, ly, p, &n, &k);
+        f->w8[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
+        f->w8t[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
+      }
+    }
+  int k_max, n_max;
+  fp8_widths(m, &k_max, &n_max);
+  f->x8 = be->alloc(be, (size_t)(m->dims.rows * k_max));
+  f->g8 = be->alloc(be, (size_t)(m->dims.rows * n_max));
+  f->g8t = be->alloc(be, (size_t)(m->dims.rows * n_max));
+  f->weights_stale = 1;
+}
+
+void model_fp8_free(model *m) {
+  model_fp8 *f = m->fp8;
+  if (!f) return;
+  k_backend *be = m->be;
+  void *bufs[] = {f->amax, f->scale, f->scale_inv, f->history, f->fmt, f->w_amax, f->w_scale, f->w_scale_inv,
+                  f->w_history, f->w_fmt, f->amax_sink, f->n_nonfinite, f->x8, f->g8, f->g8t};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+  for (int64_t j = 0; j < f->n_w; j++) {
+    if (f->w8[j]) be->free(be, f->w8[j]);
+    if (f->w8t[j]) be->free(be, f->w8t[j]);
+  }
+  free(f->w8);
+  free(f->w8t);
+  free(f);
+  m->fp8 = NULL;
+}
+
+// The tp group's max of n amaxes in backend memory: the amax of a tensor split over the group
+// (the same on every rank where each holds all of it).
+static void fp8_tp_max(const model *m, float *amax, int64_t n) {
+  const tp_region r = {m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL};
+  tp_amax_reduce(&r, amax, n);
+}
+
+// Delayed scaling: this step's amaxes, maxed over the layer's tp and dp groups (each holds a
+// part of the global batch, or of the tensor), into the history and the scales.
+static void fp8_fold(model *m) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  fp8_tp_max(m, f->amax, f->n_act);
+  comm *dc = m->g->dp_c;
+  if (dc->size > 1) dc->ops->all_reduce(dc, f->amax, f->n_act, COMM_F32, COMM_MAX);
+  be->fp8_scales(be, f->history, f->amax, f->scale, f->scale_inv, f->fmt, (int)f->n_act, f->cfg.amax_history,
+                 (int)f->pos, f->cfg.margin, f->cfg.amax_max, f->n_nonfinite);
+  f->pos = (f->pos + 1) % f->cfg.amax_history;
+  f->pending = 0;
+}
+
+// The weights' FP8 copies, each scaled from its current amax (maxed over tp: a shard's amax is
+// not the tensor's).
+static void fp8_cast_weights(model *m) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int ci = 0; ci < m->vpp; ci++)
+      for (int i = 0; i < m->chunks[ci].n_layers; i++) {
+        const model_layer *ly = &m->chunks[ci].layers[i];
+        if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
+        for (int p = 0; p < FP8_N_PROJ; p++) {
+          int n, k, j = ly->fp8 * FP8_N_PROJ + p;
+          const void *w = fp8_weight(m, ly, p, &n, &k);
+          if (pass == 0) be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, NULL, NULL, f->w_amax + j);
+          else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
+        }
+      }
+    if (pass == 0) {
+      fp8_tp_max(m, f->w_amax, f->n_w);
+      be->fp8_scales(be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
+                     f->cfg.margin, 1, f->n_nonfinite);
+    }
+  }
+  f->weights_stale = 0;
+}
+
+void model_fp8_begin_step(model *m, int training) {
+  model_fp8 *f = m->fp8;
+  if (!f) return;
+  if (training && f->pending) fp8_fold(m);
+  if (f->weights_stale) fp8_cast_weights(m);
+  f->recording = training;
+  f->pending = training && f->cfg.recipe == MODEL_FP8_DELAYED;
+}
+
+void model_fp8_weights_changed(model *m) {
+  if (m->fp8) m->fp8->weights_stale = 1;
+}
+
+void model_fp8_settle(model *m) {
+  if (m->fp8 && m->fp8->pending) fp8_fold(m);
+}
+
+// Casts x (rows, cols) with activation slot i's scale into out (and/or its transpose). Current
+// scaling first takes the tensor's amax (over tp) and the scale from it; delayed scaling
+// records the amax for the next update while training.
+static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t rows, int cols, uint8_t *out,
+                          uint8_t *out_t) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  float *amax = f->amax_sink;
+  if (f->cfg.recipe == MODEL_FP8_CURRENT) {
+    int len = 1;
+    be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, NULL, NULL, f->amax + i);
+    fp8_tp_max(m, f->amax + i, 1);
+    be->fp8_scales(be, f->history + i * len, f->amax + i, f->scale + i, f->scale_inv + i, f->fmt + i, 1, len, 0,
+                   f->cfg.margin, 1, f->n_nonfinite);
+  } else if (f->recording) {
+    amax = f->amax + i;
+  }
+  be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, amax);
+}
+
+static k_fp8 fp8_grad_format(const model_fp8 *f) { return f->cfg.hybrid ? K_E5M2 : K_E4M3; }
+static int64_t fp8_x_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_X + p; }
+static int64_t fp8_g_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_G + p; }
+
+void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k) {
+  fp8_cast_slot(m, fp8_x_slot(slot, p), K_E4M3, x, rows, k, m->fp8->x8, NULL);
+}
+
+void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
+                        float beta) {
+  if (r1 <= r0) return;
+  model_fp8 *f = m->fp8;
+  int64_t ix = fp8_x_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
+  m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8 + r0 * k, K_E4M3, f->scale_inv + ix, f->w8[j], K_E4M3,
+                  f->w_scale_inv + j, beta, y, c_type, f->cfg.fast_accum);
+}
+
+void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n) {
+  model_fp8 *f = m->fp8;
+  fp8_cast_slot(m, fp8_g_slot(slot, p), fp8_grad_format(f), g, rows, n, f->g8, f->g8t);
+}
+
+void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type) {
+  model_fp8 *f = m->fp8;
+  int64_t ig = fp8_g_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
+  m->be->gemm_fp8(m->be, (int)rows, k, n, f->g8, fp8_grad_format(f), f->scale_inv + ig, f->w8t[j], K_E4M3,
+                  f->w_scale_inv + j, 0, dx, c_type, 0);
+}
+
+void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw) {
+  model_fp8 *f = m->fp8;
+  int64_t ix = fp8_x_slot(slot, p), ig = fp8_g_slot(slot, p);
+  fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
+  m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), f->scale_inv + ig, f->x8, K_E4M3,
+                  f->scale_inv + ix, 1, dw, K_F32, 0);
+}

@@ -1,0 +1,69 @@
+// FP8 for the four projections of every block (train.precision=fp8): the scaling state of each
+// projection's input, output gradient and weight, the weights' FP8 copies (and transposed
+// copies, since Hopper's FP8 GEMM takes K-major operands only), and the three GEMM roles in
+// FP8: forward Y = X W^T, data gradient dX = G W, weight gradient dW += G^T X. block.c calls
+// the roles; the step calls model_fp8_begin_step. Shared by model.c and block.c; the
+// scaling-state arrays are public so that checkpoints can save and restore them.
+#ifndef TRAINER_MODEL_FP8_H
+#define TRAINER_MODEL_FP8_H
+
+#include "model/model.h"
+
+// A layer's scaling slots: the inputs of the four projections, their output gradients, and
+// the weights. Inputs and gradients are in the activation group (delayed: an amax history),
+// weights in the weight group (scaled from their current amax each step).
+enum { FP8_QKV, FP8_O, FP8_UP, FP8_DOWN, FP8_N_PROJ };
+enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
+
+typedef struct model_fp8 {
+  model_fp8_config cfg;
+  int n_layers;              // this rank's layers (over every chunk), each with slots
+  int64_t n_act;             // FP8_ACT_SLOTS * n_layers
+  int64_t n_w;               // FP8_N_PROJ * n_layers
+  // Backend memory. Activation group (n_act): amax since the last update, scale, 1 / scale,
+  // amax history (n_act, history), format (k_fp8 per slot). Weight group (n_w) likewise, with a
+  // history of one.
+  float *amax, *scale, *scale_inv, *history;
+  float *w_amax, *w_scale, *w_scale_inv, *w_history;
+  uint8_t *fmt, *w_fmt;
+  float *amax_sink;          // (1) where casts that must not record their amax write it
+  int *n_nonfinite;          // (1) amaxes that were NaN or Inf at an update
+  uint8_t **w8, **w8t;       // (n_w) each weight (N, K) in FP8, and transposed (K, N)
+  uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
+  uint8_t *g8, *g8t;         // (rows, widest output) an output gradient cast, and transposed
+  int pending;               // activation amaxes recorded since the last update
+  int weights_stale;         // the weights changed since their FP8 copies were made
+  int recording;             // casts record their amax (training); not in evaluation
+  int64_t pos;               // history row the next update writes
+} model_fp8;
+
+void model_fp8_init(model *m, const model_fp8_config *fc);
+void model_fp8_free(model *m);
+// Whether a layer (global index) computes in FP8: not with fp8.bf16_edge_layers for the first
+// and the last block.
+int model_fp8_layer_on(const model *m, int layer);
+// Collective over the layer's tp and dp groups. Before the micro-batches of a step (training)
+// or an evaluation: training folds the amaxes of the last step into the scales (delayed
+// scaling: reduced over tp and dp, so every layout scales alike); both refresh the weights'
+// FP8 copies if the weights changed.
+void model_fp8_begin_step(model *m, int training);
+// The weights changed (an update, init, load): their FP8 copies are remade before next use.
+void model_fp8_weights_changed(model *m);
+// Collective. Folds pending amaxes into the scales now (before a checkpoint saves them); the
+// next begin_step then has nothing to fold. Same result as leaving it to begin_step.
+void model_fp8_settle(model *m);
+
+// The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
+// Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows
+// [r0, r1) of X times W^T, into c_type, with beta 0 or 1 (adding into an fp32 y).
+void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k);
+void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
+                        float beta);
+// Backward: cast the output gradient G (rows, N) act (and its transpose); then the data
+// gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 += G^T X,
+// with X (rows, K) the layer's saved input, cast again (transposed) with its forward scale.
+void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n);
+void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type);
+void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw);
+
+#endif
