@@ -80,12 +80,15 @@ def cli_mods(a):
             "mpirun": a.mpirun, "mpirun_args": shlex.split(a.mpirun_args), "timeout_s": a.timeout}
 
 
-def plan_study(study, a, trainer, env):
-    """Each variant's plan (the trainer's dry run, devices, staging); refuses unknown --only names."""
+def check_only(study, a):
     names = [v.name for v in study.variants]
     for n in a.only or []:
         if n not in names:
             raise StudyError(f"--only {n}: no such variant in {study.path} (variants: {', '.join(names)})")
+
+
+def plan_study(study, a, trainer, env):
+    """Each variant's plan: the trainer's dry run, devices, staging."""
     gpus = a.gpus if a.gpus is not None else machine.visible_gpus()[1]
     return {v.name: launch.plan_variant(study, v, trainer, env, ROOT, gpus, a.share_gpus) for v in study.variants}
 
@@ -127,6 +130,7 @@ def start(a):
     mods = cli_mods(a)
     study = spec.apply_cli(spec.load(a.study, ROOT), mods)
     out = os.path.abspath(a.out or os.path.join(ROOT, "runs", "studies", study.name))
+    check_only(study, a)
     trainer = launch.trainer_path(study, ROOT)
     env = launch.child_env(study)
     os.makedirs(out, exist_ok=True)

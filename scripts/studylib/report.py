@@ -130,9 +130,10 @@ def _failed_section(rep):
     out = []
     for v in rep["variants"]:
         for f in v["failures"]:
-            out += ["", f"### {f['stem']}: {f['why']}", "", "Last lines of its log:", "", "```"]
-            out += f["log_tail"] or ["(no log)"]
-            out.append("```")
+            out += ["", f"### {f['stem']}: {f['why']}", ""]
+            if f["errors"]:
+                out += ["Error lines of its log:", "", "```"] + f["errors"] + ["```", ""]
+            out += ["Last lines of its log:", "", "```"] + (f["log_tail"] or ["(no log)"]) + ["```"]
     return (["", "## Failed variants"] + out) if out else []
 
 

@@ -55,9 +55,11 @@ def _without_banners(lines):
     return out + (box or [])
 
 
-def _first_error(lines):
-    return next((x.strip() for x in lines if re.match(r"\s*(error|fatal)\b|.*\b(CHECK|Assertion).*fail", x,
-                                                       re.I)), None)
+def _errors(lines, n=5):
+    """The log's first error lines: the trainer prints its errors to stderr, which may land in
+    the log before the buffered stdout that precedes them, so they are not always its last lines."""
+    pat = re.compile(r"\s*(error|fatal)\b|.*\b(CHECK|Assertion).*fail", re.I)
+    return [x.strip() for x in lines if pat.match(x)][:n]
 
 
 def read_run(out, s):
@@ -74,7 +76,7 @@ def read_run(out, s):
     return {"stem": s, "found": any(x is not None for x in (status, log)) or bool(rows), "rc": rc,
             "steps": [r for r in rows if "step" in r and "loss" in r], "report": reports[-1] if reports else None,
             "log_tail": _without_banners(log.rstrip("\n").split("\n"))[-LOG_TAIL:] if log else [],
-            "error": _first_error(log.split("\n")) if log else None,
+            "errors": _errors(log.split("\n")) if log else [],
             "backend": backend.group(1) if backend else None,
             "refused": log[len(REFUSED):].strip() if log and log.startswith(REFUSED) else None}
 
@@ -86,7 +88,7 @@ def _why_failed(run):
         return ("no exit status recorded (the job did not finish: still running, cancelled or past its time "
                 "limit?)" if run["found"] else "not run: no log, metrics or status in the output folder")
     if run["rc"] != 0:
-        return describe_rc(run["rc"]) + (f": {run['error']}" if run["error"] else "")
+        return describe_rc(run["rc"]) + (f": {run['errors'][0]}" if run["errors"] else "")
     if run["report"] is None:
         return "exit status 0, but the metrics file holds no run report"
     return None
@@ -141,8 +143,8 @@ def variant_result(study, v, pv, out, required):
         failures.append((r, f"no step after the {study.warmup} warm-up steps in its metrics"))
     ok = [r for r in ok if r not in too_short]
     return {"name": v.name, "status": "failed" if failures else "ok", "runs": runs,
-            "failures": [{"stem": r["stem"], "why": why, "rc": r["rc"], "log_tail": r["log_tail"]}
-                         for r, why in failures],
+            "failures": [{"stem": r["stem"], "why": why, "rc": r["rc"], "errors": r["errors"],
+                          "log_tail": r["log_tail"]} for r, why in failures],
             "figures": figures(ok, pv) if ok else {}, "backend": next((r["backend"] for r in ok), None),
             "losses": [[s["step"], s["loss"]] for s in ok[0]["steps"]] if ok else [],
             "step_values": [_per_device(r, pv, "tokens_per_s") for r in ok]}
