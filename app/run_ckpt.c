@@ -108,6 +108,7 @@ static void fp8_from_host(model *m, const fp8_host *h, int64_t step) {
   be->from_host(be, f->history, h->history, (size_t)(f->n_act * h->len) * sizeof(float));
   be->sync(be);  // the host buffers are freed next
   f->pos = step % h->len;  // one update per step: model_fp8_settle ran before the save
+  f->have_history = step > 0;
 }
 
 static void alloc_host(const model *m, float *host[3]) {

@@ -72,7 +72,7 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->w_scale_inv = fp8_upload(be, f->n_w, 1.0f);
   f->w_history = be->alloc(be, (size_t)f->n_w * sizeof(float));
   f->w_fmt = fp8_formats(be, f->n_w, FP8_N_PROJ, fp8_weight_format, 0);
-  f->amax_sink = be->alloc(be, sizeof(float));
+  f->amax_sink = be->alloc(be, 2 * sizeof(float));
   f->n_nonfinite = be->alloc(be, sizeof(int));
   f->w8 = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
   f->w8t = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
@@ -131,6 +131,7 @@ static void fp8_fold(model *m) {
                  (int)f->pos, f->cfg.margin, f->cfg.amax_max, f->n_nonfinite);
   f->pos = (f->pos + 1) % f->cfg.amax_history;
   f->pending = 0;
+  f->have_history = 1;
 }
 
 // The weights' FP8 copies, each scaled from its current amax (maxed over tp: a shard's amax is
@@ -177,22 +178,22 @@ void model_fp8_settle(model *m) {
 }
 
 // Casts x (rows, cols) with activation slot i's scale into out (and/or its transpose). Current
-// scaling first takes the tensor's amax (over tp) and the scale from it; delayed scaling
-// records the amax for the next update while training.
+// scaling (and delayed scaling before its first update) first takes the tensor's amax (over tp)
+// and the scale from it; delayed scaling records the amax for the next update while training.
 static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t rows, int cols, uint8_t *out,
                           uint8_t *out_t) {
   model_fp8 *f = m->fp8;
   k_backend *be = m->be;
-  float *amax = f->amax_sink;
-  if (f->cfg.recipe == MODEL_FP8_CURRENT) {
-    int len = 1;
-    be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, NULL, NULL, f->amax + i);
-    fp8_tp_max(m, f->amax + i, 1);
-    be->fp8_scales(be, f->history + i * len, f->amax + i, f->scale + i, f->scale_inv + i, f->fmt + i, 1, len, 0,
-                   f->cfg.margin, 1, f->n_nonfinite);
-  } else if (f->recording) {
-    amax = f->amax + i;
+  int delayed = f->cfg.recipe == MODEL_FP8_DELAYED;
+  if (!delayed || !f->have_history) {  // the scratch amax: the recorded one keeps the step's max
+    float *a = f->amax_sink;
+    be->zero(be, a, sizeof(float));
+    be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, NULL, NULL, a);
+    fp8_tp_max(m, a, 1);
+    be->fp8_scales(be, a + 1, a, f->scale + i, f->scale_inv + i, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
+                   f->n_nonfinite);
   }
+  float *amax = delayed && f->recording ? f->amax + i : f->amax_sink;
   be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, amax);
 }
 

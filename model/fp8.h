@@ -26,7 +26,8 @@ typedef struct model_fp8 {
   float *amax, *scale, *scale_inv, *history;
   float *w_amax, *w_scale, *w_scale_inv, *w_history;
   uint8_t *fmt, *w_fmt;
-  float *amax_sink;          // (1) where casts that must not record their amax write it
+  float *amax_sink;          // (2) where casts that must not record their amax write it, and the
+                             // amax and history of a current-scaling cast
   int *n_nonfinite;          // (1) amaxes that were NaN or Inf at an update
   uint8_t **w8, **w8t;       // (n_w) each weight (N, K) in FP8, and transposed (K, N)
   uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
@@ -34,6 +35,9 @@ typedef struct model_fp8 {
   int pending;               // activation amaxes recorded since the last update
   int weights_stale;         // the weights changed since their FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
+  int have_history;          // an update has run (or was loaded): until then delayed scaling
+                             // scales like current scaling, so the first step's small gradients
+                             // do not underflow at the initial scale of 1
   int64_t pos;               // history row the next update writes
 } model_fp8;
 

@@ -22,6 +22,15 @@ if(TRAINER_HAVE_CUDA)
     trainer_add_parity(${name} 2 ${args} parallel.gpu_comm=mpi)
   endforeach()
 
+  # FP8: three layouts against 1 GPU, both in FP8 (through TRAINER_TEST_ARGS, which the reference
+  # run gets too), on 2 GPUs over NCCL.
+  set(PARITY_PREFIX gpu_)
+  set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2"
+      "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8")
+  trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
+  trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
+  trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+
   # The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.
   trainer_add_test(test_model_gpu tests/test_model_gpu.c LABELS gpu)
 endif()

@@ -45,6 +45,7 @@ struct k_cuda_lt {
   lt_plan plans[LT_CACHE];
   int n_fp8, next_fp8;  // plans made; the slot a new problem takes once all are (oldest first)
   fp8_plan fp8[LT_FP8_CACHE];
+  float *fp8_scales;    // (8) device: 16-byte aligned copies of scales that are not (see k_cuda_gemm_fp8)
 };
 
 static k_cuda_lt *lt_of(k_cuda_ctx *cx) {
@@ -194,6 +195,17 @@ extern "C" void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t
   CHECK(c_type == cx->act || c_type == K_F32, "gemm_fp8: C dtype %d must be the act dtype (%d) or K_F32", (int)c_type,
         (int)cx->act);
   CHECK(a_scale_inv != NULL && b_scale_inv != NULL, "gemm_fp8: the scale pointers must be set (device memory)");
+  // cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H100 with cuBLAS 13.1) scale
+  // pointers that are not 16-byte aligned, as a scale taken from an array of them is: those are
+  // copied, in stream order, to an aligned pair of the context's own.
+  if (((uintptr_t)a_scale_inv | (uintptr_t)b_scale_inv) % 16 != 0) {
+    k_cuda_lt *lt = lt_of(cx);
+    if (!lt->fp8_scales) CUDA_CHECK(cudaMalloc(&lt->fp8_scales, 8 * sizeof(float)));
+    CUDA_CHECK(cudaMemcpyAsync(lt->fp8_scales, a_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, cx->stream));
+    CUDA_CHECK(cudaMemcpyAsync(lt->fp8_scales + 4, b_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, cx->stream));
+    a_scale_inv = lt->fp8_scales;
+    b_scale_inv = lt->fp8_scales + 4;
+  }
   fp8_key k;
   memset(&k, 0, sizeof k);  // compared with memcmp
   k.M = M, k.N = N, k.K = K, k.a_fmt = a_fmt, k.b_fmt = b_fmt, k.c_type = c_type, k.beta_nz = beta != 0.0f;
@@ -217,6 +229,7 @@ void k_cuda_lt_free(k_cuda_lt **ltp) {
     cublasLtMatmulDescDestroy(p->op);
   }
   for (int i = 0; i < lt->n_fp8; i++) fp8_plan_free(&lt->fp8[i]);
+  if (lt->fp8_scales) CUDA_CHECK(cudaFree(lt->fp8_scales));
   if (lt->h) cublasLtDestroy(lt->h);
   free(lt);
   *ltp = NULL;
