@@ -2,6 +2,7 @@
 // YAML loading with libyaml's event API, `section.key=value` overrides, the cross-field rules
 // of cfg_validate and the YAML dump that checkpoints store. Key reference: docs/config.md.
 #include "app/config.h"
+#include "model/json.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -745,7 +746,12 @@ size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf) {
     switch (k->type) {
       case CFG_T_INT: cfg_put(&o, "%d", *(const int *)p); break;
       case CFG_T_BOOL: cfg_put(&o, "%s", *(const int *)p ? "true" : "false"); break;
-      case CFG_T_FLOAT: cfg_put(&o, "%.9g", (double)*(const float *)p); break;  // 9 digits: exact float
+      case CFG_T_FLOAT: {  // the shortest text that reads back as the same float: 3e-4 stays 0.0003
+        char text[32];
+        json_float_text(*(const float *)p, text);
+        cfg_put(&o, "%s", text);
+        break;
+      }
       case CFG_T_UINT64: cfg_put(&o, "%" PRIu64, *(const uint64_t *)p); break;
       case CFG_T_STRING: cfg_put_string(&o, p); break;
     }
