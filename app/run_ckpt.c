@@ -62,8 +62,7 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
   char *yaml = XMALLOC(n_yaml);
   cfg_to_yaml(c, yaml, n_yaml);
-  ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .rng_counter = 0,
-                    .config_yaml = yaml};
+  ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = yaml};
   int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
   free(yaml);
   free(list);
