@@ -2,6 +2,7 @@
 // YAML loading with libyaml's event API, `section.key=value` overrides, the cross-field rules
 // of cfg_validate and the YAML dump that checkpoints store. Key reference: docs/config.md.
 #include "app/config.h"
+#include "model/json.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -134,6 +135,12 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(checkpoint, every, 0, 1000000000, 100, "steps between checkpoints; 0 = only at the end"),
   CFG_STRING(checkpoint, resume, "none", "none | auto (newest in dir) | path of a checkpoint file"),
   CFG_INT(checkpoint, keep, 0, 1000000, 3, "newest checkpoints kept; 0 = all"),
+  CFG_STRING(checkpoint, init_from, "",
+             "start from these weights instead of the random init, with fresh optimizer state: hf:DIR (a Hugging "
+             "Face Llama directory, docs/hf.md); empty = random init; ignored when a checkpoint is resumed"),
+  CFG_BOOL(checkpoint, at_start, 0,
+           "also write the checkpoint of step 0 (the initial weights) before the first update; no effect without "
+           "checkpoint.dir"),
 
   CFG_INT(log, every, 1, 1000000000, 10, "steps between log lines"),
   CFG_STRING(log, metrics, "runs/default/metrics.jsonl", "JSON-lines metrics file; empty = none"),
@@ -666,6 +673,9 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "auto), or train.device=cuda", t->precision);
   CFG_RULE(c->checkpoint.resume[0] != '\0',
            "checkpoint.resume is empty: set it to none, auto, or the path of a checkpoint file");
+  const char *from = c->checkpoint.init_from;
+  CFG_RULE(!from[0] || (strncmp(from, "hf:", 3) == 0 && from[3]),
+           "checkpoint.init_from = '%s': expected hf:DIR (a Hugging Face Llama model directory) or empty", from);
   if (world_size <= 0) return 0;
 
   // Products in long long: each factor is bounded by the table, their product is not by int.
@@ -780,7 +790,12 @@ size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf) {
     switch (k->type) {
       case CFG_T_INT: cfg_put(&o, "%d", *(const int *)p); break;
       case CFG_T_BOOL: cfg_put(&o, "%s", *(const int *)p ? "true" : "false"); break;
-      case CFG_T_FLOAT: cfg_put(&o, "%.9g", (double)*(const float *)p); break;  // 9 digits: exact float
+      case CFG_T_FLOAT: {  // the shortest text that reads back as the same float: 3e-4 stays 0.0003
+        char text[32];
+        json_float_text(*(const float *)p, text);
+        cfg_put(&o, "%s", text);
+        break;
+      }
       case CFG_T_UINT64: cfg_put(&o, "%" PRIu64, *(const uint64_t *)p); break;
       case CFG_T_STRING: cfg_put_string(&o, p); break;
     }

@@ -59,6 +59,8 @@ typedef struct cfg_checkpoint {
   int every;             // steps between checkpoints; 0 = only at the end
   char resume[CFG_STR];  // none | auto | path of a checkpoint file
   int keep;              // newest checkpoints kept; 0 = all
+  char init_from[CFG_STR];  // weights to start from: hf:DIR; empty = random init
+  int at_start;          // bool: also checkpoint step 0, before the first update
 } cfg_checkpoint;
 
 typedef struct cfg_log {

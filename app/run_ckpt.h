@@ -1,6 +1,7 @@
 // Checkpoint glue between the model/optimizer and the HDF5 checkpoint module: builds the
 // tensor list (every parameter and both Adam moments at full logical shape, in one canonical
-// order on every rank), saves, finds and loads checkpoints.
+// order on every rank), saves, finds and loads checkpoints; and starts a model from a Hugging
+// Face directory (checkpoint.init_from).
 #ifndef TRAINER_RUN_CKPT_H
 #define TRAINER_RUN_CKPT_H
 
@@ -14,5 +15,10 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
 // message (model shape differs, missing tensor, unreadable file).
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err);
+// Collective. Starts the model from a Hugging Face Llama directory (checkpoint.init_from=hf:DIR):
+// checks its config.json against c->model, reads this rank's block of every parameter (fp32,
+// bf16 or fp16 in the files) and refreshes the compute copy; the optimizer state stays fresh.
+// Returns 0, or -1 with the same message on every rank.
+int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err);
 
 #endif

@@ -83,16 +83,45 @@ static void trainer_alloc_batch(trainer *t) {
   rb->window = XMALLOC((size_t)(t->c->model.seq_len + 1) * sizeof(int32_t));
 }
 
-static int trainer_resume(trainer *t, char *err, size_t n_err) {
-  char path[CFG_STR + 64];
-  int resume = trainer_resume_path(t->c, path, sizeof path, err, n_err);
-  if (resume <= 0) {
-    if (resume == 0 && t->g->world_rank == 0 && strcmp(t->c->checkpoint.resume, "auto") == 0)
-      printf("checkpoint.resume=auto: no checkpoint in '%s', starting fresh\n", t->c->checkpoint.dir);
-    return resume;
+// Where the weights come from: a checkpoint to resume (path set), checkpoint.init_from, or the
+// random init. A checkpoint found wins over init_from.
+typedef enum {
+  TRAINER_START_ERROR = -1,
+  TRAINER_START_FRESH,
+  TRAINER_START_RESUME,
+  TRAINER_START_INIT_FROM
+} trainer_start;
+
+static trainer_start trainer_start_point(const trainer *t, char *path, size_t n_path, char *err, size_t n_err) {
+  const cfg *c = t->c;
+  int resume = trainer_resume_path(c, path, n_path, err, n_err);
+  int root = t->g->world_rank == 0;
+  const char *from = c->checkpoint.init_from;
+  if (resume < 0) return TRAINER_START_ERROR;
+  if (resume == 1) {
+    if (from[0] && root) printf("checkpoint.init_from=%s ignored: resuming from %s\n", from, path);
+    return TRAINER_START_RESUME;
   }
-  if (run_ckpt_load(path, t->c, &t->m, &t->o, &t->step, &t->samples_seen, err, n_err) != 0) return -1;
-  if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
+  if (root && strcmp(c->checkpoint.resume, "auto") == 0)
+    printf("checkpoint.resume=auto: no checkpoint in '%s', starting %s\n", c->checkpoint.dir,
+           from[0] ? "from checkpoint.init_from" : "fresh");
+  return from[0] ? TRAINER_START_INIT_FROM : TRAINER_START_FRESH;
+}
+
+// Loads the weights the start point names (the random init is done by then when it applies).
+static int trainer_load_start(trainer *t, trainer_start start, const char *path, char *err, size_t n_err) {
+  if (start == TRAINER_START_RESUME) {
+    if (run_ckpt_load(path, t->c, &t->m, &t->o, &t->step, &t->samples_seen, err, n_err) != 0) return -1;
+    if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
+  } else if (start == TRAINER_START_INIT_FROM) {
+    const char *dir = t->c->checkpoint.init_from + 3;  // after "hf:" (cfg_validate)
+    char msg[1536];
+    if (run_hf_load(dir, t->c, &t->m, msg, sizeof msg) != 0)
+      return snprintf(err, n_err, "checkpoint.init_from: %s", msg), -1;
+    if (t->g->world_rank == 0)
+      printf("initialised from %s: %.2fM parameters, fresh optimizer state\n", t->c->checkpoint.init_from,
+             model_count_params(&t->c->model, NULL) / 1e6);
+  }
   return 0;
 }
 
@@ -106,10 +135,13 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->n_micro = cfg_n_micro(c);
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;
+  char path[CFG_STR + 64];
+  trainer_start start = trainer_start_point(t, path, sizeof path, err, n_err);
+  if (start == TRAINER_START_ERROR) return -1;
 
   const model_layout ml = cfg_model_layout(c);
   model_init(&t->m, &c->model, &ml, g, be);
-  model_init_weights(&t->m, c->train.seed);
+  if (start != TRAINER_START_INIT_FROM) model_init_weights(&t->m, c->train.seed);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
   model_set_timing(&t->m, c->log.time_tp ? &t->stats.tm : NULL);
   opt_init(&t->o, &t->m, &c->optim, t->n_micro);
@@ -118,7 +150,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->e.timing = &t->stats.tm;
   t->e.comm_bf16 = c->parallel.pp_comm_bf16;
   if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&t->e);
-  if (trainer_resume(t, err, n_err) < 0) return -1;
+  if (trainer_load_start(t, start, path, err, n_err) != 0) return -1;
   trainer_alloc_batch(t);
 
   int64_t n_params_no_embed = 0;
@@ -242,6 +274,12 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
     return rc;
   }
   report_model_line(&t);
+  // The initial weights as a checkpoint (checkpoint.at_start), before the first update.
+  if (c->checkpoint.dir[0] && c->checkpoint.at_start && t.step == 0 && trainer_checkpoint(&t, err, sizeof err) != 0) {
+    rc = trainer_fail(&t, "checkpoint: ", err);
+    trainer_free(&t);
+    return rc;
+  }
   t.stats.t_start = MPI_Wtime();
   struct sigaction stop_action = {.sa_handler = trainer_on_stop_signal};
   sigaction(SIGTERM, &stop_action, NULL);

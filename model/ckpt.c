@@ -283,8 +283,8 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
 
   // Attributes are collective metadata that every rank writes with identical values, and the
   // file name must agree: take both from rank 0 rather than trust every rank to match.
-  int64_t nums[4] = {meta->step, meta->samples_seen, (int64_t)meta->seed, (int64_t)meta->rng_counter};
-  MPI_CHECK(MPI_Bcast(nums, 4, MPI_INT64_T, 0, comm));
+  int64_t nums[3] = {meta->step, meta->samples_seen, (int64_t)meta->seed};
+  MPI_CHECK(MPI_Bcast(nums, 3, MPI_INT64_T, 0, comm));
   long long n_yaml = rank == 0 && meta->config_yaml ? (long long)strlen(meta->config_yaml) : 0;
   MPI_CHECK(MPI_Bcast(&n_yaml, 1, MPI_LONG_LONG, 0, comm));
   CHECK(n_yaml < INT32_MAX, "ckpt_save: config_yaml is %lld bytes, expected under 2 GiB", n_yaml);
@@ -338,9 +338,8 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
   ckpt_attr_write(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT32, &version);
   ckpt_attr_write(file, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[0]);
   ckpt_attr_write(file, "samples_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[1]);
-  uint64_t seed = (uint64_t)nums[2], rng_counter = (uint64_t)nums[3];
+  uint64_t seed = (uint64_t)nums[2];
   ckpt_attr_write(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &seed);
-  ckpt_attr_write(file, "rng_counter", H5T_STD_U64LE, H5T_NATIVE_UINT64, &rng_counter);
   ckpt_attr_write_string(file, "config_yaml", yaml);
 
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE), dxpl = H5Pcreate(H5P_DATASET_XFER);
@@ -473,10 +472,10 @@ static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *m
               path, CKPT_MAGIC);
     return -1;
   }
-  if (version != CKPT_FORMAT_VERSION) {
-    ckpt_msgf(msg, "checkpoint %s has format version %d, this trainer reads version %d: use the trainer "
+  if (version < CKPT_FORMAT_VERSION_MIN || version > CKPT_FORMAT_VERSION) {
+    ckpt_msgf(msg, "checkpoint %s has format version %d, this trainer reads versions %d to %d: use the trainer "
                    "version that wrote it, or start a fresh run",
-              path, (int)version, CKPT_FORMAT_VERSION);
+              path, (int)version, CKPT_FORMAT_VERSION_MIN, CKPT_FORMAT_VERSION);
     return -1;
   }
   int32_t complete = 0;
@@ -493,7 +492,6 @@ static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *m
   if (ckpt_attr_read(file, "step", H5T_NATIVE_INT64, &m.step) != 1) bad = "step";
   else if (ckpt_attr_read(file, "samples_seen", H5T_NATIVE_INT64, &m.samples_seen) != 1) bad = "samples_seen";
   else if (ckpt_attr_read(file, "seed", H5T_NATIVE_UINT64, &m.seed) != 1) bad = "seed";
-  else if (ckpt_attr_read(file, "rng_counter", H5T_NATIVE_UINT64, &m.rng_counter) != 1) bad = "rng_counter";
   else if (ckpt_attr_read_string(file, "config_yaml", &yaml) != 1) bad = "config_yaml";
   if (bad) {
     free(yaml);

@@ -9,7 +9,10 @@
 #include <stdint.h>
 #include <mpi.h>
 
-#define CKPT_FORMAT_VERSION 1
+// Version written. 2 dropped the root attribute rng_counter (always 0: nothing in a run draws
+// from an RNG whose state a resume needs); version 1 files still load, their rng_counter ignored.
+#define CKPT_FORMAT_VERSION 2
+#define CKPT_FORMAT_VERSION_MIN 1  // oldest version read
 #define CKPT_MAX_DIMS 4
 
 // One tensor as this rank sees it: the full logical shape in the file, and the block
@@ -29,7 +32,6 @@ typedef struct ckpt_meta {
   int64_t step;             // optimizer steps done
   int64_t samples_seen;     // data position: windows consumed from the training stream
   uint64_t seed;
-  uint64_t rng_counter;     // state of the counter-based RNG
   const char *config_yaml;  // resolved config (save); on load, a malloc'd copy the caller frees
 } ckpt_meta;
 
@@ -41,7 +43,7 @@ typedef struct ckpt_meta {
 // metadata operation. Only start, count, data and write differ between ranks; a rank that holds
 // nothing of a tensor passes a zero count or write = 0. A name may repeat (same full shape): each
 // entry is one more block of that dataset, e.g. a flat optimizer shard spanning several rows.
-// Metadata (step, samples_seen, seed, rng_counter, config_yaml) is taken from rank 0.
+// Metadata (step, samples_seen, seed, config_yaml) is taken from rank 0.
 // Also: an existing checkpoint of the same step is replaced; the checkpoint just written is
 // never rotated away, even when dir holds higher steps (a warning names them); leftover
 // .ckpt_*.h5.tmp files of crashed writes are removed. Rotation runs on rank 0 after the result is

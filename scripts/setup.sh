@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-pkgs="build-essential cmake python3 python3-matplotlib python3-yaml libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
-  libyaml-dev bible-kjv"
+# python3-matplotlib and python3-yaml: scripts/study.py; python3-numpy and python3-h5py: the tests'
+# independent reader of safetensors exports and checkpoints.
+pkgs="build-essential cmake python3 python3-matplotlib python3-yaml python3-numpy python3-h5py libopenmpi-dev openmpi-bin \
+libhdf5-openmpi-dev hdf5-tools libyaml-dev bible-kjv"
 missing=""
 for p in $pkgs; do dpkg -s "$p" > /dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -97,3 +97,38 @@ resumed_bitwise() {
     fail "final checkpoints differ"
   fi
 }
+
+# numpy_python: prints a python3 that has numpy and h5py (Debian's python3-numpy and python3-h5py,
+# which scripts/setup.sh installs): the one on PATH, else the system's.
+numpy_python() {
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import numpy, h5py' > /dev/null 2>&1; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+# expect_fails WHAT PATTERN CMD...: CMD exits non-zero (not by a signal, no crash) and prints a
+# line "error: ...PATTERN".
+expect_fails() {
+  local what=$1 pattern=$2 status
+  shift 2
+  set +e
+  "$@" > "$WORK/out" 2>&1
+  status=$?
+  set -e
+  if [ "$status" = 0 ]; then fail "$what: exit 0"; return; fi
+  if [ "$status" -gt 128 ]; then fail "$what: killed by a signal ($status)"; cat "$WORK/out"; return; fi
+  if grep -q "error:.*$pattern" "$WORK/out"; then
+    pass "$what: $(grep -m1 'error:' "$WORK/out")"
+  else
+    fail "$what: no message matching '$pattern'"; cat "$WORK/out"
+  fi
+  if grep -qiE "segmentation|core dumped|backtrace" "$WORK/out"; then fail "$what: crashed"; fi
+}
+
+# expect_error WHAT PATTERN NP ARGS...: the trainer on NP ranks with ARGS fails that way.
+expect_error() {
+  local what=$1 pattern=$2 np=$3
+  shift 3
+  expect_fails "$what" "$pattern" $MPIRUN -np "$np" "$TRAINER" "$@"
+}

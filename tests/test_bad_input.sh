@@ -1,25 +1,8 @@
 #!/bin/sh
 # Bad input gets one clear message and a non-zero exit, never a crash: each case names the
-# problem. expect_error NAME PATTERN NP ARGS...
+# problem (expect_error in lib.sh).
 . "$(dirname "$0")/lib.sh"
 make_corpus
-
-expect_error() {
-  local what=$1 pattern=$2 np=$3 status
-  shift 3
-  set +e
-  $MPIRUN -np "$np" "$TRAINER" "$@" > "$WORK/out" 2>&1
-  status=$?
-  set -e
-  if [ "$status" = 0 ]; then fail "$what: exit 0"; return; fi
-  if [ "$status" -gt 128 ]; then fail "$what: killed by a signal ($status)"; cat "$WORK/out"; return; fi
-  if grep -q "error:.*$pattern" "$WORK/out"; then
-    pass "$what: $(grep -m1 'error:' "$WORK/out")"
-  else
-    fail "$what: no message matching '$pattern'"; cat "$WORK/out"
-  fi
-  if grep -qiE "segmentation|core dumped|backtrace" "$WORK/out"; then fail "$what: crashed"; fi
-}
 
 T="$SRC/configs/tiny.yaml"
 D="data.train=$WORK/data/train_*.bin"

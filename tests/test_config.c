@@ -267,6 +267,10 @@ static void test_round_trip(void) {
   size_t n = cfg_to_yaml(&a, buf, need + 1);
   EXPECT(n == need && strlen(buf) == n, "to_yaml size %zu vs %zu", n, need);
   EXPECT(has(buf, "model:\n  dim: 96\n") && has(buf, "\nlog:\n"), "layout of the dump");
+  // Floats read as written: the shortest text that gives the same float back.
+  EXPECT(has(buf, "  init_std: 0.0123\n") && has(buf, "  min_lr: 1e-07\n") && has(buf, "  lr: 0.1\n") &&
+         has(buf, "  norm_eps: 1.2345678e-06\n") && has(buf, "  rope_theta: 500000\n"),
+         "floats as written:\n%s", buf);
   EXPECT(cfg_load_string(&b, buf, "ckpt:/config", err, sizeof err) == 0, "%s\n%s", err, buf);
   EXPECT(!strcmp(b.path, "ckpt:/config"), "path '%s'", b.path);
   memcpy(b.path, a.path, sizeof a.path);
@@ -284,6 +288,8 @@ static void test_round_trip(void) {
   EXPECT(cfg_load_string(&b, buf, NULL, err, sizeof err) == 0, "%s", err);
   memcpy(b.path, a.path, sizeof a.path);
   EXPECT(memcmp(&a, &b, sizeof a) == 0, "defaults round trip");
+  EXPECT(has(buf, "  lr: 0.003\n") && has(buf, "  min_lr: 0.0003\n") && has(buf, "  eps: 1e-08\n") &&
+         has(buf, "  beta2: 0.95\n"), "defaults as written:\n%s", buf);
   // cfg_load_string reports errors under its name.
   EXPECT(cfg_load_string(&b, "model:\n  dimm: 1\n", "ckpt.h5", err, sizeof err) == -1 && has(err, "ckpt.h5:2:"),
          "'%s'", err);

@@ -2,7 +2,8 @@
 # Resume is bitwise: 6 steps in one process equal 3 steps, a checkpoint, and 3 more steps in
 # a fresh process (same logged losses, identical final parameters and Adam moments). Then a
 # process killed (SIGKILL) while it writes a checkpoint leaves the previous one loadable, and
-# checkpoint.resume=auto continues from it to the same result.
+# checkpoint.resume=auto continues from it to the same result. A checkpoint of step 0
+# (checkpoint.at_start) resumes bitwise too.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 run straight 1 checkpoint.every=3 || fail "uninterrupted run"
@@ -11,6 +12,21 @@ run split 1 checkpoint.every=3 train.stop_at=3 || fail "first half"
 mv "$WORK/split/metrics.jsonl" "$WORK/split/first.jsonl"
 run split 1 checkpoint.every=3 checkpoint.resume=auto || fail "second half"
 resumed_bitwise straight split
+
+# The initial weights as a checkpoint (checkpoint.at_start): writing step 0 changes nothing, and a
+# run resumed from it equals the uninterrupted run bit for bit.
+run at0 1 checkpoint.every=3 checkpoint.at_start=true || fail "run with checkpoint.at_start"
+grep -q "checkpoint: step 0 saved" "$WORK/at0/log" && [ -f "$WORK/at0/ckpt/ckpt_00000000.h5" ] \
+  && pass "checkpoint of step 0 written before the first update" || fail "no checkpoint of step 0"
+"$BUILD/ckpt_compare" "$WORK/straight/ckpt/ckpt_00000006.h5" "$WORK/at0/ckpt/ckpt_00000006.h5" --rtol 0 --prefix "" \
+  && pass "a run with at_start ends bitwise like one without" || fail "at_start changed the run"
+run at0_resumed 1 checkpoint.every=3 "checkpoint.resume=$WORK/at0/ckpt/ckpt_00000000.h5" || fail "resume from step 0"
+grep -q "resumed from .*ckpt_00000000.h5 at step 0" "$WORK/at0_resumed/log" && pass "resumed at step 0" \
+  || fail "did not resume at step 0"
+same_losses straight at0_resumed 0 && pass "losses after resuming from step 0 are bitwise equal" \
+  || fail "losses after resuming from step 0 differ"
+"$BUILD/ckpt_compare" "$WORK/straight/ckpt/ckpt_00000006.h5" "$WORK/at0_resumed/ckpt/ckpt_00000006.h5" --rtol 0 \
+  --prefix "" && pass "resumed from step 0: final checkpoints bitwise equal" || fail "resumed from step 0 differs"
 
 # Crash mid-write: checkpoints every 2 steps; the write at step 4 is killed after 5 tensors.
 run crash 1 checkpoint.every=2 train.stop_at=2 || fail "run to step 2"
