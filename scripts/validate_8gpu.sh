@@ -63,7 +63,10 @@ run() {  # name np config overrides...
     failed=1
   fi
 }
-for l in $layouts; do want "$l" && run "$l" 8 "$l"; done
+# configs/7b_tp2_dp4.yaml is laid out for 16 GPUs (tp2 pp2 dp4, two nodes); on 8 it runs as the
+# 8-GPU tp2 dp4 layout: no pipeline, micro-batches of 2.
+on8() { [ "$1" = 7b_tp2_dp4 ] && echo parallel.pp=1 parallel.vpp=1 train.micro_batch=2; }
+for l in $layouts; do want "$l" && run "$l" 8 "$l" $(on8 "$l"); done
 if want commbench && [ -x "$bin/commbench" ]; then
   echo "== commbench on 8 ranks"
   if [ "$tiny" = 1 ]; then cb=(--backend mpi --max-bytes 65536); else cb=(--max-bytes 1073741824); fi
