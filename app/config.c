@@ -688,10 +688,21 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
     p->dp = (int)(world_size / model_par);
   }
   long long dp = p->dp;
-  CFG_RULE(model_par * dp == world_size,
-           "parallel.tp * parallel.pp * parallel.dp = %d * %d * %d = %lld does not match the world size %d: "
-           "set parallel.dp=0 to infer it, or launch %lld ranks",
-           p->tp, p->pp, p->dp, model_par * dp, world_size, model_par * dp);
+  if (model_par * dp != world_size) {
+    // Name the rank count the config is laid out for, and the override that adapts it to these ranks.
+    char fit[256];
+    if (world_size % model_par == 0)
+      snprintf(fit, sizeof fit, "to run it on %d, add the override parallel.dp=0 (dp = %d / (tp * pp) = %lld)",
+               world_size, world_size, world_size / model_par);
+    else
+      snprintf(fit, sizeof fit, "%d ranks do not divide into tp * pp = %lld: launch a multiple of %lld, or change "
+               "parallel.tp / parallel.pp and add parallel.dp=0", world_size, model_par, model_par);
+    return cfg_fail(err, n_err, NULL,
+                    "parallel.tp * parallel.pp * parallel.dp = %d * %d * %d = %lld does not match the world size %d: "
+                    "%s is laid out for %lld ranks (mpirun -np %lld); %s",
+                    p->tp, p->pp, p->dp, model_par * dp, world_size, c->path[0] ? c->path : "the config",
+                    model_par * dp, model_par * dp, fit);
+  }
   CFG_RULE(m->n_heads % p->tp == 0 && m->n_kv_heads % p->tp == 0,
            "model.n_heads = %d and model.n_kv_heads = %d must both be divisible by parallel.tp = %d: "
            "lower tp or change the head counts",

@@ -52,6 +52,8 @@ static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
 
 int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   memset(f, 0, sizeof *f);
+  f->device = -1;
+  launch_place_init(&f->place);
   int n_gpus = factory_gpu_count(), gpu = factory_use_gpu(c, n_gpus, err, n_err);
   if (gpu < 0) return -1;
   const cfg_parallel *p = &c->parallel;
@@ -63,7 +65,7 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
     // (and where a launcher shows each rank one GPU, that one). NCCL refuses two ranks on one
     // GPU; the staged MPI communicator lets them share it. Both order their work on the
     // backend's compute stream.
-    bo.device = comm_nccl_local_rank() % n_gpus;
+    bo.device = f->device = f->place.local_rank % n_gpus;
     f->be = k_backend_cuda_create(&bo);
     co.stream = k_cuda_stream_of(f->be);
     f->comms = strcmp(p->gpu_comm, "mpi") == 0 ? comm_staged_factory(&co) : comm_nccl_factory(&co);

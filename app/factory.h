@@ -7,12 +7,15 @@
 #include "app/config.h"
 #include "kernels/backend.h"
 #include "parallel/comm/grid.h"
+#include "parallel/comm/launch.h"
 
 typedef struct factory {
   k_backend *be;
   comm_factory comms;
   grid g;
   int have_grid;
+  launch_place place;  // this rank's node and node-local rank
+  int device;          // the GPU this rank runs on, or -1 (CPU)
 } factory;
 
 // The backend options train.precision, train.attention, train.cpu_isa and log.peak_tflops ask for.

@@ -1,5 +1,6 @@
 // trainer: command-line entry point.
-//   mpirun -np N build/trainer CONFIG.yaml [section.key=value ...] [--dry-run [--world-size N]]
+//   mpirun -np N build/trainer CONFIG.yaml [section.key=value ...] [--print-layout]
+//   build/trainer CONFIG.yaml [section.key=value ...] --dry-run [--world-size N] [--gpus-per-node N]
 // Parses the command line, loads and validates the config, then either prints the plan
 // (--dry-run, nothing allocated) or builds the backend, communicators and grid through the
 // factory and runs the trainer.
@@ -7,6 +8,7 @@
 #include "app/factory.h"
 #include "app/plan.h"
 #include "app/trainer.h"
+#include "parallel/comm/launch.h"
 #include "parallel/step/pp_schedule.h"
 #include <mpi.h>
 #include <stdio.h>
@@ -15,16 +17,23 @@
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: trainer CONFIG.yaml [section.key=value ...] [--dry-run [--world-size N]]\n"
-          "  trains the run that CONFIG describes (docs/config.md); under mpirun, one process per rank.\n"
-          "  --dry-run      print the layout, parameters and memory per rank, allocate nothing\n"
-          "  --world-size N with --dry-run: plan for N ranks (default: the number of MPI ranks)\n");
+          "usage: trainer CONFIG.yaml [section.key=value ...] [--print-layout] [--dry-run [--world-size N] "
+          "[--gpus-per-node N]]\n"
+          "  trains the run that CONFIG describes (docs/config.md); under mpirun or srun, one process per rank.\n"
+          "  --print-layout    at start-up, one line per rank: node, node-local rank, tp/dp/pp coordinates,\n"
+          "                    device and what the launcher said (docs/multinode.md)\n"
+          "  --dry-run         print the layout, parameters, memory per rank and the launch command; allocate\n"
+          "                    nothing\n"
+          "  --world-size N    with --dry-run: plan for N ranks (default: tp * pp * dp of the config; with\n"
+          "                    parallel.dp = 0, the number of ranks launched)\n"
+          "  --gpus-per-node N with --dry-run: ranks per node in the launch command and node map (default 8)\n");
 }
 
 typedef struct cli {
   const char *path;
   char **over;  // section.key=value overrides
-  int n_over, dry_run, plan_world;
+  int n_over, dry_run, plan_world, gpus_per_node, print_layout;
+  const char *argv0;
 } cli;
 
 enum { CLI_RUN = 0, CLI_HELP = -1 };  // cli_parse's results besides an exit code
@@ -32,10 +41,24 @@ enum { CLI_RUN = 0, CLI_HELP = -1 };  // cli_parse's results besides an exit cod
 // CLI_RUN, CLI_HELP (usage printed), or the exit code of a bad command line. Rank 0 prints.
 static int cli_parse(cli *a, int argc, char **argv, int rank) {
   a->over = calloc((size_t)argc, sizeof(char *));
+  a->argv0 = argv[0];
+  a->gpus_per_node = 8;
   for (int i = 1; i < argc; i++) {
+    int *num = strcmp(argv[i], "--world-size") == 0 ? &a->plan_world
+               : strcmp(argv[i], "--gpus-per-node") == 0 ? &a->gpus_per_node : NULL;
     if (strcmp(argv[i], "--dry-run") == 0) a->dry_run = 1;
-    else if (strcmp(argv[i], "--world-size") == 0 && i + 1 < argc) a->plan_world = atoi(argv[++i]);
-    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+    else if (strcmp(argv[i], "--print-layout") == 0) a->print_layout = 1;
+    else if (num) {
+      char *end = NULL;
+      long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+      if (!end || *end || v < 1 || v > 1048576) {
+        if (rank == 0) fprintf(stderr, "error: %s needs a whole number of ranks from 1 to 1048576, found '%s'\n",
+                               argv[i], i + 1 < argc ? argv[i + 1] : "");
+        return 2;
+      }
+      *num = (int)v;
+      i++;
+    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       if (rank == 0) usage();
       return CLI_HELP;
     } else if (argv[i][0] == '-') {
@@ -62,21 +85,50 @@ static void print_resolved(const cfg *c, const char *path) {
   free(yaml);
 }
 
-static int run(const cli *a, int rank, int world) {
+// The ranks --dry-run plans for: --world-size, else the config's own tp * pp * dp, else (dp 0)
+// the ranks launched. 0 with a message when the config does not load.
+static int plan_ranks(const cli *a, int world, int *from_launch, char *err, size_t n_err) {
+  *from_launch = 0;
+  if (a->plan_world > 0) return a->plan_world;
+  cfg c;
+  if (cfg_load(&c, a->path, a->n_over, a->over, err, n_err) != 0) return 0;
+  const cfg_parallel *p = &c.parallel;
+  long long own = (long long)p->tp * p->pp * p->dp;
+  if (p->dp > 0 && own <= 1048576) return (int)own;
+  *from_launch = 1;
+  return world;
+}
+
+static int run(const cli *a, int rank, int world, const launch_env *env) {
   cfg c;
   char err[2048];
-  int ranks = a->dry_run && a->plan_world > 0 ? a->plan_world : world;
+  int ranks = world, from_launch = 0;
+  if (a->dry_run && (ranks = plan_ranks(a, world, &from_launch, err, sizeof err)) == 0) {
+    if (rank == 0) fprintf(stderr, "error: %s\n", err);
+    return 2;
+  }
   if (load_config(&c, a, ranks, err, sizeof err) != 0) {
     if (rank == 0) fprintf(stderr, "error: %s\n", err);
     return 2;
   }
-  if (a->dry_run) return rank == 0 ? run_plan(&c, ranks) : 0;
+  if (a->dry_run) {
+    if (rank != 0) return 0;
+    if (from_launch)
+      printf("parallel.dp = 0 leaves the rank count to the launch: planned for the %d rank%s launched; pass "
+             "--world-size N (or launch N ranks) to plan for N\n", ranks, ranks == 1 ? "" : "s");
+    plan_launch launch = {.argv0 = a->argv0, .config = a->path, .over = (const char *const *)a->over,
+                          .n_over = a->n_over, .gpus_per_node = a->gpus_per_node};
+    return run_plan(&c, ranks, &launch);
+  }
   factory f;
   if (factory_init(&f, &c, err, sizeof err) != 0) {
     if (rank == 0) fprintf(stderr, "error: %s\n", err);
     factory_free(&f);
     return 2;
   }
+  char device[24] = "cpu";
+  if (f.device >= 0) snprintf(device, sizeof device, "cuda:%d", f.device);
+  launch_report(&f.place, env, &f.g, device, a->print_layout, stdout);
   if (rank == 0) print_resolved(&c, a->path);
   // Test-only fault injection (tests/test_resume.sh), read once here.
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
@@ -93,7 +145,16 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   cli a = {0};
   int rc = cli_parse(&a, argc, argv, rank);
-  if (rc == CLI_RUN) rc = run(&a, rank, world);
+  // A launcher that started more processes than MPI connected (srun without a PMI plugin) would
+  // leave each one training alone: stop before any of them writes.
+  launch_env env;
+  launch_env_read(&env, NULL, NULL);
+  char err[1024];
+  if (rc == CLI_RUN && launch_check_size(&env, world, err, sizeof err) != 0) {
+    if (env.rank <= 0) fprintf(stderr, "error: %s\n", err);
+    rc = 2;
+  }
+  if (rc == CLI_RUN) rc = run(&a, rank, world, &env);
   free(a.over);
   MPI_Finalize();
   return rc == CLI_HELP ? 0 : rc;

@@ -16,7 +16,63 @@ static int64_t local_elems(const model_config *mc, int tp, model_kind k) {
   return model_specs[k].tp_split >= 0 ? n / tp : n;
 }
 
-int run_plan(const cfg *c, int world_size) {
+// A word of a shell command, quoted where the shell would change it.
+static void plan_word(const char *w) {
+  if (*w && strspn(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,/:=+@%") == strlen(w)) {
+    printf(" %s", w);
+    return;
+  }
+  printf(" '");
+  for (const char *q = w; *q; q++) *q == '\'' ? printf("'\\''") : putchar(*q);
+  putchar('\'');
+}
+
+static void plan_trainer_args(const plan_launch *l) {
+  plan_word(l->argv0);
+  plan_word(l->config);
+  for (int i = 0; i < l->n_over; i++) plan_word(l->over[i]);
+  putchar('\n');
+}
+
+// Whether some group of the axis (0 tp, 1 dp, 2 pp) holds ranks of two nodes of rpn ranks each.
+static int plan_axis_spans(int tp, int dp, int pp, int axis, int rpn) {
+  for (int r = 0; r < tp * dp * pp; r++) {
+    int t = r % tp, d = (r / tp) % dp, p = r / (tp * dp);
+    int first = axis == 0 ? tp * (d + dp * p) : axis == 1 ? t + tp * dp * p : t + tp * d;
+    if (r / rpn != first / rpn) return 1;
+  }
+  return 0;
+}
+
+// How the ranks land on nodes of gpus_per_node GPUs, and the commands that launch them so.
+static void plan_print_launch(const cfg *c, int world, const plan_launch *l) {
+  const cfg_parallel *pc = &c->parallel;
+  int rpn = l->gpus_per_node < world ? l->gpus_per_node : world, n_nodes = (world + rpn - 1) / rpn;
+  static const char *const axes[] = {"tp", "dp", "pp"};
+  char inside[32] = "", across[32] = "";
+  for (int a = 0; a < 3; a++) {
+    int size = a == 0 ? pc->tp : a == 1 ? pc->dp : pc->pp;
+    if (size == 1) continue;
+    char *dst = plan_axis_spans(pc->tp, pc->dp, pc->pp, a, rpn) ? across : inside;
+    snprintf(dst + strlen(dst), 32 - strlen(dst), "%s%s", *dst ? ", " : "", axes[a]);
+  }
+  printf("launch: %d rank%s on %d node%s of %d (--gpus-per-node %d); groups inside a node: %s; across nodes: %s\n",
+         world, world == 1 ? "" : "s", n_nodes, n_nodes == 1 ? "" : "s", rpn, l->gpus_per_node,
+         *inside ? inside : "none", *across ? across : "none");
+  if (pc->tp > 1 && plan_axis_spans(pc->tp, pc->dp, pc->pp, 0, rpn))
+    printf("warning: with %d ranks per node, tp groups of %d span nodes: pick --gpus-per-node a multiple of tp\n",
+           rpn, pc->tp);
+  if (n_nodes > 1) printf("  mpirun -np %d --hostfile HOSTFILE --map-by ppr:%d:node", world, rpn);
+  else printf("  mpirun -np %d", world);
+  plan_trainer_args(l);
+  printf("  srun --nodes %d", n_nodes);
+  if (world % rpn) printf(" --ntasks %d", world);
+  printf(" --ntasks-per-node %d --gpus-per-node %d", rpn, rpn);
+  plan_trainer_args(l);
+  if (n_nodes > 1) printf("(HOSTFILE: one line per node, `name slots=%d`; docs/multinode.md)\n", rpn);
+}
+
+int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   const model_config *mc = &c->model;
   const cfg_parallel *pc = &c->parallel;
   int tp = pc->tp, pp = pc->pp, dp = pc->dp, vpp = pc->vpp;
@@ -101,5 +157,6 @@ int run_plan(const cfg *c, int world_size) {
          "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
          ml.fp8.enabled ? "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers" : "");
+  if (launch) plan_print_launch(c, world_size, launch);
   return 0;
 }

@@ -1,11 +1,20 @@
 // `trainer CONFIG --dry-run`: the layout of a run (which rank holds which layers, heads and
-// vocab slice), parameters per rank and a memory estimate per rank, without allocating.
+// vocab slice), parameters per rank, a memory estimate per rank, and the command that launches
+// it on nodes of --gpus-per-node GPUs (which groups stay inside a node), without allocating.
 #ifndef TRAINER_PLAN_H
 #define TRAINER_PLAN_H
 
 #include "app/config.h"
 
+// The command line the plan's launch lines repeat.
+typedef struct plan_launch {
+  const char *argv0, *config;  // the trainer as it was called, the config path
+  const char *const *over;     // (n_over) section.key=value overrides
+  int n_over;
+  int gpus_per_node;           // ranks per node of the launch lines (at most the world size)
+} plan_launch;
+
 // Prints the plan of c (validated for world_size ranks) to stdout. Returns 0.
-int run_plan(const cfg *c, int world_size);
+int run_plan(const cfg *c, int world_size, const plan_launch *launch);
 
 #endif

@@ -1,11 +1,17 @@
 # End-to-end tests of the trainer binary: bitwise resume (one rank, and three 2-rank layouts) and
 # crash safety, bad input, checkpoints moved between layouts, the dry-run plans, bitwise
-# activation recomputation, and the 8-GPU validation script on CPU ranks.
-foreach(t resume bad_input layout_resume dry_run recompute validate_8gpu)
+# activation recomputation, the 8-GPU validation script on CPU ranks, and the 16-rank headline
+# command on two nodes simulated on this machine.
+foreach(t resume bad_input layout_resume dry_run recompute validate_8gpu two_nodes)
   add_test(NAME e2e_${t} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_${t}.sh)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endforeach()
+# The README's srun line on a two-node Slurm cluster the test starts here (root; it installs
+# slurm-wlm when missing, and is skipped without root).
+add_test(NAME e2e_slurm COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_slurm.sh)
+set_tests_properties(e2e_slurm PROPERTIES LABELS "e2e" SKIP_RETURN_CODE 77 TIMEOUT 900 ENVIRONMENT
+                     "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 set(RESUME_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
 set(RESUME_TP2_SP parallel.tp=2 parallel.sequence_parallel=true)
 set(RESUME_PP2_VPP2_OVERLAP parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true)

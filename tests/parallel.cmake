@@ -1,8 +1,11 @@
 # Tests of the parallel layer: the communicator suite and process grid over the MPI communicator
-# under 4 ranks (nccl.cmake runs the same suite over NCCL and staged on GPUs), pipeline schedule
-# invariants in one process.
+# under 4 ranks (nccl.cmake runs the same suite over NCCL and staged on GPUs), where ranks run,
+# pipeline schedule invariants in one process.
 trainer_add_test(test_comm tests/test_comm.c NP 4 ARGS --comm mpi)
 trainer_add_test(test_pp_schedule tests/test_pp_schedule.c)
+# Where ranks run: the launchers' environments set by hand (srun, mpirun, hydra), MPI's view of
+# the node and the start-up layout report, under 4 ranks.
+trainer_add_test(test_launch tests/test_launch.c NP 4)
 # A tool: every rank's schedule as text, for scripts/pp_bubble_model.py.
 add_executable(pp_schedule_dump tests/pp_schedule_dump.c)
 target_link_libraries(pp_schedule_dump PRIVATE trainer_step)

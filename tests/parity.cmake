@@ -37,7 +37,8 @@ set(PARITY_ENV "")
 trainer_add_parity(tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
-# The 8-GPU layouts of configs/7b_*.yaml on 8 CPU ranks with the tiny model (tp2_pp2_dp2 above).
+# The 8-GPU layouts of configs/7b_*.yaml on 8 CPU ranks with the tiny model (tp2_pp2_dp2 above;
+# tp2_dp4 is configs/7b_tp2_dp4.yaml's 8-GPU form, pp 1: its 16-rank layout is e2e_two_nodes).
 trainer_add_parity(tp2_dp4_sp 8 parallel.tp=2 parallel.dp=4 parallel.sequence_parallel=true)
 trainer_add_parity(tp4_dp2_sp 8 parallel.tp=4 parallel.dp=2 parallel.sequence_parallel=true model.n_kv_heads=4)
 trainer_add_parity(dp8_distopt 8 parallel.dp=8 parallel.distributed_optimizer=true train.micro_batch=1)

@@ -28,6 +28,16 @@ expect_error "missing checkpoint file" "nope.h5" 1 "$T" "$D" "$V" "checkpoint.re
 
 # Layouts refused before anything is allocated.
 expect_error "world size not divisible" "world size 3" 3 "$T" "$D" parallel.tp=2
+expect_error "7B 16-rank layout on 8 ranks" "laid out for 16 ranks.*override parallel.dp=0" 8 \
+  "$SRC/configs/7b_tp2_dp4.yaml" "$D" train.device=cpu
+# A job step whose tasks MPI did not connect (srun without a PMI plugin, with an MPI library that
+# then starts each task alone; Open MPI refuses that itself in MPI_Init): srun's variables set by
+# hand on one plain process, task 0 of 16, which says so; the other tasks stay silent.
+if SLURM_STEP_NUM_TASKS=16 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 "$TRAINER" "$T" "$D" > "$WORK/out" 2>&1; then
+  fail "a task of srun alone in its MPI world: exit 0"
+elif grep -q "error: srun started 16 processes, but MPI_COMM_WORLD holds 1.*srun --mpi=pmix" "$WORK/out"; then
+  pass "a task of srun alone in its MPI world: $(cut -c1-100 "$WORK/out")..."
+else fail "a task of srun alone in its MPI world: $(cat "$WORK/out")"; fi
 expect_error "n_heads not divisible by tp" "n_heads" 8 "$T" "$D" parallel.tp=8
 expect_error "n_kv_heads not divisible by tp" "n_kv_heads" 4 "$T" "$D" parallel.tp=4
 expect_error "n_layers not divisible by pp*vpp" "n_layers" 2 "$T" "$D" parallel.pp=2 parallel.vpp=4

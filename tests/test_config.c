@@ -221,7 +221,9 @@ static void test_validate(void) {
   // Layout rules.
   INVALID(6, OV("parallel.tp=2", "parallel.pp=2"), "world size 6 is not divisible by parallel.tp * parallel.pp = 4");
   INVALID(8, OV("parallel.tp=2", "parallel.dp=2"), "parallel.tp * parallel.pp * parallel.dp", "world size 8",
-          "parallel.dp=0");
+          "is laid out for 4 ranks (mpirun -np 4)", "add the override parallel.dp=0 (dp = 8 / (tp * pp) = 4)");
+  INVALID(6, OV("parallel.tp=4", "parallel.dp=1"), "= 4 does not match the world size 6", "laid out for 4 ranks",
+          "6 ranks do not divide into tp * pp = 4: launch a multiple of 4");
   INVALID(2, OV("parallel.tp=2", "model.n_kv_heads=1"), "model.n_heads = 8", "model.n_kv_heads = 1",
           "parallel.tp = 2");
   INVALID(16, OV("parallel.tp=16"), "model.n_heads = 8", "model.n_kv_heads = 4", "parallel.tp = 16");

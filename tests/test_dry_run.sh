@@ -1,15 +1,46 @@
 #!/bin/sh
-# --dry-run plans every shipped config without allocating: the 8-GPU 7B layouts for 8 ranks,
-# the others for their own layout. Each must print its plan and exit 0.
+# --dry-run plans every shipped config without allocating, for the config's own rank count when
+# no --world-size is given: 7b_tp2_dp4 for its 16 ranks (two nodes of 8), the other 7B layouts
+# for 8, and the configs with parallel.dp = 0 for the ranks launched (1 here, which the plan
+# says). Each must print its plan and launch lines and exit 0. Then the 16-rank plan's launch
+# lines and memory, --gpus-per-node, and --world-size against a config laid out for 16.
 . "$(dirname "$0")/lib.sh"
 for f in "$SRC"/configs/*.yaml; do
   name=$(basename "$f" .yaml)
-  case $name in 7b_tp*|7b_dp*|7b_pp*) ranks=8 ;; *) ranks=1 ;; esac
-  if "$TRAINER" "$f" --dry-run --world-size $ranks > "$WORK/plan.txt" 2>&1 && grep -q "^plan: $ranks ranks" "$WORK/plan.txt" \
-     && grep -q "memory per rank" "$WORK/plan.txt"; then
+  case $name in 7b_tp2_dp4) ranks=16 ;; 7b_tp*|7b_dp*|7b_pp*) ranks=8 ;; *) ranks=1 ;; esac
+  if "$TRAINER" "$f" --dry-run > "$WORK/plan.txt" 2>&1 && grep -q "^plan: $ranks ranks" "$WORK/plan.txt" \
+     && grep -q "memory per rank" "$WORK/plan.txt" && grep -q "^  mpirun -np $ranks .*$f$" "$WORK/plan.txt" \
+     && grep -q "^  srun --nodes .*$f$" "$WORK/plan.txt"; then
     pass "$name planned for $ranks ranks ($(grep -c '^  [0-9]' "$WORK/plan.txt") rank rows)"
   else
     fail "$name: $(cat "$WORK/plan.txt")"
   fi
+  if [ "$ranks" = 1 ]; then
+    grep -q "parallel.dp = 0 leaves the rank count to the launch: planned for the 1 rank launched; pass --world-size N" \
+      "$WORK/plan.txt" && pass "$name: the plan says dp 0 follows the launch" || fail "$name: no dp 0 note"
+  fi
 done
+
+C="$SRC/configs/7b_tp2_dp4.yaml"
+"$TRAINER" "$C" --dry-run > "$WORK/p16.txt" 2>&1
+grep -q "^launch: 16 ranks on 2 nodes of 8 (--gpus-per-node 8); groups inside a node: tp, dp; across nodes: pp$" "$WORK/p16.txt" \
+  && grep -q "^  mpirun -np 16 --hostfile HOSTFILE --map-by ppr:8:node .*trainer $C$" "$WORK/p16.txt" \
+  && grep -q "^  srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 .*trainer $C$" "$WORK/p16.txt" \
+  && pass "7b_tp2_dp4: two nodes of 8, only pp between them, mpirun and srun lines" || fail "7b_tp2_dp4 launch: $(cat "$WORK/p16.txt")"
+# The plan's largest rank (GiB) leaves room on an 80 GB H100 for what it does not count (CUDA
+# context, workspaces, communicator buffers).
+most=$(awk '$1 ~ /^[0-9]+$/ && $NF ~ /G$/ { v = $NF; sub("G", "", v); if (v + 0 > m) m = v + 0 } END { print m }' "$WORK/p16.txt")
+python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) <= 60 else 1)" "$most" \
+  && pass "7b_tp2_dp4: at most $most GiB per rank in the plan" || fail "7b_tp2_dp4: $most GiB per rank"
+"$TRAINER" "$C" --dry-run --gpus-per-node 4 'data.train=a b/*.bin' > "$WORK/p4.txt" 2>&1
+grep -q "^launch: 16 ranks on 4 nodes of 4 (--gpus-per-node 4); groups inside a node: tp; across nodes: dp, pp$" "$WORK/p4.txt" \
+  && grep -q "^  srun --nodes 4 --ntasks-per-node 4 --gpus-per-node 4 .*trainer $C 'data.train=a b/\*.bin'$" "$WORK/p4.txt" \
+  && pass "--gpus-per-node 4: four nodes, dp and pp across them, overrides quoted" || fail "--gpus-per-node 4: $(cat "$WORK/p4.txt")"
+"$TRAINER" "$C" --dry-run --world-size 8 > "$WORK/p8.txt" 2>&1 && fail "--world-size 8 planned a 16-rank config" ||
+  { grep -q "error: .*laid out for 16 ranks (mpirun -np 16); to run it on 8, add the override parallel.dp=0" "$WORK/p8.txt" \
+    && pass "--world-size 8 names the 16 ranks and parallel.dp=0" || fail "--world-size 8: $(cat "$WORK/p8.txt")"; }
+"$TRAINER" "$C" --dry-run --world-size 8 parallel.dp=0 > "$WORK/p8.txt" 2>&1 && grep -q "^plan: 8 ranks = tp 2 x dp 2 x pp 2" "$WORK/p8.txt" \
+  && pass "--world-size 8 parallel.dp=0 plans tp 2 x dp 2 x pp 2" || fail "parallel.dp=0 on 8: $(cat "$WORK/p8.txt")"
+"$TRAINER" "$C" --dry-run --gpus-per-node x > "$WORK/px.txt" 2>&1 && fail "--gpus-per-node x accepted" ||
+  { grep -q "error: --gpus-per-node needs a whole number" "$WORK/px.txt" && pass "--gpus-per-node x refused" || fail "--gpus-per-node x: $(cat "$WORK/px.txt")"; }
 summary
