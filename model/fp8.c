@@ -166,7 +166,7 @@ void model_fp8_begin_step(model *m, int training) {
   if (training && f->pending) fp8_fold(m);
   if (f->weights_stale) fp8_cast_weights(m);
   f->recording = training;
-  f->pending = training && f->cfg.recipe == MODEL_FP8_DELAYED;
+  if (training) f->pending = f->cfg.recipe == MODEL_FP8_DELAYED;  // an evaluation keeps the step's amaxes
 }
 
 void model_fp8_weights_changed(model *m) {
