@@ -41,8 +41,10 @@ dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 pp2_vpp2_bf16_overlap parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true
 LAYOUTS
-# FP8 (train.precision=fp8): layouts against 1 GPU in FP8, and a bitwise FP8 resume.
-export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 $comm_arg"
+# FP8 (train.precision=fp8): layouts against 1 GPU in FP8, and a bitwise FP8 resume. With bf16
+# activations a tp layout's other summation order rounds more elements to a neighbouring FP8
+# code than on CPU ranks: 5e-2 (worst seen on an H100: tp2 SP 2.2e-2).
+export TRAINER_PARITY_RTOL=5e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 $comm_arg"
 while read -r name args; do
   step "FP8 parity $name on $on vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh fp8_$name 2 $args > '$logs/parity_fp8_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_$name.log'; exit \$r"
 done <<'LAYOUTS'
@@ -51,7 +53,7 @@ pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 LAYOUTS
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
-export TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
+export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"

@@ -23,9 +23,9 @@ if(TRAINER_HAVE_CUDA)
   endforeach()
 
   # FP8: three layouts against 1 GPU, both in FP8 (through TRAINER_TEST_ARGS, which the reference
-  # run gets too), on 2 GPUs over NCCL.
+  # run gets too), on 2 GPUs over NCCL; 5e-2 as in scripts/test_gpu.sh.
   set(PARITY_PREFIX gpu_)
-  set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2"
+  set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2"
       "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8")
   trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
   trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
