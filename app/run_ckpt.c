@@ -4,7 +4,6 @@
 #include "model/ckpt.h"
 #include "model/fp8.h"
 #include "model/hf.h"
-#include "parallel/comm/mpi_check.h"
 #include <string.h>
 
 static const char *section_prefix[3] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
@@ -198,18 +197,6 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   return rc;
 }
 
-// Every rank ends with the first failing rank's message (msg holds n_msg bytes on every rank).
-static int run_agree(MPI_Comm comm, int rc, char *msg, int n_msg) {
-  int rank = 0, n_ranks = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
-  int first = rc != 0 ? rank : n_ranks;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == n_ranks) return 0;
-  MPI_CHECK(MPI_Bcast(msg, n_msg, MPI_CHAR, first, comm));
-  return -1;
-}
-
 int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err) {
   char msg[1536] = "";
   // Every rank reads the small files and its own blocks itself (a file system all ranks share,
@@ -220,7 +207,7 @@ int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err
   float *host = XCALLOC((size_t)m->n_params, sizeof(float));
   if (rc == 0) rc = hf_read_model(&h, m, host, msg, sizeof msg);
   hf_dir_close(&h);
-  rc = run_agree(m->g->world->mpi, rc, msg, (int)sizeof msg);
+  rc = ckpt_agree(m->g->world->mpi, rc, msg, (int)sizeof msg);
   if (rc == 0) {
     m->be->from_host(m->be, m->params, host, (size_t)m->n_params * sizeof(float));
     model_sync_compute_weights(m);

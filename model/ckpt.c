@@ -121,16 +121,14 @@ static hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace) {
   return mspace;
 }
 
-// Every rank must end a collective step with the same result. The first failing rank's message
-// wins; msg must be a CKPT_MSG buffer on every rank. Returns 0 if no rank failed, else -1.
-static int ckpt_agree(MPI_Comm comm, int rc, char *msg) {
+int ckpt_agree(MPI_Comm comm, int rc, char *msg, int n_msg) {
   int rank = 0, n_ranks = 1;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
   int first = rc != 0 ? rank : n_ranks;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
   if (first == n_ranks) return 0;
-  MPI_CHECK(MPI_Bcast(msg, CKPT_MSG, MPI_CHAR, first, comm));
+  MPI_CHECK(MPI_Bcast(msg, n_msg, MPI_CHAR, first, comm));
   return -1;
 }
 
@@ -314,7 +312,7 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
     }
     rc = ckpt_prepare_dir(dir, n_bytes, msg);
   }
-  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
 
   hid_t fapl = ckpt_fapl(comm);
   ckpt_quiet q;
@@ -328,7 +326,7 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
     ckpt_msgf(msg, "cannot create checkpoint file %s (HDF5: %s): check that %s is writable and on a file system "
                    "every rank shares",
               tmp, reason, dir);
-  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg)) != 0) {
+  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG)) != 0) {
     if (file >= 0) ckpt_close_quietly(file);
     goto out;
   }
@@ -354,7 +352,7 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
   for (int i = 0; i < n_tensors && rc == 0; i++) {
     if (i == kill_after) raise(SIGKILL);
     int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, tmp, dir, msg);
-    rc = ckpt_agree(comm, w, msg);  // stop every rank at the first failed tensor, together
+    rc = ckpt_agree(comm, w, msg, CKPT_MSG);  // stop every rank at the first failed tensor, together
   }
   H5_CHECK(H5Pclose(lcpl));
   H5_CHECK(H5Pclose(dcpl));
@@ -374,7 +372,7 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
     ckpt_msgf(msg, "finishing checkpoint %s failed (HDF5: %s): the disk may be full or the file system "
                    "unavailable; free space in %s (or lower checkpoint.keep) and retry",
               tmp, reason, dir);
-  if (rc == 0) rc = ckpt_agree(comm, f < 0 || c < 0 ? -1 : 0, msg);
+  if (rc == 0) rc = ckpt_agree(comm, f < 0 || c < 0 ? -1 : 0, msg, CKPT_MSG);
   if (rc != 0) {
     if (rank == 0) unlink(tmp);  // a partial file only wastes space; the previous checkpoint stays
     goto out;
@@ -386,7 +384,7 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
     if (rc != 0) unlink(tmp);
   }
   // Broadcasting rank 0's result is also the barrier: no rank returns before the rename is done.
-  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
   if (rank == 0) ckpt_rotate(dir, keep, step);
 
 out:
@@ -627,7 +625,7 @@ int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tenso
       }
     }
   }
-  if ((rc = ckpt_agree(comm, rc, msg)) != 0) goto out;
+  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
 
   hid_t fapl = ckpt_fapl(comm);
   ckpt_quiet q;
@@ -641,19 +639,19 @@ int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tenso
     ckpt_msgf(msg, "cannot open checkpoint %s on every rank (HDF5: %s): it must be on a file system all ranks "
                    "share",
               path, reason);
-  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg)) != 0) {
+  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG)) != 0) {
     if (file >= 0) ckpt_close_quietly(file);
     goto out;
   }
 
   // All ranks see the same metadata, so these checks fail alike everywhere; agreeing anyway
   // keeps every rank on the same collective path if that ever stops being true.
-  rc = ckpt_agree(comm, ckpt_read_root(file, path, meta, msg), msg);
+  rc = ckpt_agree(comm, ckpt_read_root(file, path, meta, msg), msg, CKPT_MSG);
   hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5_CHECK(dxpl);
   H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
   for (int i = 0; i < n_tensors && rc == 0; i++)
-    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, &tensors[i], dxpl, msg), msg);
+    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, &tensors[i], dxpl, msg), msg, CKPT_MSG);
   H5_CHECK(H5Pclose(dxpl));
   ckpt_close_quietly(file);  // read-only: nothing to lose if closing complains
   if (rc != 0 && meta) {

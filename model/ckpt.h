@@ -60,6 +60,10 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
 // free((void *)meta->config_yaml)); on failure it is NULL. Every rank gets the same result.
 int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors, ckpt_meta *meta, char *err,
               size_t n_err);
+// Collective: every rank ends a collective step with the same result, the first failing rank's
+// message (msg holds n_msg bytes on every rank). rc: this rank's (0 = success). Returns 0 if no
+// rank failed, else -1.
+int ckpt_agree(MPI_Comm comm, int rc, char *msg, int n_msg);
 // Newest complete checkpoint in dir (path_out), 0 if found, 1 if none, -1 on error.
 // Not collective: serial read-only opens, safe from every rank at once (cheaper at scale: call it
 // on rank 0 and broadcast). A missing dir means none (1). Files that do not open or lack
