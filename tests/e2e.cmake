@@ -7,10 +7,12 @@ foreach(t resume bad_input layout_resume dry_run recompute validate_8gpu two_nod
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endforeach()
+# 16 ranks and Open MPI's daemons over loopback: alone, not beside other MPI jobs.
+set_tests_properties(e2e_two_nodes PROPERTIES RUN_SERIAL TRUE)
 # The README's srun line on a two-node Slurm cluster the test starts here (root; it installs
 # slurm-wlm when missing, and is skipped without root).
 add_test(NAME e2e_slurm COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_slurm.sh)
-set_tests_properties(e2e_slurm PROPERTIES LABELS "e2e" SKIP_RETURN_CODE 77 TIMEOUT 900 ENVIRONMENT
+set_tests_properties(e2e_slurm PROPERTIES LABELS "e2e" SKIP_RETURN_CODE 77 TIMEOUT 900 RUN_SERIAL TRUE ENVIRONMENT
                      "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 set(RESUME_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
 set(RESUME_TP2_SP parallel.tp=2 parallel.sequence_parallel=true)
