@@ -102,8 +102,11 @@ static const cfg_key cfg_keys[] = {
   CFG_FLOAT_IN(train, weight_decay, optim.weight_decay, 0, 10, 0.1, "AdamW decoupled weight decay"),
   CFG_FLOAT_IN(train, beta1, optim.beta1, 0, 0.9999999, 0.9, "AdamW first-moment decay"),
   CFG_FLOAT_IN(train, beta2, optim.beta2, 0, 0.9999999, 0.95, "AdamW second-moment decay"),
-  CFG_FLOAT_IN(train, eps, optim.eps, 0, 1, 1e-8, "AdamW denominator epsilon"),
+  CFG_FLOAT_IN(train, eps, optim.eps, 1e-30, 1, 1e-8, "AdamW denominator epsilon; > 0"),
   CFG_FLOAT_IN(train, grad_clip, optim.grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
+  CFG_INT(train, skip_nonfinite, 0, 1000000000, 0,
+          "steps whose gradient norm is NaN or Inf that are skipped (no update, a warning each) before the "
+          "run stops; 0 = the first such step stops the run"),
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
   CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
   CFG_STRING(train, precision, "auto",

@@ -55,5 +55,6 @@ expect_error "bf16 on CPU ranks" "train.precision = bf16 with train.device = cpu
   train.precision=bf16
 expect_error "unknown attention kernel" "train.attention" 1 "$T" "$D" train.attention=flash
 expect_error "unknown CPU ISA" "train.cpu_isa" 1 "$T" "$D" train.cpu_isa=neon
+expect_error "zero AdamW epsilon" "train.eps = 0 is out of range" 1 "$T" "$D" train.eps=0
 expect_error "non-positive collective timeout" "parallel.comm_timeout_s" 1 "$T" "$D" parallel.comm_timeout_s=0
 summary
