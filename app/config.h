@@ -10,6 +10,7 @@
 #include "parallel/step/optim_config.h"
 
 #define CFG_STR 256
+#define CFG_MAX_VOCAB 16777216  // the largest model.vocab_size
 
 typedef struct cfg_parallel {
   int tp;                     // tensor-parallel ranks

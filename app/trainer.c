@@ -66,10 +66,14 @@ static int trainer_open_data(trainer *t, char *err, size_t n_err) {
   t->have_val = c->data.val[0] && c->log.eval_batches > 0;
   if (t->have_val && data_open(&t->val, c->data.val, T, c->train.seed, msg, sizeof msg) != 0)
     return snprintf(err, n_err, "data.val: %s", msg), -1;
-  int32_t max_tok = t->train.max_token > t->val.max_token ? t->train.max_token : t->val.max_token;
+  int64_t max_tok = t->train.max_token > t->val.max_token ? t->train.max_token : t->val.max_token;
+  if (max_tok >= c->model.vocab_size && max_tok + 1 > CFG_MAX_VOCAB)
+    return snprintf(err, n_err, "the data holds token id %lld, beyond the largest model.vocab_size (%d): the shard "
+                                "is damaged or not a token shard; re-create it with build/prepare",
+                    (long long)max_tok, CFG_MAX_VOCAB), -1;
   if (max_tok >= c->model.vocab_size)
-    return snprintf(err, n_err, "the data holds token id %d but model.vocab_size is %d: set model.vocab_size to at "
-                                "least %d", max_tok, c->model.vocab_size, max_tok + 1), -1;
+    return snprintf(err, n_err, "the data holds token id %lld but model.vocab_size is %d: set model.vocab_size to at "
+                                "least %lld", (long long)max_tok, c->model.vocab_size, (long long)max_tok + 1), -1;
   return 0;
 }
 

@@ -20,6 +20,27 @@ expect_error "truncated shard" "truncated" 1 "$T" "data.train=$WORK/trunc.bin" "
 { printf 'NOTASHRD'; tail -c +9 "$WORK/data/train_000.bin"; } > "$WORK/magic.bin"
 expect_error "wrong-magic shard" "magic" 1 "$T" "data.train=$WORK/magic.bin" "$V"
 expect_error "token beyond vocab" "vocab_size" 1 "$T" "$D" "$V" model.vocab_size=64 model.dim=64
+# A token id of 2^31 - 1 (an int32 shard): named, and no negative vocab_size suggested.
+python3 -c '
+import struct, sys
+toks = [1, 2, 2**31 - 1] + [3] * 200
+open(sys.argv[1], "wb").write(b"TRNTOK\0\0" + struct.pack("<IIq", 1, 4, len(toks)) + bytes(40) + struct.pack("<%di" % len(toks), *toks))
+' "$WORK/bigtok.bin"
+expect_error "token id 2^31-1" "token id 2147483647, beyond the largest model.vocab_size" 1 "$T" "data.train=$WORK/bigtok.bin" "$V"
+grep -q "at least -" "$WORK/out" && fail "token id 2^31-1: a negative vocab_size suggested" || true
+
+# Files that are not regular files, or too large or too deep, are refused, never read forever.
+mkfifo "$WORK/fifo.yaml" "$WORK/fifo.bin"
+expect_error "FIFO as config" "fifo.yaml: config file is a FIFO, not a regular file" 1 "$WORK/fifo.yaml"
+expect_error "device as config" "/dev/zero: config file is a device, not a regular file" 1 /dev/zero
+expect_error "directory as config" "config file is a directory, not a regular file" 1 "$WORK"
+expect_error "FIFO as shard" "fifo.bin is not a regular file" 1 "$T" "data.train=$WORK/fifo.bin" "$V"
+expect_error "device as shard" "/dev/zero is not a regular file" 1 "$T" "data.train=/dev/zero" "$V"
+expect_error "directory as shard" "is not a regular file" 1 "$T" "data.train=$WORK" "$V"
+{ printf 'model:\n  dim: 64\n'; head -c 1100000 /dev/zero | tr '\0' '#'; printf '\n'; } > "$WORK/big.yaml"
+expect_error "config over 1 MiB" "big.yaml: config file is 1100018 bytes, more than the 1048576" 1 "$WORK/big.yaml"
+python3 -c 'import sys; open(sys.argv[1], "w").write("model:\n  dim: 64\nx: " + "[" * 100 + "]" * 100 + "\n")' "$WORK/deep.yaml"
+expect_error "YAML nested 100 deep" "deep.yaml:3: YAML nested deeper than 64 levels" 1 "$WORK/deep.yaml"
 
 run small 1 || fail "run that writes a checkpoint"
 expect_error "checkpoint of another model shape" "shape" 1 "$T" "$D" "$V" model.dim=128 \
