@@ -464,7 +464,7 @@ static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *
 }
 
 static int cfg_read_document(cfg_reader *r, cfg *c) {
-  size_t seen_line[CFG_N_KEYS] = {0};
+  size_t seen_line[CFG_N_KEYS] = {0}, section_line[CFG_N_SECTIONS] = {0};
   char section[CFG_STR];
   if (cfg_next(r)) return -1;  // STREAM_START
   if (cfg_next(r)) return -1;
@@ -483,7 +483,13 @@ static int cfg_read_document(cfg_reader *r, cfg *c) {
       if (r->ev.type != YAML_SCALAR_EVENT)
         return cfg_fail(r->err, r->n_err, &r->site, "expected a section name, found %s", cfg_event_name(&r->ev));
       snprintf(section, sizeof section, "%s", cfg_scalar(&r->ev));
-      if (cfg_find_section(section) < 0) return cfg_unknown_section(r->err, r->n_err, &r->site, section);
+      int si = cfg_find_section(section);
+      if (si < 0) return cfg_unknown_section(r->err, r->n_err, &r->site, section);
+      // As for a key set twice: YAML forbids it, and libyaml would let the second win silently.
+      if (section_line[si])
+        return cfg_fail(r->err, r->n_err, &r->site, "section '%s' appears twice (lines %zu and %zu): merge its keys "
+                        "into one section", section, section_line[si], r->site.line);
+      section_line[si] = r->site.line;
       if (cfg_next(r)) return -1;
       if (cfg_is_null_scalar(&r->ev)) continue;  // `model:` with nothing under it
       if (r->ev.type != YAML_MAPPING_START_EVENT)

@@ -49,8 +49,10 @@ static int cli_parse(cli *a, int argc, char **argv, int rank) {
     if (strcmp(argv[i], "--dry-run") == 0) a->dry_run = 1;
     else if (strcmp(argv[i], "--print-layout") == 0) a->print_layout = 1;
     else if (num) {
+      // Digits only: strtol alone would also take leading blanks and a sign.
+      const char *s = i + 1 < argc ? argv[i + 1] : "";
       char *end = NULL;
-      long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+      long v = s[0] >= '0' && s[0] <= '9' ? strtol(s, &end, 10) : 0;
       if (!end || *end || v < 1 || v > 1048576) {
         if (rank == 0) fprintf(stderr, "error: %s needs a whole number of ranks from 1 to 1048576, found '%s'\n",
                                argv[i], i + 1 < argc ? argv[i + 1] : "");

@@ -9,6 +9,16 @@ D="data.train=$WORK/data/train_*.bin"
 V="data.val=$WORK/data/val_*.bin"
 printf 'model:\n  dim: 64\n  dimm: 3\n' > "$WORK/typo.yaml"
 expect_error "unknown key" "typo.yaml:3.*unknown key 'model.dimm'" 1 "$WORK/typo.yaml"
+printf 'model:\n  dim: 64\ntrain:\n  steps: 3\nmodel:\n  n_layers: 2\n' > "$WORK/twice.yaml"
+expect_error "section twice" "twice.yaml:5: section 'model' appears twice (lines 1 and 5)" 1 "$WORK/twice.yaml"
+printf 'model:\nlog:\n  every: 1\nmodel: {dim: 64}\n' > "$WORK/twice_empty.yaml"
+expect_error "empty section, then the same section" "section 'model' appears twice (lines 1 and 4)" 1 \
+  "$WORK/twice_empty.yaml"
+for n in -4 0 abc 3x "" " 4" +4 1048577 99999999999999999999; do
+  expect_error "--world-size '$n'" "--world-size needs a whole number of ranks from 1 to 1048576, found '$n'" 1 \
+    "$T" --dry-run --world-size "$n"
+done
+expect_error "--world-size without a value" "--world-size needs a whole number" 1 "$T" --dry-run --world-size
 expect_error "unknown key override" "model.nlayers" 1 "$T" model.nlayers=3
 expect_error "dim not divisible by n_heads" "model.dim.*model.n_heads" 1 "$T" model.dim=66
 expect_error "n_heads not divisible by n_kv_heads" "n_heads.*n_kv_heads" 1 "$T" model.n_kv_heads=3
