@@ -57,6 +57,13 @@ expect_error "checkpoint of another model shape" "shape" 1 "$T" "$D" "$V" model.
   "checkpoint.resume=$WORK/small/ckpt/ckpt_00000006.h5" "checkpoint.dir=$WORK/other"
 expect_error "missing checkpoint file" "nope.h5" 1 "$T" "$D" "$V" "checkpoint.resume=$WORK/nope.h5"
 
+# An unusable checkpoint.dir is reported at start-up, before the first step.
+touch "$WORK/afile"
+expect_error "checkpoint.dir under a file" "cannot create checkpoint directory $WORK/afile/ckpt" 2 "$T" "$D" "$V" \
+  "checkpoint.dir=$WORK/afile/ckpt"
+expect_error "unwritable checkpoint.dir" "checkpoint directory /proc is not writable" 2 "$T" "$D" "$V" checkpoint.dir=/proc
+grep -q "^step" "$WORK/out" && fail "unwritable checkpoint.dir: a step ran first" || true
+
 # Layouts refused before anything is allocated.
 expect_error "world size not divisible" "world size 3" 3 "$T" "$D" parallel.tp=2
 expect_error "7B 16-rank layout on 8 ranks" "laid out for 16 ranks.*override parallel.dp=0" 8 \
