@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 typedef enum { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STRING, CFG_T_UINT64 } cfg_type;
@@ -54,7 +57,7 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(model, n_heads, 1, 4096, 8, "query heads; divides dim, and dim / n_heads is even (rotary)"),
   CFG_INT(model, n_kv_heads, 1, 4096, 4, "key/value heads (grouped-query attention); divides n_heads"),
   CFG_INT(model, ffn_dim, 1, 4194304, 768, "SwiGLU hidden width"),
-  CFG_INT(model, vocab_size, 1, 16777216, 256, "vocabulary size (256: byte-level tokens)"),
+  CFG_INT(model, vocab_size, 1, CFG_MAX_VOCAB, 256, "vocabulary size (256: byte-level tokens)"),
   CFG_INT(model, seq_len, 1, 1048576, 128, "tokens per sequence (context length)"),
   CFG_FLOAT(model, norm_eps, 1e-12, 1, 1e-5, "epsilon of RMSNorm"),
   CFG_FLOAT(model, rope_theta, 1, 1e9, 10000, "base of the rotary position frequencies"),
@@ -102,8 +105,11 @@ static const cfg_key cfg_keys[] = {
   CFG_FLOAT_IN(train, weight_decay, optim.weight_decay, 0, 10, 0.1, "AdamW decoupled weight decay"),
   CFG_FLOAT_IN(train, beta1, optim.beta1, 0, 0.9999999, 0.9, "AdamW first-moment decay"),
   CFG_FLOAT_IN(train, beta2, optim.beta2, 0, 0.9999999, 0.95, "AdamW second-moment decay"),
-  CFG_FLOAT_IN(train, eps, optim.eps, 0, 1, 1e-8, "AdamW denominator epsilon"),
+  CFG_FLOAT_IN(train, eps, optim.eps, 1e-30, 1, 1e-8, "AdamW denominator epsilon; > 0"),
   CFG_FLOAT_IN(train, grad_clip, optim.grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
+  CFG_INT(train, skip_nonfinite, 0, 1000000000, 0,
+          "steps whose gradient norm is NaN or Inf that are skipped (no update, a warning each) before the "
+          "run stops; 0 = the first such step stops the run"),
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
   CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
   CFG_STRING(train, precision, "auto",
@@ -362,6 +368,11 @@ static int cfg_set_value(cfg *c, const cfg_key *k, const char *text, int plain, 
 // ---------------------------------------------------------------------------------------------
 // YAML: a two-level mapping, section -> key -> scalar
 
+// Bounds on what is read, so that a wrong path or a hostile file ends in a message rather than
+// a hang or an exhausted memory: the file's size, and the nesting of mappings and lists (a
+// config needs two levels; libyaml keeps a stack per level).
+enum { CFG_MAX_FILE_BYTES = 1 << 20, CFG_MAX_DEPTH = 64 };
+
 typedef struct cfg_reader {
   yaml_parser_t parser;
   yaml_event_t ev;
@@ -453,7 +464,7 @@ static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *
 }
 
 static int cfg_read_document(cfg_reader *r, cfg *c) {
-  size_t seen_line[CFG_N_KEYS] = {0};
+  size_t seen_line[CFG_N_KEYS] = {0}, section_line[CFG_N_SECTIONS] = {0};
   char section[CFG_STR];
   if (cfg_next(r)) return -1;  // STREAM_START
   if (cfg_next(r)) return -1;
@@ -472,7 +483,13 @@ static int cfg_read_document(cfg_reader *r, cfg *c) {
       if (r->ev.type != YAML_SCALAR_EVENT)
         return cfg_fail(r->err, r->n_err, &r->site, "expected a section name, found %s", cfg_event_name(&r->ev));
       snprintf(section, sizeof section, "%s", cfg_scalar(&r->ev));
-      if (cfg_find_section(section) < 0) return cfg_unknown_section(r->err, r->n_err, &r->site, section);
+      int si = cfg_find_section(section);
+      if (si < 0) return cfg_unknown_section(r->err, r->n_err, &r->site, section);
+      // As for a key set twice: YAML forbids it, and libyaml would let the second win silently.
+      if (section_line[si])
+        return cfg_fail(r->err, r->n_err, &r->site, "section '%s' appears twice (lines %zu and %zu): merge its keys "
+                        "into one section", section, section_line[si], r->site.line);
+      section_line[si] = r->site.line;
       if (cfg_next(r)) return -1;
       if (cfg_is_null_scalar(&r->ev)) continue;  // `model:` with nothing under it
       if (r->ev.type != YAML_MAPPING_START_EVENT)
@@ -502,11 +519,21 @@ static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *n
   if (!yaml_parser_initialize(&r.parser)) return cfg_fail(err, n_err, &r.site, "cannot initialise the YAML parser");
   yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, n_text);
   int rc = 0;
+  int depth = 0;
   if (c)
     rc = cfg_read_document(&r, c);
   else
-    do rc = cfg_next(&r);
-    while (rc == 0 && r.ev.type != YAML_STREAM_END_EVENT);
+    do {
+      rc = cfg_next(&r);
+      if (rc) break;
+      if (r.ev.type == YAML_MAPPING_START_EVENT || r.ev.type == YAML_SEQUENCE_START_EVENT) {
+        if (++depth > CFG_MAX_DEPTH)
+          rc = cfg_fail(err, n_err, &r.site, "YAML nested deeper than %d levels; a config is sections of keys "
+                        "(two levels)", CFG_MAX_DEPTH);
+      } else if (r.ev.type == YAML_MAPPING_END_EVENT || r.ev.type == YAML_SEQUENCE_END_EVENT) {
+        depth--;
+      }
+    } while (rc == 0 && r.ev.type != YAML_STREAM_END_EVENT);
   if (r.have_ev) yaml_event_delete(&r.ev);
   yaml_parser_delete(&r.parser);
   return rc;
@@ -520,11 +547,12 @@ static int cfg_read_yaml(cfg *c, const char *text, size_t n_text, const char *na
   return cfg_parse_pass(c, text, n_text, name, err, n_err);
 }
 
-// The whole file, NUL-terminated, in a malloc'd buffer (config files are small).
+// The whole file, NUL-terminated, in a malloc'd buffer (config files are small); reading stops
+// past CFG_MAX_FILE_BYTES, which the caller refuses.
 static char *cfg_read_file(FILE *f, size_t *n_text) {
   size_t n = 0, cap = 4096;
   char *buf = malloc(cap);
-  while (buf) {
+  while (buf && n <= CFG_MAX_FILE_BYTES) {
     n += fread(buf + n, 1, cap - n - 1, f);
     if (n < cap - 1) break;
     char *grown = realloc(buf, cap *= 2);
@@ -573,13 +601,37 @@ int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *
     if (strlen(path) >= CFG_STR)
       return cfg_fail(err, n_err, &s, "config path is longer than %d bytes: use a shorter path", CFG_STR - 1);
     snprintf(c->path, sizeof c->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return cfg_fail(err, n_err, &s, "cannot open config file: %s", strerror(errno));
+    // Non-blocking, so that a FIFO does not wait for a writer before fstat refuses it.
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return cfg_fail(err, n_err, &s, "cannot open config file: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      return cfg_fail(err, n_err, &s, "config file is %s, not a regular file: expected a YAML file",
+                      S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not readable as a file");
+    }
+    if (st.st_size > CFG_MAX_FILE_BYTES) {
+      close(fd);
+      return cfg_fail(err, n_err, &s, "config file is %lld bytes, more than the %d (1 MiB) a config may hold: "
+                      "expected a YAML file of sections and keys", (long long)st.st_size, CFG_MAX_FILE_BYTES);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+      int open_errno = errno;
+      close(fd);
+      return cfg_fail(err, n_err, &s, "cannot open config file: %s", strerror(open_errno));
+    }
     size_t n_text = 0;
     char *text = cfg_read_file(f, &n_text);
     int read_errno = errno;
     fclose(f);
     if (!text) return cfg_fail(err, n_err, &s, "cannot read config file: %s", strerror(read_errno));
+    if (n_text > CFG_MAX_FILE_BYTES) {  // it grew after fstat
+      free(text);
+      return cfg_fail(err, n_err, &s, "config file is more than the %d bytes (1 MiB) a config may hold",
+                      CFG_MAX_FILE_BYTES);
+    }
     int rc = cfg_read_yaml(c, text, n_text, path, err, n_err);
     free(text);
     if (rc) return -1;

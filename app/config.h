@@ -10,6 +10,7 @@
 #include "parallel/step/optim_config.h"
 
 #define CFG_STR 256
+#define CFG_MAX_VOCAB 16777216  // the largest model.vocab_size
 
 typedef struct cfg_parallel {
   int tp;                     // tensor-parallel ranks
@@ -31,6 +32,7 @@ typedef struct cfg_train {
   int stop_at;          // stop after this step (schedule unchanged); 0 = run to steps
   int global_batch;     // sequences per optimizer step, over all dp ranks
   int micro_batch;      // sequences per micro-batch on one rank
+  int skip_nonfinite;   // steps whose gradient norm is NaN or Inf skipped (no update) before the run stops
   uint64_t seed;
   char device[CFG_STR];     // auto | cpu | cuda
   char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on CPU ranks)

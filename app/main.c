@@ -49,8 +49,10 @@ static int cli_parse(cli *a, int argc, char **argv, int rank) {
     if (strcmp(argv[i], "--dry-run") == 0) a->dry_run = 1;
     else if (strcmp(argv[i], "--print-layout") == 0) a->print_layout = 1;
     else if (num) {
+      // Digits only: strtol alone would also take leading blanks and a sign.
+      const char *s = i + 1 < argc ? argv[i + 1] : "";
       char *end = NULL;
-      long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+      long v = s[0] >= '0' && s[0] <= '9' ? strtol(s, &end, 10) : 0;
       if (!end || *end || v < 1 || v > 1048576) {
         if (rank == 0) fprintf(stderr, "error: %s needs a whole number of ranks from 1 to 1048576, found '%s'\n",
                                argv[i], i + 1 < argc ? argv[i + 1] : "");
@@ -131,8 +133,8 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   launch_report(&f.place, env, &f.g, device, a->print_layout, stdout);
   if (rank == 0) print_resolved(&c, a->path);
   // Test-only fault injection (tests/test_resume.sh), read once here.
-  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT");
-  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1};
+  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP");
+  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1, .nan_at_step = nan_env ? atoll(nan_env) : 0};
   int rc = trainer_run(&c, &f.g, f.be, &hooks);
   factory_free(&f);
   return rc;

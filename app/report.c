@@ -71,9 +71,14 @@ void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {
   FILE *f = t->metrics;
   if (!f) return;
   const step_timing *tm = &s->tm;
-  fprintf(f, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
+  // JSON has no NaN or Inf: a skipped step (train.skip_nonfinite) has a null grad_norm.
+  char loss_s[32] = "null", norm_s[32] = "null";
+  if (isfinite(r->loss)) snprintf(loss_s, sizeof loss_s, "%.9g", r->loss);
+  if (isfinite(r->grad_norm)) snprintf(norm_s, sizeof norm_s, "%.9g", r->grad_norm);
+  fprintf(f, "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
              "\"ms_per_step\": %.3f, \"tflops_per_rank\": %.3f, \"mem_gib\": %.3f",
-          (long long)t->step, r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3, tflops, mem / 1073741824.0);
+          (long long)t->step, loss_s, r->lr, norm_s, tps, r->seconds * 1e3, tflops, mem / 1073741824.0);
+  if (!isfinite(r->grad_norm)) fprintf(f, ", \"skipped\": true");
   if (be->peak_tflops > 0) fprintf(f, ", \"mfu\": %.4f", tflops / be->peak_tflops);
   fprintf(f, ", \"ms_compute\": %.3f, \"ms_tp_comm\": %.3f, \"ms_pp_comm\": %.3f, \"ms_dp_comm\": %.3f, "
              "\"ms_optimizer\": %.3f, \"ms_data\": %.3f",

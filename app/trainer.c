@@ -66,10 +66,14 @@ static int trainer_open_data(trainer *t, char *err, size_t n_err) {
   t->have_val = c->data.val[0] && c->log.eval_batches > 0;
   if (t->have_val && data_open(&t->val, c->data.val, T, c->train.seed, msg, sizeof msg) != 0)
     return snprintf(err, n_err, "data.val: %s", msg), -1;
-  int32_t max_tok = t->train.max_token > t->val.max_token ? t->train.max_token : t->val.max_token;
+  int64_t max_tok = t->train.max_token > t->val.max_token ? t->train.max_token : t->val.max_token;
+  if (max_tok >= c->model.vocab_size && max_tok + 1 > CFG_MAX_VOCAB)
+    return snprintf(err, n_err, "the data holds token id %lld, beyond the largest model.vocab_size (%d): the shard "
+                                "is damaged or not a token shard; re-create it with build/prepare",
+                    (long long)max_tok, CFG_MAX_VOCAB), -1;
   if (max_tok >= c->model.vocab_size)
-    return snprintf(err, n_err, "the data holds token id %d but model.vocab_size is %d: set model.vocab_size to at "
-                                "least %d", max_tok, c->model.vocab_size, max_tok + 1), -1;
+    return snprintf(err, n_err, "the data holds token id %lld but model.vocab_size is %d: set model.vocab_size to at "
+                                "least %lld", (long long)max_tok, c->model.vocab_size, (long long)max_tok + 1), -1;
   return 0;
 }
 
@@ -135,6 +139,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->n_micro = cfg_n_micro(c);
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;
+  if (c->checkpoint.dir[0] && ckpt_check_dir(c->checkpoint.dir, g->world->mpi, err, n_err) != 0) return -1;
   char path[CFG_STR + 64];
   trainer_start start = trainer_start_point(t, path, sizeof path, err, n_err);
   if (start == TRAINER_START_ERROR) return -1;
@@ -197,7 +202,9 @@ trainer_step_result trainer_step(trainer *t) {
   trainer_fill_batch(t, &t->train, first, t->n_micro);
   double t_data = timing_now(be);
   s->tm.data = t_data - t0;
-  double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, (float)(1.0 / t->tokens_per_step));
+  // The test hook TRAINER_TEST_NAN_AT_STEP: a NaN loss scale makes every gradient NaN, the loss not.
+  float loss_scale = t->step + 1 == t->hooks.nan_at_step ? NAN : (float)(1.0 / t->tokens_per_step);
+  double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, loss_scale);
   s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm;
   r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);
   be->sync(be);
@@ -210,7 +217,7 @@ trainer_step_result trainer_step(trainer *t) {
   r.mem_bytes = (double)be->mem_used(be);
   if (r.mem_bytes > s->mem_peak) s->mem_peak = r.mem_bytes;
   if (t->step > s->first_step + 1) trainer_add_timing(s, r.seconds);  // the first step warms up caches
-  s->last_loss = r.loss;
+  if (isfinite(r.loss)) s->last_loss = r.loss;
   return r;
 }
 
@@ -286,7 +293,24 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
   sigaction(SIGINT, &stop_action, NULL);
   while (t.step < t.last_step && !t.stop_signal) {
     trainer_step_result r = trainer_step(&t);
-    if (!isfinite(r.loss)) {
+    // Checked before anything is logged or saved: opt_step refused the update, so the weights
+    // are still those of the step before and no checkpoint (periodic or at a stop signal) of this
+    // step is written.
+    if (!isfinite(r.grad_norm) && t.stats.n_skipped >= c->train.skip_nonfinite) {
+      snprintf(err, sizeof err,
+               "step %lld: the gradient norm is %g, so the update was refused and the run stops with the "
+               "weights of step %lld (checkpoints hold no NaN or Inf): lower train.lr or check the data "
+               "(train.skip_nonfinite=N skips up to N such steps)",
+               (long long)t.step, r.grad_norm, (long long)t.step - 1);
+      rc = trainer_fail(&t, "", err);
+      break;
+    }
+    if (!isfinite(r.grad_norm)) {
+      t.stats.n_skipped++;
+      if (g->world_rank == 0)
+        fprintf(stderr, "warning: step %lld: the gradient norm is %g: update skipped (%lld of train.skip_nonfinite = %d)\n",
+                (long long)t.step, r.grad_norm, (long long)t.stats.n_skipped, c->train.skip_nonfinite);
+    } else if (!isfinite(r.loss)) {
       snprintf(err, sizeof err, "loss is %g at step %lld: lower train.lr or check the data", r.loss,
                (long long)t.step);
       rc = trainer_fail(&t, "", err);
@@ -294,7 +318,8 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
     }
     int do_eval = t.have_val && (trainer_due(t.step, c->log.eval_every) || t.step == c->train.steps);
     double val_loss = do_eval ? trainer_evaluate(&t) : NAN;
-    if (trainer_due(t.step, c->log.every) || t.step == t.last_step || t.step == t.stats.first_step + 1 || do_eval)
+    if (trainer_due(t.step, c->log.every) || t.step == t.last_step || t.step == t.stats.first_step + 1 || do_eval ||
+        !isfinite(r.grad_norm))
       trainer_log(&t, &r, val_loss);
     // The stop signal came with the loss: every rank learnt of a signal any rank got.
     if (t.stop_signal && g->world_rank == 0)

@@ -16,9 +16,11 @@
 #include "parallel/step/pp_exec.h"
 
 // Test-only fault injection, read once at start-up (main.c): the process SIGKILLs itself after
-// writing this many tensors of a checkpoint (TRAINER_TEST_KILL_IN_CKPT); -1 = never.
+// writing this many tensors of a checkpoint (TRAINER_TEST_KILL_IN_CKPT); -1 = never. The
+// gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never.
 typedef struct trainer_hooks {
   int kill_in_ckpt;
+  int64_t nan_at_step;
 } trainer_hooks;
 
 // One step's token ids, host and backend copies.
@@ -39,6 +41,7 @@ typedef struct trainer_stats {
   int64_t tokens_seen;      // this process
   double mem_peak;          // bytes, this rank
   double last_loss, last_val;
+  int64_t n_skipped;        // steps skipped for a non-finite gradient norm (train.skip_nonfinite)
 } trainer_stats;
 
 typedef struct trainer {
@@ -71,7 +74,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
 typedef struct trainer_step_result {
   double loss;       // mean loss per token over the global batch
   float lr;
-  double grad_norm;  // before clipping
+  double grad_norm;  // before clipping; NaN or Inf: the update was refused (opt_step)
   double seconds;
   double mem_bytes;  // the backend's memory in use after the step
 } trainer_step_result;

@@ -63,7 +63,8 @@ static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_
     return -1;
   }
   snprintf(s->path, sizeof s->path, "%s", path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so that a FIFO does not wait for a writer before fstat refuses it.
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     snprintf(err, n_err, "cannot open data shard %s: %s; expected a readable token shard: "
              "check the path and permissions, or re-create it with build/prepare",

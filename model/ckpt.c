@@ -121,6 +121,15 @@ static hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace) {
   return mspace;
 }
 
+int ckpt_check_dir(const char *dir, MPI_Comm comm, char *err, size_t n_err) {
+  char msg[CKPT_MSG] = "";
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  int rc = rank == 0 ? ckpt_probe_dir(dir, msg) : 0;
+  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) snprintf(err, n_err, "%s", msg);
+  return rc;
+}
+
 int ckpt_agree(MPI_Comm comm, int rc, char *msg, int n_msg) {
   int rank = 0, n_ranks = 1;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));

@@ -60,6 +60,10 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
 // free((void *)meta->config_yaml)); on failure it is NULL. Every rank gets the same result.
 int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors, ckpt_meta *meta, char *err,
               size_t n_err);
+// Collective, at start-up: rank 0 creates dir (with its parents) and a file in it, which it
+// removes, so an unwritable checkpoint.dir is reported before the first step rather than at the
+// first save. 0, or -1 with a message naming the directory (the same on every rank).
+int ckpt_check_dir(const char *dir, MPI_Comm comm, char *err, size_t n_err);
 // Collective: every rank ends a collective step with the same result, the first failing rank's
 // message (msg holds n_msg bytes on every rank). rc: this rank's (0 = success). Returns 0 if no
 // rank failed, else -1.

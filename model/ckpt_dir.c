@@ -107,6 +107,26 @@ int ckpt_prepare_dir(const char *dir, int64_t n_bytes_needed, char *msg) {
   return 0;
 }
 
+int ckpt_probe_dir(const char *dir, char *msg) {
+  if (ckpt_mkdir_p(dir, msg) != 0) return -1;
+  char probe[CKPT_PATH];
+  if (snprintf(probe, sizeof probe, "%s/.ckpt_write_test.%ld", dir, (long)getpid()) >= (int)sizeof probe) {
+    ckpt_msgf(msg, "checkpoint directory path is too long (%zu bytes): use a shorter checkpoint.dir", strlen(dir));
+    return -1;
+  }
+  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || write(fd, "x", 1) != 1) {
+    ckpt_msgf(msg, "checkpoint directory %s is not writable (cannot create a file in it: %s): check "
+                   "checkpoint.dir and its permissions, or set checkpoint.dir= (empty) to run without checkpoints",
+              dir, strerror(errno));
+    if (fd >= 0) close(fd), unlink(probe);
+    return -1;
+  }
+  close(fd);
+  unlink(probe);
+  return 0;
+}
+
 // Rank 0 after every rank closed the file: make the bytes durable, then publish them under the
 // final name in one atomic rename, then make the rename itself durable.
 int ckpt_publish(const char *tmp, const char *final, const char *dir, char *msg) {

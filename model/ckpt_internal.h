@@ -21,6 +21,8 @@ typedef struct ckpt_entry {
 int ckpt_list(const char *dir, const char *prefix, const char *suffix, ckpt_entry **out);
 // Rank 0 before a write: makes the directory, refuses when n_bytes_needed cannot fit. 0 or -1 + msg.
 int ckpt_prepare_dir(const char *dir, int64_t n_bytes_needed, char *msg);
+// Rank 0 at start-up: makes the directory and shows that a file can be created in it. 0 or -1 + msg.
+int ckpt_probe_dir(const char *dir, char *msg);
 // Rank 0 after the write: fsync, atomic rename of tmp to final, fsync of dir. 0 or -1 + msg.
 int ckpt_publish(const char *tmp, const char *final, const char *dir, char *msg);
 // Rank 0 after a save: keeps the newest `keep` checkpoints (never `step`), drops stale temporaries.

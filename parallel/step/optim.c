@@ -205,6 +205,17 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
   double norm = sqrt(sumsq);
+  if (!isfinite(norm)) {
+    // A NaN or Inf anywhere in the gradient: no update, so the weights and moments stay finite
+    // (the caller stops the run or skips the step). The norm is the same on every rank.
+    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
+    trace_pop_range();
+    if (o->timing) {
+      o->timing->dp_comm += t1 - t0;
+      o->timing->optimizer += timing_now(be) - t1;
+    }
+    return norm;
+  }
   const opt_config *hp = &o->cfg;
   float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);

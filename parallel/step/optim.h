@@ -69,6 +69,8 @@ float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // opt_init; n_micro = global_batch / (dp * micro_batch) backward passes per chunk and step).
 // Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,
 // for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
+// When that norm is NaN or Inf (the same on every rank) nothing is updated: the gradients are
+// zeroed and the non-finite norm is returned.
 double opt_step(opt_state *o, float lr, int64_t t);
 // Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
 // into host arrays of m->n_params elements; and the moments back.
