@@ -93,6 +93,9 @@ typedef struct cfg {
 int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *err, size_t n_err);
 // Same, from YAML text in memory (the copy stored in a checkpoint); name is used in messages.
 int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err);
+// The key table's ranges (cfg_validate checks them again for a struct filled by code). 0, or -1
+// with a message naming the key.
+int cfg_check_ranges(const cfg *c, char *err, size_t n_err);
 // Cross-field rules of the model and training sections, and of the layout for world_size
 // ranks (world_size <= 0 skips the layout rules). Resolves parallel.dp when it is 0.
 // Returns 0, or -1 with a message naming the fields and the fix.

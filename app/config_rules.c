@@ -1,0 +1,200 @@
+// The rules between keys (cfg_validate: cross-field checks, the layout for a world size, FP8's
+// dimensions) and what the other modules get from a config (the model's layout, the
+// micro-batch count). The key table, the YAML reader and the dump are in config.c.
+#include "app/config.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+// Writes the message into err; always returns -1 so rules can `return rule_fail(...)`.
+static int rule_fail(char *err, size_t n_err, const char *fmt, ...) {
+  if (err && n_err) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n_err, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+static int cfg_is_one_of(const char *v, const char *const *options, int n) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, options[i]) == 0) return 1;
+  return 0;
+}
+
+int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
+  const model_config *m = &c->model;
+  cfg_parallel *p = &c->parallel;
+  const cfg_train *t = &c->train;
+  const opt_config *o = &c->optim;
+  if (err && n_err) err[0] = '\0';
+#define CFG_RULE(cond, ...) \
+  if (!(cond)) return rule_fail(err, n_err, __VA_ARGS__)
+
+  // A struct filled by code rather than cfg_load may hold anything; the rules below divide
+  // by these values, so the table's ranges are checked again first.
+  if (cfg_check_ranges(c, err, n_err) != 0) return -1;
+
+  CFG_RULE(m->n_heads % m->n_kv_heads == 0,
+           "model.n_heads = %d is not divisible by model.n_kv_heads = %d: set n_kv_heads to a divisor of n_heads",
+           m->n_heads, m->n_kv_heads);
+  CFG_RULE(m->dim % m->n_heads == 0,
+           "model.dim = %d is not divisible by model.n_heads = %d: make dim a multiple of n_heads", m->dim,
+           m->n_heads);
+  CFG_RULE((m->dim / m->n_heads) % 2 == 0,
+           "head dimension model.dim / model.n_heads = %d / %d = %d is odd; rotary embeddings need it even: "
+           "change model.dim or model.n_heads",
+           m->dim, m->n_heads, m->dim / m->n_heads);
+  CFG_RULE(t->micro_batch <= t->global_batch,
+           "train.micro_batch = %d is larger than train.global_batch = %d: lower micro_batch or raise global_batch",
+           t->micro_batch, t->global_batch);
+  CFG_RULE(o->min_lr <= o->lr, "train.min_lr = %.9g is larger than train.lr = %.9g: set min_lr <= lr",
+           (double)o->min_lr, (double)o->lr);
+  CFG_RULE(o->warmup_steps <= t->steps,
+           "train.warmup_steps = %d is larger than train.steps = %d: set warmup_steps <= steps", o->warmup_steps,
+           t->steps);
+  static const char *const devices[] = {"auto", "cpu", "cuda"}, *const recomputes[] = {"none", "selective", "full"};
+  CFG_RULE(cfg_is_one_of(t->device, devices, 3), "train.device = '%s' is not one of: auto, cpu, cuda", t->device);
+  static const char *const gpu_comms[] = {"nccl", "mpi"};
+  CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
+  CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
+           t->recompute);
+  static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16", "fp8"}, *const attentions[] = {"cudnn", "own"},
+                           *const isas[] = {"auto", "avx512", "avx2", "sse"};
+  CFG_RULE(cfg_is_one_of(t->precision, precisions, 5),
+           "train.precision = '%s' is not one of: auto, fp32, tf32, bf16, fp8", t->precision);
+  static const char *const recipes[] = {"delayed", "current"}, *const amax_modes[] = {"max", "most_recent"},
+                           *const formats[] = {"hybrid", "e4m3"};
+  CFG_RULE(cfg_is_one_of(c->fp8.recipe, recipes, 2), "fp8.recipe = '%s' is not one of: delayed, current (block "
+           "scaling is not offered: docs/config.md says why)", c->fp8.recipe);
+  CFG_RULE(cfg_is_one_of(c->fp8.amax_compute, amax_modes, 2), "fp8.amax_compute = '%s' is not one of: max, most_recent",
+           c->fp8.amax_compute);
+  CFG_RULE(cfg_is_one_of(c->fp8.format, formats, 2), "fp8.format = '%s' is not one of: hybrid, e4m3", c->fp8.format);
+  CFG_RULE(cfg_is_one_of(t->attention, attentions, 2), "train.attention = '%s' is not one of: cudnn, own",
+           t->attention);
+  CFG_RULE(cfg_is_one_of(t->cpu_isa, isas, 4), "train.cpu_isa = '%s' is not one of: auto, avx512, avx2, sse",
+           t->cpu_isa);
+  CFG_RULE(strcmp(t->device, "cpu") != 0 || (strcmp(t->precision, "tf32") != 0 && strcmp(t->precision, "bf16") != 0),
+           "train.precision = %s with train.device = cpu: CPU ranks compute in fp32; set train.precision=fp32 (or "
+           "auto), or train.device=cuda", t->precision);
+  CFG_RULE(c->checkpoint.resume[0] != '\0',
+           "checkpoint.resume is empty: set it to none, auto, or the path of a checkpoint file");
+  const char *from = c->checkpoint.init_from;
+  CFG_RULE(!from[0] || (strncmp(from, "hf:", 3) == 0 && from[3]),
+           "checkpoint.init_from = '%s': expected hf:DIR (a Hugging Face Llama model directory) or empty", from);
+  if (world_size <= 0) return 0;
+
+  // Products in long long: each factor is bounded by the table, their product is not by int.
+  long long tp = p->tp, pp = p->pp, model_par = tp * pp;
+  if (p->dp == 0) {
+    CFG_RULE(world_size % model_par == 0,
+             "world size %d is not divisible by parallel.tp * parallel.pp = %lld: launch a multiple of %lld ranks "
+             "or change tp/pp",
+             world_size, model_par, model_par);
+    p->dp = (int)(world_size / model_par);
+  }
+  long long dp = p->dp;
+  if (model_par * dp != world_size) {
+    // Name the rank count the config is laid out for, and the override that adapts it to these ranks.
+    char fit[256];
+    if (world_size % model_par == 0)
+      snprintf(fit, sizeof fit, "to run it on %d, add the override parallel.dp=0 (dp = %d / (tp * pp) = %lld)",
+               world_size, world_size, world_size / model_par);
+    else
+      snprintf(fit, sizeof fit, "%d ranks do not divide into tp * pp = %lld: launch a multiple of %lld, or change "
+               "parallel.tp / parallel.pp and add parallel.dp=0", world_size, model_par, model_par);
+    return rule_fail(err, n_err,
+                    "parallel.tp * parallel.pp * parallel.dp = %d * %d * %d = %lld does not match the world size %d: "
+                    "%s is laid out for %lld ranks (mpirun -np %lld); %s",
+                    p->tp, p->pp, p->dp, model_par * dp, world_size, c->path[0] ? c->path : "the config",
+                    model_par * dp, model_par * dp, fit);
+  }
+  CFG_RULE(m->n_heads % p->tp == 0 && m->n_kv_heads % p->tp == 0,
+           "model.n_heads = %d and model.n_kv_heads = %d must both be divisible by parallel.tp = %d: "
+           "lower tp or change the head counts",
+           m->n_heads, m->n_kv_heads, p->tp);
+  CFG_RULE(m->ffn_dim % p->tp == 0, "model.ffn_dim = %d is not divisible by parallel.tp = %d: make ffn_dim a multiple of tp",
+           m->ffn_dim, p->tp);
+  CFG_RULE(m->vocab_size % p->tp == 0,
+           "model.vocab_size = %d is not divisible by parallel.tp = %d: pad vocab_size to a multiple of tp",
+           m->vocab_size, p->tp);
+  int n_vstages = p->pp * p->vpp, last = p->last_stage_layers;
+  CFG_RULE(last > 0 || m->n_layers % n_vstages == 0,
+           "model.n_layers = %d is not divisible by parallel.pp * parallel.vpp = %d * %d = %d: "
+           "change n_layers, pp or vpp (or give the last stage its own count with parallel.last_stage_layers)",
+           m->n_layers, p->pp, p->vpp, n_vstages);
+  CFG_RULE(last == 0 || n_vstages > 1,
+           "parallel.last_stage_layers = %d needs a pipeline (parallel.pp * parallel.vpp > 1): set it to 0", last);
+  CFG_RULE(last == 0 || n_vstages == 1 || (last < m->n_layers && (m->n_layers - last) % (n_vstages - 1) == 0),
+           "parallel.last_stage_layers = %d: the other %d pipeline stages must split the remaining %d of model.n_layers "
+           "= %d evenly (and at least one layer each): pick a count that leaves a multiple of %d, or 0 for an even split",
+           last, n_vstages - 1, m->n_layers - last, m->n_layers, n_vstages - 1);
+  CFG_RULE(p->vpp == 1 || p->pp > 1,
+           "parallel.vpp = %d needs parallel.pp > 1 (virtual chunks interleave pipeline stages): set vpp=1", p->vpp);
+  CFG_RULE(!p->sequence_parallel || p->tp > 1,
+           "parallel.sequence_parallel needs parallel.tp > 1: set sequence_parallel=false or raise tp");
+  CFG_RULE(!p->sequence_parallel || m->seq_len % p->tp == 0,
+           "parallel.sequence_parallel splits model.seq_len = %d over parallel.tp = %d, which does not divide it: "
+           "make seq_len a multiple of tp",
+           m->seq_len, p->tp);
+  CFG_RULE(t->global_batch % (dp * t->micro_batch) == 0,
+           "train.global_batch = %d is not divisible by parallel.dp * train.micro_batch = %d * %d = %lld: "
+           "make global_batch a multiple of it (micro-batches per step = global_batch / (dp * micro_batch))",
+           t->global_batch, p->dp, t->micro_batch, dp * t->micro_batch);
+  CFG_RULE(!m->tie_embeddings || p->pp == 1,
+           "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
+           "stages): set model.tie_embeddings=false",
+           p->pp);
+  if (strcmp(t->precision, "fp8") == 0) {
+    // FP8 GEMMs take dimensions that are multiples of 16 only: each projection's local sizes
+    // and the rows of a micro-batch (of a sequence shard with SP, whose GEMMs run per shard).
+    long long hd = m->dim / m->n_heads, rows = (long long)m->seq_len * t->micro_batch;
+    struct { const char *what; long long n; } dims[] = {
+        {"model.dim", m->dim},
+        {"model.n_heads * head dim / parallel.tp (the attention output projection's input)", m->n_heads * hd / tp},
+        {"model.n_kv_heads * head dim / parallel.tp (each of k and v)", m->n_kv_heads * hd / tp},
+        {"model.ffn_dim / parallel.tp", m->ffn_dim / tp},
+        {"model.seq_len * train.micro_batch (rows of a micro-batch)", rows},
+        {"model.seq_len * train.micro_batch / parallel.tp (rows of a sequence shard)", p->sequence_parallel ? rows / tp : 16},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+      CFG_RULE(dims[i].n % 16 == 0,
+               "train.precision=fp8: %s = %lld is not a multiple of 16, which FP8 GEMMs need: the nearest legal "
+               "value is %lld", dims[i].what, dims[i].n, dims[i].n < 16 ? 16 : (dims[i].n + 8) / 16 * 16);
+  }
+#undef CFG_RULE
+  return 0;
+}
+
+model_layout cfg_model_layout(const cfg *c) {
+  const char *r = c->train.recompute;
+  return (model_layout){
+      .pp = c->parallel.pp,
+      .vpp = c->parallel.vpp,
+      .last_stage_layers = c->parallel.last_stage_layers,
+      .sequence_parallel = c->parallel.sequence_parallel,
+      .micro_batch = c->train.micro_batch,
+      .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
+                   : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
+                                                 : MODEL_RECOMPUTE_NONE,
+      .fp8 = {
+          .enabled = strcmp(c->train.precision, "fp8") == 0,
+          .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT : MODEL_FP8_DELAYED,
+          .amax_history = c->fp8.amax_history,
+          .amax_max = strcmp(c->fp8.amax_compute, "max") == 0,
+          .margin = c->fp8.margin,
+          .hybrid = strcmp(c->fp8.format, "hybrid") == 0,
+          .fast_accum = c->fp8.fast_accum,
+          .edge_layers_bf16 = c->fp8.bf16_edge_layers,
+      },
+  };
+}
+
+int cfg_n_micro(const cfg *c) { return c->train.global_batch / (c->parallel.dp * c->train.micro_batch); }
+
+int cfg_act_bf16(const cfg *c) {
+  const char *p = c->train.precision;
+  return strcmp(p, "auto") == 0 || strcmp(p, "bf16") == 0 || strcmp(p, "fp8") == 0;
+}
