@@ -2,21 +2,10 @@
 // dimensions) and what the other modules get from a config (the model's layout, the
 // micro-batch count). The key table, the YAML reader and the dump are in config.c.
 #include "app/config.h"
+#include "kernels/check.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-// Writes the message into err; always returns -1 so rules can `return rule_fail(...)`.
-static int rule_fail(char *err, size_t n_err, const char *fmt, ...) {
-  if (err && n_err) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n_err, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 static int cfg_is_one_of(const char *v, const char *const *options, int n) {
   for (int i = 0; i < n; i++)
@@ -31,7 +20,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   const opt_config *o = &c->optim;
   if (err && n_err) err[0] = '\0';
 #define CFG_RULE(cond, ...) \
-  if (!(cond)) return rule_fail(err, n_err, __VA_ARGS__)
+  if (!(cond)) return check_errf(err, n_err, __VA_ARGS__)
 
   // A struct filled by code rather than cfg_load may hold anything; the rules below divide
   // by these values, so the table's ranges are checked again first.
@@ -105,7 +94,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
     else
       snprintf(fit, sizeof fit, "%d ranks do not divide into tp * pp = %lld: launch a multiple of %lld, or change "
                "parallel.tp / parallel.pp and add parallel.dp=0", world_size, model_par, model_par);
-    return rule_fail(err, n_err,
+    return check_errf(err, n_err,
                     "parallel.tp * parallel.pp * parallel.dp = %d * %d * %d = %lld does not match the world size %d: "
                     "%s is laid out for %lld ranks (mpirun -np %lld); %s",
                     p->tp, p->pp, p->dp, model_par * dp, world_size, c->path[0] ? c->path : "the config",

@@ -1,6 +1,7 @@
 // Failure path of the check macros: one message naming the rank and the place, then MPI_Abort.
 #include "kernels/check.h"
 #include <mpi.h>
+#include <stdarg.h>
 #include <string.h>
 
 void check_fail(const char *file, int line, const char *func, const char *what, const char *msg) {
@@ -11,6 +12,16 @@ void check_fail(const char *file, int line, const char *func, const char *what, 
   fflush(stderr);
   if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
+}
+
+int check_errf(char *err, size_t n_err, const char *fmt, ...) {
+  if (err && n_err) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n_err, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
 }
 
 void *check_malloc(size_t n_bytes, const char *file, int line) {

@@ -21,6 +21,10 @@ void check_fail(const char *file, int line, const char *func, const char *what, 
     }                                                                                 \
   } while (0)
 
+// Formats a one-line message into err (n_err bytes; NULL or 0: nothing) and returns -1, so a
+// function that reports errors through (err, n_err) can `return check_errf(err, n_err, ...)`.
+int check_errf(char *err, size_t n_err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 void *check_malloc(size_t n_bytes, const char *file, int line);
 #define XMALLOC(n_bytes) check_malloc((n_bytes), __FILE__, __LINE__)
 void *check_calloc(size_t n_elem, size_t elem_bytes, const char *file, int line);

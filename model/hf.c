@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,16 +26,6 @@ static const char *const hf_patterns[MODEL_N_KINDS] = {
     [MODEL_FINAL_NORM] = "model.norm.weight",
     [MODEL_LM_HEAD] = "lm_head.weight",
 };
-
-static int hf_fail(char *err, size_t n_err, const char *fmt, ...) {
-  if (err && n_err) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n_err, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 void hf_tensor_name(model_kind k, int layer, char *out, size_t n_out) {
   CHECK(k >= 0 && k < MODEL_N_KINDS, "hf_tensor_name: kind %d", (int)k);
@@ -91,14 +80,14 @@ static int hf_write_file(const char *dir, const char *name, const char *text, si
   snprintf(path, sizeof path, "%s/%s", dir, name);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "wb");
-  if (!f) return hf_fail(err, n_err, "cannot create %s (%s)", tmp, strerror(errno));
+  if (!f) return check_errf(err, n_err, "cannot create %s (%s)", tmp, strerror(errno));
   int ok = fwrite(text, 1, n_text, f) == n_text && fflush(f) == 0 && fsync(fileno(f)) == 0;
   int eno = errno;
   ok = fclose(f) == 0 && ok;
   if (ok && rename(tmp, path) != 0) ok = 0, eno = errno;
   if (!ok) {
     unlink(tmp);
-    return hf_fail(err, n_err, "writing %s failed (%s): is the disk full?", path, strerror(eno));
+    return check_errf(err, n_err, "writing %s failed (%s): is the disk full?", path, strerror(eno));
   }
   return 0;
 }
@@ -156,16 +145,16 @@ int hf_write_index(const char *dir, const hf_tensor *t, const int *shard_of, int
 // A whole JSON file (at most max_bytes), parsed. NULL with a message naming the file.
 static json_value *hf_read_json(const char *path, size_t max_bytes, char *err, size_t n_err) {
   FILE *f = fopen(path, "rb");
-  if (!f) return hf_fail(err, n_err, "cannot open %s (%s)", path, strerror(errno)), NULL;
+  if (!f) return check_errf(err, n_err, "cannot open %s (%s)", path, strerror(errno)), NULL;
   char *text = XMALLOC(max_bytes + 1);
   size_t n = fread(text, 1, max_bytes + 1, f);
   int bad_read = ferror(f);
   fclose(f);
   json_value *v = NULL;
   char msg[512];
-  if (bad_read) hf_fail(err, n_err, "reading %s failed", path);
-  else if (n > max_bytes) hf_fail(err, n_err, "%s is larger than %zu bytes: not a model's JSON file", path, max_bytes);
-  else if (!(v = json_parse(text, n, 64, msg, sizeof msg))) hf_fail(err, n_err, "%s is not valid JSON: %s", path, msg);
+  if (bad_read) check_errf(err, n_err, "reading %s failed", path);
+  else if (n > max_bytes) check_errf(err, n_err, "%s is larger than %zu bytes: not a model's JSON file", path, max_bytes);
+  else if (!(v = json_parse(text, n, 64, msg, sizeof msg))) check_errf(err, n_err, "%s is not valid JSON: %s", path, msg);
   free(text);
   return v;
 }
@@ -175,8 +164,8 @@ static int hf_int(const json_value *c, const char *path, const char *key, int ha
                   int64_t *out, char *err, size_t n_err) {
   const json_value *v = json_get(c, key);
   if (!v && have_default) return *out = dflt, 0;
-  if (!v) return hf_fail(err, n_err, "%s has no %s: not a Llama config", path, key);
-  if (v->type != JSON_NUMBER || !v->is_int) return hf_fail(err, n_err, "%s: %s is not an integer", path, key);
+  if (!v) return check_errf(err, n_err, "%s has no %s: not a Llama config", path, key);
+  if (v->type != JSON_NUMBER || !v->is_int) return check_errf(err, n_err, "%s: %s is not an integer", path, key);
   return *out = v->integer, 0;
 }
 
@@ -184,7 +173,7 @@ static int hf_bool(const json_value *c, const char *path, const char *key, int d
                    size_t n_err) {
   const json_value *v = json_get(c, key);
   if (!v) return *out = dflt, 0;
-  if (v->type != JSON_BOOL) return hf_fail(err, n_err, "%s: %s is not true or false", path, key);
+  if (v->type != JSON_BOOL) return check_errf(err, n_err, "%s: %s is not true or false", path, key);
   return *out = v->boolean, 0;
 }
 
@@ -196,12 +185,12 @@ static int hf_check_arch(const json_value *c, const char *path, char *err, size_
   if (!llama) {
     const char *found = a && a->type == JSON_ARRAY && a->n && a->items[0].type == JSON_STRING ? a->items[0].string
                                                                                                : "(none)";
-    return hf_fail(err, n_err, "%s: architectures is [\"%s\"%s], expected [\"LlamaForCausalLM\"]: only Llama models "
+    return check_errf(err, n_err, "%s: architectures is [\"%s\"%s], expected [\"LlamaForCausalLM\"]: only Llama models "
                    "import", path, found, a && a->type == JSON_ARRAY && a->n > 1 ? ", ..." : "");
   }
-  if (mt && mt->type != JSON_STRING) return hf_fail(err, n_err, "%s: model_type is not a string", path);
+  if (mt && mt->type != JSON_STRING) return check_errf(err, n_err, "%s: model_type is not a string", path);
   if (mt && strcmp(mt->string, "llama") != 0)
-    return hf_fail(err, n_err, "%s: model_type is \"%s\", expected \"llama\": only Llama models import", path,
+    return check_errf(err, n_err, "%s: model_type is \"%s\", expected \"llama\": only Llama models import", path,
                    mt->string);
   return 0;
 }
@@ -229,14 +218,14 @@ static int hf_check_shape(const json_value *c, const char *path, const model_con
     int64_t v = 0;
     if (hf_int(c, path, f[k].key, f[k].have_default, f[k].dflt, &v, err, n_err)) return -1;
     if (v != f[k].want)
-      return hf_fail(err, n_err, "%s: %s is %" PRId64 " but %s is %d: the model section must have the shape of the "
+      return check_errf(err, n_err, "%s: %s is %" PRId64 " but %s is %d: the model section must have the shape of the "
                      "model it starts from (set %s to %" PRId64 ")",
                      path, f[k].key, v, f[k].cfg_key, f[k].want, f[k].cfg_key, v);
   }
   int tied = 0;
   if (hf_bool(c, path, "tie_word_embeddings", 0, &tied, err, n_err)) return -1;
   if (tied != mc->tie_embeddings)
-    return hf_fail(err, n_err, "%s: tie_word_embeddings is %s but model.tie_embeddings is %s: set "
+    return check_errf(err, n_err, "%s: tie_word_embeddings is %s but model.tie_embeddings is %s: set "
                    "model.tie_embeddings=%s", path, tied ? "true" : "false", mc->tie_embeddings ? "true" : "false",
                    tied ? "true" : "false");
   return 0;
@@ -251,25 +240,25 @@ static int hf_check_constants(const json_value *c, const char *path, const model
   } f[] = {{"rms_norm_eps", "model.norm_eps", mc->norm_eps, 1e-6}, {"rope_theta", "model.rope_theta", mc->rope_theta, 1e4}};
   for (size_t k = 0; k < 2; k++) {
     const json_value *v = json_get(c, f[k].key);
-    if (v && v->type != JSON_NUMBER) return hf_fail(err, n_err, "%s: %s is not a number", path, f[k].key);
+    if (v && v->type != JSON_NUMBER) return check_errf(err, n_err, "%s: %s is not a number", path, f[k].key);
     float got = (float)(v ? v->number : f[k].dflt);
     char a[32], b[32];
     json_float_text(got, a);
     json_float_text(f[k].want, b);
     if (got != f[k].want)
-      return hf_fail(err, n_err, "%s: %s is %s%s but %s is %s: set %s=%s", path, f[k].key, a,
+      return check_errf(err, n_err, "%s: %s is %s%s but %s is %s: set %s=%s", path, f[k].key, a,
                      v ? "" : " (the default)", f[k].cfg_key, b, f[k].cfg_key, a);
   }
   const json_value *act = json_get(c, "hidden_act"), *scaling = json_get(c, "rope_scaling");
   if (act && (act->type != JSON_STRING || strcmp(act->string, "silu") != 0))
-    return hf_fail(err, n_err, "%s: hidden_act is not \"silu\": the trainer's MLP is SwiGLU", path);
+    return check_errf(err, n_err, "%s: hidden_act is not \"silu\": the trainer's MLP is SwiGLU", path);
   if (scaling && scaling->type != JSON_NULL)
-    return hf_fail(err, n_err, "%s: rope_scaling is set: the trainer has plain rotary embeddings only", path);
+    return check_errf(err, n_err, "%s: rope_scaling is set: the trainer has plain rotary embeddings only", path);
   static const char *const biases[] = {"attention_bias", "mlp_bias"};
   for (int k = 0; k < 2; k++) {
     int bias = 0;
     if (hf_bool(c, path, biases[k], 0, &bias, err, n_err)) return -1;
-    if (bias) return hf_fail(err, n_err, "%s: %s is true: the trainer's Llama has no biases", path, biases[k]);
+    if (bias) return check_errf(err, n_err, "%s: %s is true: the trainer's Llama has no biases", path, biases[k]);
   }
   return 0;
 }
@@ -278,15 +267,15 @@ int hf_check_config(const char *dir, const model_config *mc, char *err, size_t n
   char path[1024];
   struct stat st;
   if (stat(dir, &st) != 0)
-    return hf_fail(err, n_err, "cannot open %s (%s): expected a Hugging Face model directory", dir, strerror(errno));
+    return check_errf(err, n_err, "cannot open %s (%s): expected a Hugging Face model directory", dir, strerror(errno));
   snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG_FILE);
   if (stat(path, &st) != 0)
-    return hf_fail(err, n_err, "%s has no %s: not a Hugging Face model directory (export one with build/export_hf)",
+    return check_errf(err, n_err, "%s has no %s: not a Hugging Face model directory (export one with build/export_hf)",
                    dir, HF_CONFIG_FILE);
   json_value *c = hf_read_json(path, 1 << 20, err, n_err);
   if (!c) return -1;
   int rc = 0;
-  if (c->type != JSON_OBJECT) rc = hf_fail(err, n_err, "%s: expected a JSON object", path);
+  if (c->type != JSON_OBJECT) rc = check_errf(err, n_err, "%s: expected a JSON object", path);
   if (rc == 0) rc = hf_check_arch(c, path, err, n_err);
   if (rc == 0) rc = hf_check_shape(c, path, mc, err, n_err);
   if (rc == 0) rc = hf_check_constants(c, path, mc, err, n_err);
@@ -322,13 +311,13 @@ static int hf_open_index(hf_dir *h, char *err, size_t n_err) {
   if (!ix) return -1;
   const json_value *map = json_get(ix, "weight_map");
   int rc = 0;
-  if (!map || map->type != JSON_OBJECT) rc = hf_fail(err, n_err, "%s has no weight_map object", path);
+  if (!map || map->type != JSON_OBJECT) rc = check_errf(err, n_err, "%s has no weight_map object", path);
   h->map_names = XCALLOC(map ? map->n + 1 : 1, sizeof(char *));
   h->map_file = XCALLOC(map ? map->n + 1 : 1, sizeof(int));
   for (size_t k = 0; rc == 0 && k < map->n; k++) {
     const json_value *v = &map->items[k];
     if (v->type != JSON_STRING || !v->string[0] || strchr(v->string, '/') || v->string[0] == '.') {
-      rc = hf_fail(err, n_err, "%s: weight_map[\"%s\"] must name a file in the same directory", path, map->keys[k]);
+      rc = check_errf(err, n_err, "%s: weight_map[\"%s\"] must name a file in the same directory", path, map->keys[k]);
       break;
     }
     int f = 0;
@@ -348,13 +337,13 @@ int hf_dir_open(hf_dir *h, const char *dir, char *err, size_t n_err) {
   snprintf(h->dir, sizeof h->dir, "%s", dir);
   struct stat st;
   if (stat(dir, &st) != 0)
-    return hf_fail(err, n_err, "cannot open %s (%s): expected a Hugging Face model directory", dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return hf_fail(err, n_err, "%s is not a directory: expected a Hugging Face model directory", dir);
+    return check_errf(err, n_err, "cannot open %s (%s): expected a Hugging Face model directory", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return check_errf(err, n_err, "%s is not a directory: expected a Hugging Face model directory", dir);
   int rc;
   if (hf_file_exists(dir, HF_SINGLE_FILE)) rc = hf_open_file(h, HF_SINGLE_FILE, err, n_err);
   else if (hf_file_exists(dir, HF_INDEX_FILE)) rc = hf_open_index(h, err, n_err);
   else
-    rc = hf_fail(err, n_err, "%s holds neither %s nor %s: not a Hugging Face model directory in safetensors (export "
+    rc = check_errf(err, n_err, "%s holds neither %s nor %s: not a Hugging Face model directory in safetensors (export "
                  "one with build/export_hf)", dir, HF_SINGLE_FILE, HF_INDEX_FILE);
   if (rc != 0) hf_dir_close(h);
   return rc;
@@ -380,10 +369,10 @@ static int hf_find(const hf_dir *h, const char *name, const st_file **f, const s
   } else {
     for (int k = 0; k < h->n_map && !*f; k++)
       if (strcmp(h->map_names[k], name) == 0) *f = &h->files[h->map_file[k]];
-    if (!*f) return hf_fail(err, n_err, "%s/%s does not list tensor '%s'", h->dir, HF_INDEX_FILE, name);
+    if (!*f) return check_errf(err, n_err, "%s/%s does not list tensor '%s'", h->dir, HF_INDEX_FILE, name);
   }
   *t = st_find(*f, name);
-  if (!*t) return hf_fail(err, n_err, "%s has no tensor '%s'%s", (*f)->path, name,
+  if (!*t) return check_errf(err, n_err, "%s has no tensor '%s'%s", (*f)->path, name,
                           strcmp(name, "lm_head.weight") == 0 ? " (a model with tie_word_embeddings has none: check "
                                                                 "model.tie_embeddings)" : "");
   return 0;
@@ -393,12 +382,12 @@ static int hf_check_tensor(const st_file *f, const st_tensor *st, const hf_tenso
   int same = st->ndim == t->ndim;
   for (int d = 0; same && d < t->ndim; d++) same = st->shape[d] == t->full[d];
   if (!same)
-    return hf_fail(err, n_err, "%s: tensor '%s' has shape (%lld%s%lld) in the file, the config expects (%lld%s%lld)",
+    return check_errf(err, n_err, "%s: tensor '%s' has shape (%lld%s%lld) in the file, the config expects (%lld%s%lld)",
                    f->path, t->hf_name, (long long)st->shape[0], st->ndim > 1 ? ", " : "",
                    st->ndim > 1 ? (long long)st->shape[1] : 0LL, (long long)t->full[0], t->ndim > 1 ? ", " : "",
                    t->ndim > 1 ? (long long)t->full[1] : 0LL);
   if (st->dtype != ST_F32 && st->dtype != ST_BF16 && st->dtype != ST_F16)
-    return hf_fail(err, n_err, "%s: tensor '%s' has dtype %s; weights load from F32, BF16 or F16", f->path, t->hf_name,
+    return check_errf(err, n_err, "%s: tensor '%s' has dtype %s; weights load from F32, BF16 or F16", f->path, t->hf_name,
                    st_dtype_name(st->dtype));
   return 0;
 }
