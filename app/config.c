@@ -122,7 +122,8 @@ static const cfg_key cfg_keys[] = {
              "GPU attention kernel: cudnn (cuDNN's fused attention with bf16 activations; the own kernel for fp32 "
              "or a shape cuDNN refuses) | own (the project's own kernel always)"),
   CFG_STRING(train, cpu_isa, "auto",
-             "widest vector instruction set of the CPU GEMM: auto (the widest the CPU has) | avx512 | avx2 | sse"),
+             "widest vector instruction set of the CPU GEMM and AdamW: auto (the widest the CPU has) | avx512 | avx2 | "
+             "sse"),
   CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
 
   CFG_STRING(fp8, recipe, "delayed",

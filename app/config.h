@@ -37,7 +37,7 @@ typedef struct cfg_train {
   char device[CFG_STR];     // auto | cpu | cuda
   char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on CPU ranks)
   char attention[CFG_STR];  // cudnn | own (GPUs)
-  char cpu_isa[CFG_STR];    // auto | avx512 | avx2 | sse: widest vector ISA of the CPU GEMM
+  char cpu_isa[CFG_STR];    // auto | avx512 | avx2 | sse: widest vector ISA of the CPU GEMM and AdamW
   char recompute[CFG_STR];  // none | selective | full
 } cfg_train;
 

@@ -31,7 +31,7 @@ typedef struct k_backend_opts {
   k_dtype act;         // activation dtype: K_BF16 or K_F32 on GPUs; the CPU backend accepts K_F32 only
   int tf32;            // fp32 GEMMs may use TF32 (GPU, fp32 activations)
   int attn_own;        // the project's attention kernel instead of cuDNN's (GPU)
-  k_isa cpu_isa;       // widest vector instruction set of the CPU GEMM (K_ISA_AUTO: the widest the CPU has)
+  k_isa cpu_isa;       // widest vector instruction set of the CPU GEMM and AdamW (K_ISA_AUTO: the widest the CPU has)
   double peak_tflops;  // dense peak for MFU; 0: the device's known peak (989.4 for H100/H200), else none
   int device;          // GPU index (CUDA backend)
 } k_backend_opts;
@@ -155,7 +155,7 @@ extern "C" {
 void k_backend_set_peak(k_backend *b, double peak_tflops);
 
 // The CPU reference backend (OpenMP threads of this rank). o: NULL = defaults; o->act must be
-// K_F32; o->cpu_isa caps the GEMM's kernel; the GPU fields are ignored.
+// K_F32; o->cpu_isa caps the GEMM and AdamW kernels; the GPU fields are ignored.
 k_backend *k_backend_cpu_create(const k_backend_opts *o);
 // Releases the context (b->release) and the table; safe twice (*b is NULL after).
 void k_backend_free(k_backend **b);

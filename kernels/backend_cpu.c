@@ -1,5 +1,5 @@
 // The CPU backend: host memory and the reference kernels of kernels/cpu/. Its context holds the
-// one option the kernels read, the GEMM's instruction set.
+// one option the kernels read, the instruction set of the GEMM and AdamW kernels.
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/check.h"
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 typedef struct cpu_ctx {
-  k_isa gemm_isa;  // the widest kernel the backend's GEMMs may use
+  k_isa isa;  // the widest kernel the backend's GEMMs and AdamW may use
 } cpu_ctx;
 
 static void *cpu_alloc(k_backend *b, size_t n_bytes) { (void)b; return XCALLOC(n_bytes, 1); }
@@ -43,7 +43,7 @@ void k_backend_set_peak(k_backend *b, double peak_tflops) {
 static void cpu_gemm(k_backend *b, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
                      float beta, void *C, int ldc, k_dtype c_type) {
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
-  k_cpu_gemm_isa(((const cpu_ctx *)b->ctx)->gemm_isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  k_cpu_gemm_isa(((const cpu_ctx *)b->ctx)->isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 static void cpu_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D) { (void)b;
   k_cpu_linear_residual(M, N, K, A, W, C, D);
@@ -126,8 +126,8 @@ static double cpu_sumsq_ranges(k_backend *b, const float *x, const k_range *r, i
 static void cpu_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc_type, const float *g, float *m, float *v,
                              const k_range *r, int n_ranges, float lr, float beta1, float beta2, float eps,
                              float weight_decay, float bc1, float bc2, float g_scale) {
-  (void)b;
-  k_cpu_adamw_ranges(p, pc, pc_type, g, m, v, r, n_ranges, lr, beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
+  k_cpu_adamw_ranges_isa(((const cpu_ctx *)b->ctx)->isa, p, pc, pc_type, g, m, v, r, n_ranges, lr, beta1, beta2, eps,
+                         weight_decay, bc1, bc2, g_scale);
 }
 
 // FP8: scales and amaxes are host memory here, read and written in place.
@@ -141,7 +141,7 @@ static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_
                          int fast_accum) {
   (void)fast_accum;  // the CPU sums in fp32 either way
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
-  k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->gemm_isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
+  k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
 }
 static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                            int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
@@ -162,7 +162,7 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   CHECK(o->cpu_isa >= K_ISA_AUTO && o->cpu_isa <= K_ISA_SSE, "CPU backend: unknown GEMM instruction set %d",
         (int)o->cpu_isa);
   cpu_ctx *c = XCALLOC(1, sizeof *c);
-  c->gemm_isa = o->cpu_isa;
+  c->isa = o->cpu_isa;
   k_backend *b = XCALLOC(1, sizeof *b);
   b->name = "cpu";
   b->ctx = c;
