@@ -3,6 +3,7 @@
 // and the YAML dump that checkpoints store. The rules between keys are in config_rules.c. Key
 // reference: docs/config.md.
 #include "app/config.h"
+#include "app/config_from.h"
 #include "model/json.h"
 
 #include <ctype.h>
@@ -45,6 +46,7 @@ typedef struct cfg_key {
 #define CFG_INT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(field, int), lo, hi, d, NULL, doc}
 #define CFG_FLOAT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(field, float), lo, hi, d, NULL, doc}
 #define CFG_BOOL_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(field, int), 0, 1, d, NULL, doc}
+#define CFG_STRING_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(field, char *), 0, 0, 0, d, doc}
 #define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
 #define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
 
@@ -64,6 +66,9 @@ static const cfg_key cfg_keys[] = {
   CFG_FLOAT(model, rope_theta, 1, 1e9, 10000, "base of the rotary position frequencies"),
   CFG_BOOL(model, tie_embeddings, 0, "LM head shares the token-embedding table (needs parallel.pp 1)"),
   CFG_FLOAT(model, init_std, 0, 1, 0.02, "std of the normal init of weight matrices"),
+  CFG_STRING_IN(model, from, model_from, "",
+                "hf:DIR: the other model keys come from DIR's config.json (a Hugging Face Llama directory, "
+                "docs/hf.md); a model key also set here must agree with it; empty = the keys as written"),
 
   CFG_INT(parallel, tp, 1, 1024, 1, "tensor-parallel ranks (split heads, FFN and vocabulary)"),
   CFG_INT(parallel, pp, 1, 1024, 1, "pipeline stages"),
@@ -384,6 +389,7 @@ typedef struct cfg_reader {
   size_t n_err;
   const char *text;  // the whole input, for hints about the line of a syntax error
   size_t n_text;
+  unsigned char *key_set;  // (CFG_N_KEYS) marks each key the text sets; NULL: not kept
 } cfg_reader;
 
 // libyaml calls a tab in indentation "found character that cannot start any token"; say
@@ -456,6 +462,7 @@ static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *
       return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (first at line %zu): keep one", section, key,
                       *seen);
     *seen = r->site.line;
+    if (r->key_set) r->key_set[k - cfg_keys] = 1;
     if (cfg_next(r)) return -1;
     if (r->ev.type != YAML_SCALAR_EVENT)
       return cfg_fail(r->err, r->n_err, &r->site, "%s.%s: expected a single value, found %s", section, key,
@@ -510,7 +517,8 @@ static int cfg_read_document(cfg_reader *r, cfg *c) {
 
 // Runs cfg_read_document (or, with c NULL, only the parser to the end of the stream) over
 // n_text bytes of text; name is what messages call it.
-static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *name, char *err, size_t n_err) {
+static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *name, unsigned char *key_set, char *err,
+                          size_t n_err) {
   cfg_reader r;
   memset(&r, 0, sizeof r);
   r.site.name = name;
@@ -518,6 +526,7 @@ static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *n
   r.n_err = n_err;
   r.text = text;
   r.n_text = n_text;
+  r.key_set = key_set;
   if (!yaml_parser_initialize(&r.parser)) return cfg_fail(err, n_err, &r.site, "cannot initialise the YAML parser");
   yaml_parser_set_input_string(&r.parser, (const unsigned char *)text, n_text);
   int rc = 0;
@@ -544,9 +553,11 @@ static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *n
 // Events stream out before libyaml has seen the rest of the text, so in one pass a value
 // like `n_layers: a: b` would be reported as "expected an integer, found 'a'". A first pass
 // over the whole text makes a syntax error win, with libyaml's own words and line.
-static int cfg_read_yaml(cfg *c, const char *text, size_t n_text, const char *name, char *err, size_t n_err) {
-  if (cfg_parse_pass(NULL, text, n_text, name, err, n_err)) return -1;
-  return cfg_parse_pass(c, text, n_text, name, err, n_err);
+// key_set (CFG_N_KEYS, or NULL) marks the keys the text sets.
+static int cfg_read_yaml(cfg *c, const char *text, size_t n_text, const char *name, unsigned char *key_set, char *err,
+                         size_t n_err) {
+  if (cfg_parse_pass(NULL, text, n_text, name, NULL, err, n_err)) return -1;
+  return cfg_parse_pass(c, text, n_text, name, key_set, err, n_err);
 }
 
 // The whole file, NUL-terminated, in a malloc'd buffer (config files are small); reading stops
@@ -567,7 +578,7 @@ static char *cfg_read_file(FILE *f, size_t *n_text) {
   return buf;
 }
 
-static int cfg_apply_override(cfg *c, char *arg, char *err, size_t n_err) {
+static int cfg_apply_override(cfg *c, char *arg, unsigned char *key_set, char *err, size_t n_err) {
   cfg_site s = {.override = arg};
   char section[CFG_STR], key[CFG_STR];
   const char *eq = strchr(arg, '=');
@@ -589,13 +600,26 @@ static int cfg_apply_override(cfg *c, char *arg, char *err, size_t n_err) {
   if (cfg_find_section(section) < 0) return cfg_unknown_section(err, n_err, &s, section);
   const cfg_key *k = cfg_find_key(section, key);
   if (!k) return cfg_unknown_key(err, n_err, &s, section, key);
+  key_set[k - cfg_keys] = 1;
   return cfg_set_value(c, k, eq + 1, 0, &s, err, n_err);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Public interface
 
+// model.from: the model keys set in the file or by overrides (marked in key_set), by name, for
+// cfg_resolve_model_from (app/config_from.c).
+static int cfg_apply_model_from(cfg *c, const unsigned char *key_set, char *err, size_t n_err) {
+  if (!c->model_from[0]) return 0;
+  const char *set[CFG_N_KEYS];
+  int n_set = 0;
+  for (int i = 0; i < CFG_N_KEYS; i++)
+    if (key_set[i] && strcmp(cfg_keys[i].section, "model") == 0) set[n_set++] = cfg_keys[i].key;
+  return cfg_resolve_model_from(c, set, n_set, err, n_err);
+}
+
 int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *err, size_t n_err) {
+  unsigned char key_set[CFG_N_KEYS] = {0};
   cfg_set_defaults(c);
   if (err && n_err) err[0] = '\0';
   if (path) {
@@ -634,13 +658,13 @@ int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *
       return cfg_fail(err, n_err, &s, "config file is more than the %d bytes (1 MiB) a config may hold",
                       CFG_MAX_FILE_BYTES);
     }
-    int rc = cfg_read_yaml(c, text, n_text, path, err, n_err);
+    int rc = cfg_read_yaml(c, text, n_text, path, key_set, err, n_err);
     free(text);
     if (rc) return -1;
   }
   for (int i = 0; i < n_overrides; i++)
-    if (cfg_apply_override(c, overrides[i], err, n_err)) return -1;
-  return 0;
+    if (cfg_apply_override(c, overrides[i], key_set, err, n_err)) return -1;
+  return cfg_apply_model_from(c, key_set, err, n_err);
 }
 
 int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err) {
@@ -649,7 +673,7 @@ int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_
   if (!name) name = "<config text>";
   snprintf(c->path, sizeof c->path, "%s", name);
   if (!yaml) yaml = "";
-  return cfg_read_yaml(c, yaml, strlen(yaml), name, err, n_err);
+  return cfg_read_yaml(c, yaml, strlen(yaml), name, NULL, err, n_err);
 }
 
 int cfg_check_ranges(const cfg *c, char *err, size_t n_err) {

@@ -76,6 +76,7 @@ typedef struct cfg_log {
 
 typedef struct cfg {
   model_config model;
+  char model_from[CFG_STR];  // model.from: hf:DIR, whose config.json gives the model keys; empty = none
   cfg_parallel parallel;
   cfg_train train;
   cfg_fp8 fp8;

@@ -8,6 +8,7 @@
 #include "kernels/check.h"
 #include "model/ckpt.h"
 #include "model/hf.h"
+#include "model/hf_config.h"
 #include "model/safetensors.h"
 
 #include <dirent.h>

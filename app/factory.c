@@ -30,10 +30,9 @@ static int factory_gpu_count(void) {
 #endif
 }
 
-// Whether this run uses GPUs: train.device=cuda, or auto with a GPU visible. -1 with a message
-// when it cannot run as configured.
-static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
-  const char *dev = c->train.device, *prec = c->train.precision;
+// Whether device ("auto" | "cpu" | "cuda", set by `option`, e.g. "train.device=") uses a GPU:
+// cuda, or auto with one visible. -1 with a message when cuda is asked for and none is there.
+static int factory_wants_gpu(const char *option, const char *dev, int n_gpus, char *err, size_t n_err) {
   int gpu = strcmp(dev, "cuda") == 0 || (strcmp(dev, "auto") == 0 && n_gpus > 0);
   if (gpu && n_gpus == 0) {
 #ifdef TRAINER_HAVE_CUDA
@@ -41,13 +40,32 @@ static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
 #else
     const char *why = "this build has no CUDA backend (no CUDA toolkit at configure time)";
 #endif
-    return snprintf(err, n_err, "train.device=cuda but %s; use train.device=cpu (or auto)", why), -1;
+    return snprintf(err, n_err, "%scuda but %s; use %scpu (or auto)", option, why, option), -1;
   }
+  return gpu;
+}
+
+// Whether this run uses GPUs: train.device=cuda, or auto with a GPU visible. -1 with a message
+// when it cannot run as configured.
+static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
+  const char *dev = c->train.device, *prec = c->train.precision;
+  int gpu = factory_wants_gpu("train.device=", dev, n_gpus, err, n_err);
+  if (gpu < 0) return -1;
   if (!gpu && (strcmp(prec, "tf32") == 0 || strcmp(prec, "bf16") == 0))
     return snprintf(err, n_err, "train.precision=%s needs a GPU, and this rank runs on the CPU (train.device=%s, "
                     "%d GPU%s visible): CPU ranks compute in fp32, set train.precision=fp32 or auto", prec, dev,
                     n_gpus, n_gpus == 1 ? "" : "s"), -1;
   return gpu;
+}
+
+k_backend *factory_tool_backend(const char *device, char *err, size_t n_err) {
+  const k_backend_opts fp32 = {.act = K_F32};  // tf32 off, GPU 0
+  int gpu = factory_wants_gpu("--device ", device, factory_gpu_count(), err, n_err);
+  if (gpu < 0) return NULL;
+#ifdef TRAINER_HAVE_CUDA
+  if (gpu) return k_backend_cuda_create(&fp32);
+#endif
+  return k_backend_cpu_create(&fp32);
 }
 
 int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {

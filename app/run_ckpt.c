@@ -4,6 +4,7 @@
 #include "model/ckpt.h"
 #include "model/fp8.h"
 #include "model/hf.h"
+#include "model/hf_config.h"
 #include <string.h>
 
 static const char *section_prefix[3] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};

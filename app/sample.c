@@ -1,11 +1,13 @@
-// sample: text from a trainer checkpoint, generated on the CPU in fp32 with a KV cache
-// (model/decode.h). The prompt is encoded with the byte-level vocabulary of the default corpus
-// (docs/data.md: token = byte); the continuation is printed as text, non-printable bytes escaped.
-//   build/sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S]
-//   build/sample CKPT --stream-loss [--data GLOB]
+// sample: text from a trainer checkpoint, generated in fp32 with a KV cache (model/decode.h) on
+// the CPU or a GPU (--device, named as train.device). The prompt is encoded with the byte-level
+// vocabulary of the default corpus (docs/data.md: token = byte); the continuation is printed as
+// text, non-printable bytes escaped.
+//   build/sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]
+//   build/sample CKPT --stream-loss [--data GLOB] [--device D]
 // --stream-loss prints the mean cross-entropy, decoded token by token through the cache, of the
 // global_batch training windows the checkpoint's next step would read: the trainer's step loss.
 #include "app/config.h"
+#include "app/factory.h"
 #include "data/data.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
@@ -21,7 +23,7 @@
 #include <time.h>
 
 typedef struct sample_args {
-  const char *ckpt, *prompt, *data;
+  const char *ckpt, *prompt, *data, *device;
   long tokens;
   float temperature, top_p;
   uint64_t seed;
@@ -30,15 +32,17 @@ typedef struct sample_args {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S]\n"
-          "       sample CKPT --stream-loss [--data GLOB]\n"
-          "  generates text from trainer checkpoint CKPT on the CPU (fp32, KV cache); prompt bytes are tokens\n"
+          "usage: sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]\n"
+          "       sample CKPT --stream-loss [--data GLOB] [--device D]\n"
+          "  generates text from trainer checkpoint CKPT (fp32, KV cache); prompt bytes are tokens\n"
           "  --tokens N       tokens to generate (default 200; generation also stops at the model's seq_len)\n"
           "  --temperature T  softmax temperature (default 0.8); 0 = greedy\n"
           "  --top-p P        nucleus sampling: keep the most likely tokens up to mass P (default 0.95)\n"
           "  --seed S         seed of the sampler (default: from the clock, printed)\n"
           "  --stream-loss    mean cross-entropy of the training windows the checkpoint's next step reads\n"
-          "  --data GLOB      with --stream-loss: the training shards (default: the checkpoint's data.train)\n");
+          "  --data GLOB      with --stream-loss: the training shards (default: the checkpoint's data.train)\n"
+          "  --device D       auto | cpu | cuda, as train.device (default auto: GPU 0 when one is visible); fp32 on\n"
+          "                   either, no TF32, so greedy text is the same\n");
 }
 
 // Parses a number of the form strtod accepts into *v within [lo, hi]; 0 or -1.
@@ -55,6 +59,10 @@ static int parse_option(sample_args *a, const char *opt, const char *val) {
     a->prompt = val;
   } else if (strcmp(opt, "--data") == 0) {
     a->data = val;
+  } else if (strcmp(opt, "--device") == 0) {
+    if (strcmp(val, "auto") != 0 && strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0)
+      return fprintf(stderr, "error: --device %s: expected auto, cpu or cuda\n", val), 2;
+    a->device = val;
   } else if (strcmp(opt, "--tokens") == 0) {
     if (parse_num(val, 0, 1e9, &v) || v != floor(v))
       return fprintf(stderr, "error: --tokens %s: expected a whole number from 0 to 1e9\n", val), 2;
@@ -82,7 +90,7 @@ static int parse_option(sample_args *a, const char *opt, const char *val) {
 
 // 0, or 2 after printing what is wrong with the command line.
 static int parse_args(sample_args *a, int argc, char **argv) {
-  *a = (sample_args){.tokens = 200, .temperature = 0.8f, .top_p = 0.95f};
+  *a = (sample_args){.tokens = 200, .temperature = 0.8f, .top_p = 0.95f, .device = "auto"};
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     if (strcmp(s, "--stream-loss") == 0) {
@@ -215,10 +223,16 @@ static int run(const sample_args *a, char *err, size_t n_err) {
   cfg c;
   ckpt_meta meta = {0};
   if (read_config(a->ckpt, &c, &meta, err, n_err) != 0) return -1;
+  k_backend *be = factory_tool_backend(a->device, err, n_err);
+  if (!be) return -1;
+  int named = strcmp(be->device_name, be->name) != 0;
+  fprintf(stderr, "sample: decoding in fp32 on %s%s%s%s\n", be->name, named ? " (" : "", named ? be->device_name : "",
+          named ? ")" : "");
   decode_model m;
-  if (decode_init(&m, &c.model, a->ckpt, err, n_err) != 0) return -1;
-  int rc = a->stream_loss ? stream_loss(a, &m, &c, meta.samples_seen, err, n_err) : generate(a, &m, err, n_err);
-  decode_free(&m);
+  int rc = decode_init(&m, be, &c.model, a->ckpt, err, n_err);
+  if (rc == 0) rc = a->stream_loss ? stream_loss(a, &m, &c, meta.samples_seen, err, n_err) : generate(a, &m, err, n_err);
+  decode_free(&m);  // safe after a failed decode_init
+  k_backend_free(&be);
   return rc;
 }
 

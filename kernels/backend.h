@@ -88,6 +88,11 @@ typedef struct k_backend {
                    int nkv, int hd);
   void (*attn_bwd)(struct k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                    const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd);
+  // Decoding with a KV cache: one query row (nh heads of hd, packed) against n_keys >= 1 cached
+  // rows of keys and values (stride ld, nkv heads of hd at the row start), all visible; o (nh*hd)
+  // packed; head h reads kv head h / (nh/nkv), scale 1/sqrt(hd) (k_cpu_attn_decode).
+  void (*attn_decode)(struct k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, int n_keys,
+                      int nh, int nkv, int hd);
   // gu (rows, 2n): gate columns then up columns (one fused projection); out (rows, n).
   void (*swiglu_fwd)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n);
   void (*swiglu_bwd)(struct k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n);

@@ -3,6 +3,7 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/check.h"
+#include "kernels/cpu/attn_decode_cpu.h"
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -77,6 +78,10 @@ static void cpu_attn_fwd(k_backend *b, const void *q, const void *k, const void 
 static void cpu_attn_bwd(k_backend *b, const void *dout, const void *q, const void *k, const void *v, int64_t ld, const void *o,
                          const float *lse, void *dq, void *dk, void *dv, int B, int T, int nh, int nkv, int hd) { (void)b;
   k_cpu_attn_bwd(dout, q, k, v, ld, o, lse, dq, dk, dv, B, T, nh, nkv, hd);
+}
+static void cpu_attn_decode(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, int n_keys, int nh,
+                            int nkv, int hd) { (void)b;
+  k_cpu_attn_decode(q, k, v, ld, o, n_keys, nh, nkv, hd);
 }
 static void cpu_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n) { (void)b; k_cpu_swiglu_fwd(gu, out, rows, n); }
 static void cpu_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n) { (void)b;
@@ -187,6 +192,7 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->rope = cpu_rope;
   b->attn_fwd = cpu_attn_fwd;
   b->attn_bwd = cpu_attn_bwd;
+  b->attn_decode = cpu_attn_decode;
   b->swiglu_fwd = cpu_swiglu_fwd;
   b->swiglu_bwd = cpu_swiglu_bwd;
   b->embed_fwd = cpu_embed_fwd;

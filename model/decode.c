@@ -1,5 +1,5 @@
-// Decoding on the CPU with a KV cache (model/decode.h): the checkpoint's fp32 weights in one
-// allocation, one row per token through the blocks, and the sampler.
+// Decoding with a KV cache through a backend (model/decode.h): the checkpoint's fp32 weights in
+// one allocation of the backend's memory, one row per token through the blocks, and the sampler.
 #include "model/decode.h"
 
 #include <math.h>
@@ -9,32 +9,37 @@
 #include <string.h>
 
 #include "kernels/check.h"
-#include "kernels/cpu/ops_cpu.h"
 #include "model/ckpt.h"
 
 enum { DECODE_PER_LAYER = 9 };
 
 static int head_dim(const model_config *c) { return c->dim / c->n_heads; }
+static int64_t q_dim(const model_config *c) { return (int64_t)c->n_heads * head_dim(c); }
+static int64_t kv_dim(const model_config *c) { return (int64_t)c->n_kv_heads * head_dim(c); }
 
-// Fills t with one whole tensor `model/<name>` of the given shape (1 or 2 dims), data at *cur.
-static void add_tensor(ckpt_tensor *t, float **cur, float **dst, const char *name, int64_t rows, int64_t cols) {
+// Fills t with one whole tensor `model/<name>` of the given shape (1 or 2 dims), read into the
+// host buffer at *cur; *dst gets the same offset in the backend's copy (base + offset).
+static void add_tensor(ckpt_tensor *t, float **cur, float *host, float *dev, float **dst, const char *name, int64_t rows,
+                       int64_t cols) {
   memset(t, 0, sizeof *t);
   snprintf(t->name, sizeof t->name, "model/%s", name);
   t->ndim = cols ? 2 : 1;
   t->full[0] = t->count[0] = rows;
   if (cols) t->full[1] = t->count[1] = cols;
-  t->data = *dst = *cur;
+  t->data = *cur;
+  *dst = dev + (*cur - host);
   *cur += rows * (cols ? cols : 1);
 }
 
-// Lays out the tensor list and the pointers of m into m->weights; returns the tensor count.
-static int build_list(decode_model *m, ckpt_tensor *list) {
+// Lays out the tensor list over host (read there) and the pointers of m into m->weights; returns
+// the tensor count.
+static int build_list(decode_model *m, float *host, ckpt_tensor *list) {
   const model_config *c = &m->cfg;
-  int64_t d = c->dim, hd = head_dim(c), qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, F = c->ffn_dim;
-  float *cur = m->weights;
+  int64_t d = c->dim, qd = q_dim(c), kvd = kv_dim(c), F = c->ffn_dim;
+  float *cur = host, *dev = m->weights;
   int n = 0;
   char name[96];
-  add_tensor(&list[n++], &cur, &m->embed, "embed", c->vocab_size, d);
+  add_tensor(&list[n++], &cur, host, dev, &m->embed, "embed", c->vocab_size, d);
   for (int l = 0; l < c->n_layers; l++) {
     decode_layer *L = &m->layers[l];
     struct { const char *key; float **dst; int64_t rows, cols; } spec[DECODE_PER_LAYER] = {
@@ -43,137 +48,121 @@ static int build_list(decode_model *m, ckpt_tensor *list) {
         {"w_gate", &L->w_gate, F, d},       {"w_up", &L->w_up, F, d},      {"w_down", &L->w_down, d, F}};
     for (int i = 0; i < DECODE_PER_LAYER; i++) {
       snprintf(name, sizeof name, "layers.%d.%s", l, spec[i].key);
-      add_tensor(&list[n++], &cur, spec[i].dst, name, spec[i].rows, spec[i].cols);
+      add_tensor(&list[n++], &cur, host, dev, spec[i].dst, name, spec[i].rows, spec[i].cols);
     }
   }
-  add_tensor(&list[n++], &cur, &m->final_norm, "final_norm", d, 0);
+  add_tensor(&list[n++], &cur, host, dev, &m->final_norm, "final_norm", d, 0);
   if (c->tie_embeddings)
     m->lm_head = m->embed;
   else
-    add_tensor(&list[n++], &cur, &m->lm_head, "lm_head", c->vocab_size, d);
+    add_tensor(&list[n++], &cur, host, dev, &m->lm_head, "lm_head", c->vocab_size, d);
   return n;
 }
 
 static int64_t weight_elems(const model_config *c) {
-  int64_t d = c->dim, hd = head_dim(c), qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, F = c->ffn_dim;
+  int64_t d = c->dim, qd = q_dim(c), kvd = kv_dim(c), F = c->ffn_dim;
   int64_t per_layer = 2 * d + qd * d + 2 * kvd * d + d * qd + 3 * F * d;
   return (int64_t)c->vocab_size * d * (c->tie_embeddings ? 1 : 2) + d + c->n_layers * per_layer;
 }
 
-int decode_init(decode_model *m, const model_config *mc, const char *path, char *err, size_t n_err) {
-  memset(m, 0, sizeof *m);
-  m->cfg = *mc;
+// Carves the row's tensors out of one backend allocation.
+static void alloc_row(decode_model *m) {
   const model_config *c = &m->cfg;
-  int64_t hd = head_dim(c), kvd = c->n_kv_heads * hd, cache = (int64_t)c->n_layers * c->seq_len * kvd;
-  m->weights = XMALLOC((size_t)weight_elems(c) * sizeof(float));
+  int64_t d = c->dim, qd = q_dim(c), F = c->ffn_dim, n_qkv = qd + 2 * kv_dim(c);
+  int64_t sizes[] = {d, d, n_qkv, qd, 2 * F, F, 1, c->vocab_size}, total = 0;
+  float **dst[] = {&m->x, &m->h, &m->qkv, &m->att, &m->gu, &m->act, &m->rstd, &m->logits_dev};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+  m->row = m->be->alloc(m->be, (size_t)total * sizeof(float));
+  float *cur = m->row;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) *dst[i] = cur, cur += sizes[i];
+}
+
+int decode_init(decode_model *m, k_backend *be, const model_config *mc, const char *path, char *err, size_t n_err) {
+  memset(m, 0, sizeof *m);
+  CHECK(be->act == K_F32, "decoding needs a backend with fp32 activations (%s has dtype %d)", be->name, (int)be->act);
+  m->cfg = *mc;
+  m->be = be;
+  const model_config *c = &m->cfg;
+  size_t w_bytes = (size_t)weight_elems(c) * sizeof(float);
+  size_t cache_bytes = (size_t)c->n_layers * c->seq_len * kv_dim(c) * sizeof(float);
+  float *host = XMALLOC(w_bytes);
+  m->weights = be->alloc(be, w_bytes);
   m->layers = XCALLOC((size_t)c->n_layers, sizeof(decode_layer));
   ckpt_tensor *list = XCALLOC((size_t)(c->n_layers * DECODE_PER_LAYER + 3), sizeof(ckpt_tensor));
-  int n = build_list(m, list);
+  int n = build_list(m, host, list);
   int rc = ckpt_load(path, MPI_COMM_SELF, list, n, NULL, err, n_err);
   free(list);
+  if (rc == 0) be->from_host(be, m->weights, host, w_bytes);
+  be->sync(be);  // the host copy is freed next
+  free(host);
   if (rc != 0) return decode_free(m), -1;
-  m->k_cache = XMALLOC((size_t)cache * sizeof(float));
-  m->v_cache = XMALLOC((size_t)cache * sizeof(float));
-  m->x = XMALLOC((size_t)c->dim * sizeof(float));
-  m->h = XMALLOC((size_t)c->dim * sizeof(float));
-  m->q = XMALLOC((size_t)(c->n_heads * hd) * sizeof(float));
-  m->att = XMALLOC((size_t)(c->n_heads * hd) * sizeof(float));
-  m->scores = XMALLOC((size_t)c->seq_len * sizeof(float));
-  m->gu = XMALLOC((size_t)(2 * c->ffn_dim) * sizeof(float));
-  m->act = XMALLOC((size_t)c->ffn_dim * sizeof(float));
+  m->k_cache = be->alloc(be, cache_bytes);
+  m->v_cache = be->alloc(be, cache_bytes);
+  alloc_row(m);
   m->logits = XMALLOC((size_t)c->vocab_size * sizeof(float));
   return 0;
 }
 
 void decode_free(decode_model *m) {
-  float **bufs[] = {&m->weights, &m->k_cache, &m->v_cache, &m->x,   &m->h,   &m->q,
-                    &m->att,     &m->scores,  &m->gu,      &m->act, &m->logits};
+  float **bufs[] = {&m->weights, &m->k_cache, &m->v_cache, &m->row};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-    free(*bufs[i]);
+    if (*bufs[i]) m->be->free(m->be, *bufs[i]);
     *bufs[i] = NULL;
   }
+  free(m->logits);
   free(m->layers);
+  m->logits = NULL;
   m->layers = NULL;
   m->n_pos = 0;
 }
 
 void decode_reset(decode_model *m) { m->n_pos = 0; }
 
-// y (n) = x (k) @ W (n, k)^T: a linear layer on one row.
-static void linear_row(const float *x, const float *W, float *y, int n, int k) {
-  k_cpu_gemm(0, 1, 1, n, k, 1.0f, x, k, W, k, 0.0f, y, n);
-}
-
-// One query row (all heads, at position pos) over keys and values 0..pos of one layer's cache.
-static void attend_row(decode_model *m, const float *kc, const float *vc, int pos) {
-  const model_config *c = &m->cfg;
-  int hd = head_dim(c), kvd = c->n_kv_heads * hd, group = c->n_heads / c->n_kv_heads;
-  float scale = 1.0f / sqrtf((float)hd);
-  for (int h = 0; h < c->n_heads; h++) {
-    const float *q = m->q + (int64_t)h * hd;
-    int64_t off = (int64_t)(h / group) * hd;
-    float mx = -INFINITY;
-    for (int t = 0; t <= pos; t++) {
-      const float *k = kc + (int64_t)t * kvd + off;
-      float s = 0.0f;
-      for (int i = 0; i < hd; i++) s += q[i] * k[i];
-      m->scores[t] = s * scale;
-      if (m->scores[t] > mx) mx = m->scores[t];
-    }
-    double sum = 0.0;
-    for (int t = 0; t <= pos; t++) sum += m->scores[t] = expf(m->scores[t] - mx);
-    float *o = m->att + (int64_t)h * hd;
-    memset(o, 0, (size_t)hd * sizeof(float));
-    for (int t = 0; t <= pos; t++) {
-      float p = (float)(m->scores[t] / sum);
-      const float *v = vc + (int64_t)t * kvd + off;
-      for (int i = 0; i < hd; i++) o[i] += p * v[i];
-    }
-  }
+// y (n) = x (k) @ W (n, k)^T: a linear layer on one row, in fp32.
+static void linear_row(k_backend *b, const float *x, const float *W, float *y, int n, int k) {
+  b->gemm(b, 0, 1, 1, n, k, 1.0f, x, k, W, k, 0.0f, y, n, K_F32);
 }
 
 // x += attn(attn_norm(x)) at position pos; the row's roped key and its value join the cache.
 static void attention_block(decode_model *m, const decode_layer *L, int layer, int pos) {
   const model_config *c = &m->cfg;
-  int d = c->dim, hd = head_dim(c), qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
-  float rstd;
+  k_backend *b = m->be;
+  int d = c->dim, hd = head_dim(c), qd = (int)q_dim(c), kvd = (int)kv_dim(c), n_qkv = qd + 2 * kvd;
   float *kc = m->k_cache + (int64_t)layer * c->seq_len * kvd, *vc = m->v_cache + (int64_t)layer * c->seq_len * kvd;
-  float *k = kc + (int64_t)pos * kvd, *v = vc + (int64_t)pos * kvd;
-  k_cpu_rmsnorm_fwd(m->x, L->attn_norm, m->h, &rstd, 1, d, c->norm_eps);
-  linear_row(m->h, L->wq, m->q, qd, d);
-  linear_row(m->h, L->wk, k, kvd, d);
-  linear_row(m->h, L->wv, v, kvd, d);
-  k_cpu_rope(m->q, 1, 1, c->n_heads, hd, qd, pos, c->rope_theta, 0);
-  k_cpu_rope(k, 1, 1, c->n_kv_heads, hd, kvd, pos, c->rope_theta, 0);
-  attend_row(m, kc, vc, pos);
-  k_cpu_linear_residual(1, d, qd, m->att, L->wo, m->x, m->x);
+  b->rmsnorm_fwd_act(b, m->x, L->attn_norm, m->h, m->rstd, 1, d, c->norm_eps);
+  linear_row(b, m->h, L->wq, m->qkv, n_qkv, d);  // wq | wk | wv, adjacent
+  b->rope(b, m->qkv, 1, 1, c->n_heads + c->n_kv_heads, hd, n_qkv, pos, c->rope_theta, 0);  // q and k heads
+  b->copy(b, kc + (int64_t)pos * kvd, m->qkv + qd, (size_t)kvd * sizeof(float));
+  b->copy(b, vc + (int64_t)pos * kvd, m->qkv + qd + kvd, (size_t)kvd * sizeof(float));
+  b->attn_decode(b, m->qkv, kc, vc, kvd, m->att, pos + 1, c->n_heads, c->n_kv_heads, hd);
+  b->linear_residual(b, 1, d, qd, m->att, L->wo, m->x, m->x);
 }
 
 // x += w_down (silu(w_gate h) * (w_up h)), h = mlp_norm(x).
 static void mlp_block(decode_model *m, const decode_layer *L) {
   const model_config *c = &m->cfg;
+  k_backend *b = m->be;
   int d = c->dim, F = c->ffn_dim;
-  float rstd;
-  k_cpu_rmsnorm_fwd(m->x, L->mlp_norm, m->h, &rstd, 1, d, c->norm_eps);
-  linear_row(m->h, L->w_gate, m->gu, F, d);
-  linear_row(m->h, L->w_up, m->gu + F, F, d);
-  k_cpu_swiglu_fwd(m->gu, m->act, 1, F);
-  k_cpu_linear_residual(1, d, F, m->act, L->w_down, m->x, m->x);
+  b->rmsnorm_fwd_act(b, m->x, L->mlp_norm, m->h, m->rstd, 1, d, c->norm_eps);
+  linear_row(b, m->h, L->w_gate, m->gu, 2 * F, d);  // w_gate | w_up, adjacent
+  b->swiglu_fwd(b, m->gu, m->act, 1, F);
+  b->linear_residual(b, 1, d, F, m->act, L->w_down, m->x, m->x);
 }
 
 const float *decode_step(decode_model *m, int32_t token) {
   const model_config *c = &m->cfg;
+  k_backend *b = m->be;
   int pos = m->n_pos, d = c->dim;
   CHECK(pos < c->seq_len && token >= 0 && token < c->vocab_size, "position %d (seq_len %d), token %d (vocab %d)", pos,
         c->seq_len, (int)token, c->vocab_size);
-  memcpy(m->x, m->embed + (int64_t)token * d, (size_t)d * sizeof(float));
+  b->copy(b, m->x, m->embed + (int64_t)token * d, (size_t)d * sizeof(float));
   for (int l = 0; l < c->n_layers; l++) {
     attention_block(m, &m->layers[l], l, pos);
     mlp_block(m, &m->layers[l]);
   }
-  float rstd;
-  k_cpu_rmsnorm_fwd(m->x, m->final_norm, m->h, &rstd, 1, d, c->norm_eps);
-  linear_row(m->h, m->lm_head, m->logits, c->vocab_size, d);
+  b->rmsnorm_fwd_act(b, m->x, m->final_norm, m->h, m->rstd, 1, d, c->norm_eps);
+  linear_row(b, m->h, m->lm_head, m->logits_dev, c->vocab_size, d);
+  b->to_host(b, m->logits, m->logits_dev, (size_t)c->vocab_size * sizeof(float));
   m->n_pos = pos + 1;
   return m->logits;
 }

@@ -1,16 +1,22 @@
-// Autoregressive decoding of a checkpoint's model on the CPU in fp32, one token at a time with a
-// KV cache: the keys and values of every layer for every position so far, so each new token runs
-// one row through the blocks. The math is the trainer's (docs/checkpoint.md: rotate-half RoPE,
-// grouped-query attention, RMSNorm, SwiGLU) on the CPU reference kernels; only the attention of
-// one row over the cache is written here. Also the sampler: temperature, top-p, a seeded RNG.
+// Autoregressive decoding of a checkpoint's model, one token at a time with a KV cache: the keys
+// and values of every layer for every position so far, so each new token runs one row through
+// the blocks. Every op goes through a backend (kernels/backend.h): the same code decodes on the
+// CPU backend and on the CUDA backend, with the weights, the cache and the row's tensors in the
+// backend's memory and only the logits coming back to the host. The math is the trainer's
+// (docs/checkpoint.md: rotate-half RoPE, grouped-query attention, RMSNorm, SwiGLU), in fp32: the
+// backend must have fp32 activations (and on GPUs no TF32), so that greedy text agrees between
+// the two. Also the sampler: temperature, top-p, a seeded RNG.
 #ifndef TRAINER_DECODE_H
 #define TRAINER_DECODE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/backend.h"
 #include "model/model_config.h"
 
+// Pointers into the backend's memory. As the checkpoint orders them, wq, wk, wv are adjacent (one
+// fused (H*hd + 2*Hkv*hd, d) projection) and so are w_gate, w_up ((2F, d), gate rows first).
 typedef struct decode_layer {
   float *attn_norm;  // (d)
   float *wq;         // (H*hd, d)
@@ -24,26 +30,30 @@ typedef struct decode_layer {
 
 typedef struct decode_model {
   model_config cfg;
-  float *weights;        // one allocation holding every tensor below
+  k_backend *be;         // not owned
+  float *weights;        // backend memory: one allocation holding every tensor below
   float *embed;          // (V, d)
   float *final_norm;     // (d)
   float *lm_head;        // (V, d); == embed when tie_embeddings
-  decode_layer *layers;  // (L)
-  float *k_cache;        // (L, seq_len, Hkv*hd), roped keys
+  decode_layer *layers;  // (L), host array of backend pointers
+  float *k_cache;        // (L, seq_len, Hkv*hd), roped keys, backend memory
   float *v_cache;        // (L, seq_len, Hkv*hd)
   int n_pos;             // positions in the cache
+  float *row;            // backend scratch, one allocation for the row's tensors below
   float *x, *h;          // (d) residual row and its normed copy
-  float *q;              // (H*hd)
+  float *qkv;            // (H*hd + 2*Hkv*hd) q | k | v of the row
   float *att;            // (H*hd) attention output, heads concatenated
-  float *scores;         // (seq_len)
   float *gu;             // (2F) gate | up
   float *act;            // (F)
-  float *logits;         // (V)
+  float *rstd;           // (1)
+  float *logits_dev;     // (V)
+  float *logits;         // (V) host copy
 } decode_model;
 
-// Reads the model tensors of checkpoint path for the config mc (the one stored in it). Returns 0,
-// or -1 with a message in err (the checkpoint's own load errors).
-int decode_init(decode_model *m, const model_config *mc, const char *path, char *err, size_t n_err);
+// Reads the model tensors of checkpoint path for the config mc (the one stored in it) into the
+// memory of be, whose activations must be fp32. Returns 0, or -1 with a message in err (the
+// checkpoint's own load errors).
+int decode_init(decode_model *m, k_backend *be, const model_config *mc, const char *path, char *err, size_t n_err);
 void decode_free(decode_model *m);
 // Empties the KV cache (a new sequence starts at position 0).
 void decode_reset(decode_model *m);

@@ -1,5 +1,5 @@
-// Hugging Face Llama interop (hf.h): names, config.json, the shard plan and index, and reading
-// a model directory into this rank's parameter blocks.
+// Hugging Face Llama interop (hf.h): names, the shard plan and index, and reading a model
+// directory into this rank's parameter blocks. config.json is model/hf_config.c.
 #include "model/hf.h"
 #include "kernels/check.h"
 #include "model/json.h"
@@ -74,8 +74,7 @@ void hf_shard_name(int k, int n_shards, char *out, size_t n_out) {
   else snprintf(out, n_out, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
 }
 
-// Writes text to dir/name through a synced temporary and a rename.
-static int hf_write_file(const char *dir, const char *name, const char *text, size_t n_text, char *err, size_t n_err) {
+int hf_write_file(const char *dir, const char *name, const char *text, size_t n_text, char *err, size_t n_err) {
   char path[1024], tmp[1040];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -90,32 +89,6 @@ static int hf_write_file(const char *dir, const char *name, const char *text, si
     return check_errf(err, n_err, "writing %s failed (%s): is the disk full?", path, strerror(eno));
   }
   return 0;
-}
-
-int hf_write_config(const char *dir, const model_config *mc, const char *torch_dtype, char *err, size_t n_err) {
-  char *text = NULL, eps[32], theta[32], std[32];
-  size_t n_text = 0;
-  json_float_text(mc->norm_eps, eps);
-  json_float_text(mc->rope_theta, theta);
-  json_float_text(mc->init_std, std);
-  FILE *m = open_memstream(&text, &n_text);
-  CHECK(m != NULL, "open_memstream failed: out of host memory");
-  fprintf(m,
-          "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-          "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
-          "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
-          "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"hidden_act\": \"silu\",\n"
-          "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
-          "  \"tie_word_embeddings\": %s,\n  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n"
-          "  \"mlp_bias\": false,\n  \"initializer_range\": %s,\n  \"use_cache\": true,\n  \"torch_dtype\": ",
-          mc->dim, mc->ffn_dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->dim / mc->n_heads, mc->vocab_size,
-          mc->seq_len, eps, theta, mc->tie_embeddings ? "true" : "false", std);
-  json_put_string(m, torch_dtype);
-  fprintf(m, "\n}\n");
-  CHECK(fclose(m) == 0, "open_memstream: out of host memory");
-  int rc = hf_write_file(dir, HF_CONFIG_FILE, text, n_text, err, n_err);
-  free(text);
-  return rc;
 }
 
 int hf_write_index(const char *dir, const hf_tensor *t, const int *shard_of, int n, int n_shards, int64_t total_bytes,
@@ -136,150 +109,6 @@ int hf_write_index(const char *dir, const hf_tensor *t, const int *shard_of, int
   CHECK(fclose(m) == 0, "open_memstream: out of host memory");
   int rc = hf_write_file(dir, HF_INDEX_FILE, text, n_text, err, n_err);
   free(text);
-  return rc;
-}
-
-// ---------------------------------------------------------------------------------------------
-// config.json checks
-
-// A whole JSON file (at most max_bytes), parsed. NULL with a message naming the file.
-static json_value *hf_read_json(const char *path, size_t max_bytes, char *err, size_t n_err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return check_errf(err, n_err, "cannot open %s (%s)", path, strerror(errno)), NULL;
-  char *text = XMALLOC(max_bytes + 1);
-  size_t n = fread(text, 1, max_bytes + 1, f);
-  int bad_read = ferror(f);
-  fclose(f);
-  json_value *v = NULL;
-  char msg[512];
-  if (bad_read) check_errf(err, n_err, "reading %s failed", path);
-  else if (n > max_bytes) check_errf(err, n_err, "%s is larger than %zu bytes: not a model's JSON file", path, max_bytes);
-  else if (!(v = json_parse(text, n, 64, msg, sizeof msg))) check_errf(err, n_err, "%s is not valid JSON: %s", path, msg);
-  free(text);
-  return v;
-}
-
-// An integer field (or its default when absent and have_default). 0, or -1 with a message.
-static int hf_int(const json_value *c, const char *path, const char *key, int have_default, int64_t dflt,
-                  int64_t *out, char *err, size_t n_err) {
-  const json_value *v = json_get(c, key);
-  if (!v && have_default) return *out = dflt, 0;
-  if (!v) return check_errf(err, n_err, "%s has no %s: not a Llama config", path, key);
-  if (v->type != JSON_NUMBER || !v->is_int) return check_errf(err, n_err, "%s: %s is not an integer", path, key);
-  return *out = v->integer, 0;
-}
-
-static int hf_bool(const json_value *c, const char *path, const char *key, int dflt, int *out, char *err,
-                   size_t n_err) {
-  const json_value *v = json_get(c, key);
-  if (!v) return *out = dflt, 0;
-  if (v->type != JSON_BOOL) return check_errf(err, n_err, "%s: %s is not true or false", path, key);
-  return *out = v->boolean, 0;
-}
-
-static int hf_check_arch(const json_value *c, const char *path, char *err, size_t n_err) {
-  const json_value *a = json_get(c, "architectures"), *mt = json_get(c, "model_type");
-  int llama = a && a->type == JSON_ARRAY && a->n >= 1;
-  for (size_t k = 0; llama && k < a->n; k++)
-    llama = a->items[k].type == JSON_STRING && strcmp(a->items[k].string, "LlamaForCausalLM") == 0;
-  if (!llama) {
-    const char *found = a && a->type == JSON_ARRAY && a->n && a->items[0].type == JSON_STRING ? a->items[0].string
-                                                                                               : "(none)";
-    return check_errf(err, n_err, "%s: architectures is [\"%s\"%s], expected [\"LlamaForCausalLM\"]: only Llama models "
-                   "import", path, found, a && a->type == JSON_ARRAY && a->n > 1 ? ", ..." : "");
-  }
-  if (mt && mt->type != JSON_STRING) return check_errf(err, n_err, "%s: model_type is not a string", path);
-  if (mt && strcmp(mt->string, "llama") != 0)
-    return check_errf(err, n_err, "%s: model_type is \"%s\", expected \"llama\": only Llama models import", path,
-                   mt->string);
-  return 0;
-}
-
-// The shape fields, in config.json's usual order; the first that differs is reported.
-static int hf_check_shape(const json_value *c, const char *path, const model_config *mc, char *err, size_t n_err) {
-  int64_t heads = 0;
-  if (hf_int(c, path, "num_attention_heads", 0, 0, &heads, err, n_err)) return -1;
-  int64_t hidden = 0;
-  if (hf_int(c, path, "hidden_size", 0, 0, &hidden, err, n_err)) return -1;
-  const struct {
-    const char *key, *cfg_key;
-    int want, have_default;
-    int64_t dflt;
-  } f[] = {
-      {"hidden_size", "model.dim", mc->dim, 0, 0},
-      {"intermediate_size", "model.ffn_dim", mc->ffn_dim, 0, 0},
-      {"num_hidden_layers", "model.n_layers", mc->n_layers, 0, 0},
-      {"num_attention_heads", "model.n_heads", mc->n_heads, 0, 0},
-      {"num_key_value_heads", "model.n_kv_heads", mc->n_kv_heads, 1, heads},
-      {"head_dim", "model.dim / model.n_heads", mc->dim / mc->n_heads, 1, heads > 0 ? hidden / heads : 0},
-      {"vocab_size", "model.vocab_size", mc->vocab_size, 0, 0},
-  };
-  for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
-    int64_t v = 0;
-    if (hf_int(c, path, f[k].key, f[k].have_default, f[k].dflt, &v, err, n_err)) return -1;
-    if (v != f[k].want)
-      return check_errf(err, n_err, "%s: %s is %" PRId64 " but %s is %d: the model section must have the shape of the "
-                     "model it starts from (set %s to %" PRId64 ")",
-                     path, f[k].key, v, f[k].cfg_key, f[k].want, f[k].cfg_key, v);
-  }
-  int tied = 0;
-  if (hf_bool(c, path, "tie_word_embeddings", 0, &tied, err, n_err)) return -1;
-  if (tied != mc->tie_embeddings)
-    return check_errf(err, n_err, "%s: tie_word_embeddings is %s but model.tie_embeddings is %s: set "
-                   "model.tie_embeddings=%s", path, tied ? "true" : "false", mc->tie_embeddings ? "true" : "false",
-                   tied ? "true" : "false");
-  return 0;
-}
-
-// rms_norm_eps and rope_theta change what the model computes: they must match as floats.
-static int hf_check_constants(const json_value *c, const char *path, const model_config *mc, char *err, size_t n_err) {
-  const struct {
-    const char *key, *cfg_key;
-    float want;
-    double dflt;  // transformers' LlamaConfig defaults
-  } f[] = {{"rms_norm_eps", "model.norm_eps", mc->norm_eps, 1e-6}, {"rope_theta", "model.rope_theta", mc->rope_theta, 1e4}};
-  for (size_t k = 0; k < 2; k++) {
-    const json_value *v = json_get(c, f[k].key);
-    if (v && v->type != JSON_NUMBER) return check_errf(err, n_err, "%s: %s is not a number", path, f[k].key);
-    float got = (float)(v ? v->number : f[k].dflt);
-    char a[32], b[32];
-    json_float_text(got, a);
-    json_float_text(f[k].want, b);
-    if (got != f[k].want)
-      return check_errf(err, n_err, "%s: %s is %s%s but %s is %s: set %s=%s", path, f[k].key, a,
-                     v ? "" : " (the default)", f[k].cfg_key, b, f[k].cfg_key, a);
-  }
-  const json_value *act = json_get(c, "hidden_act"), *scaling = json_get(c, "rope_scaling");
-  if (act && (act->type != JSON_STRING || strcmp(act->string, "silu") != 0))
-    return check_errf(err, n_err, "%s: hidden_act is not \"silu\": the trainer's MLP is SwiGLU", path);
-  if (scaling && scaling->type != JSON_NULL)
-    return check_errf(err, n_err, "%s: rope_scaling is set: the trainer has plain rotary embeddings only", path);
-  static const char *const biases[] = {"attention_bias", "mlp_bias"};
-  for (int k = 0; k < 2; k++) {
-    int bias = 0;
-    if (hf_bool(c, path, biases[k], 0, &bias, err, n_err)) return -1;
-    if (bias) return check_errf(err, n_err, "%s: %s is true: the trainer's Llama has no biases", path, biases[k]);
-  }
-  return 0;
-}
-
-int hf_check_config(const char *dir, const model_config *mc, char *err, size_t n_err) {
-  char path[1024];
-  struct stat st;
-  if (stat(dir, &st) != 0)
-    return check_errf(err, n_err, "cannot open %s (%s): expected a Hugging Face model directory", dir, strerror(errno));
-  snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG_FILE);
-  if (stat(path, &st) != 0)
-    return check_errf(err, n_err, "%s has no %s: not a Hugging Face model directory (export one with build/export_hf)",
-                   dir, HF_CONFIG_FILE);
-  json_value *c = hf_read_json(path, 1 << 20, err, n_err);
-  if (!c) return -1;
-  int rc = 0;
-  if (c->type != JSON_OBJECT) rc = check_errf(err, n_err, "%s: expected a JSON object", path);
-  if (rc == 0) rc = hf_check_arch(c, path, err, n_err);
-  if (rc == 0) rc = hf_check_shape(c, path, mc, err, n_err);
-  if (rc == 0) rc = hf_check_constants(c, path, mc, err, n_err);
-  json_free(c);
   return rc;
 }
 
@@ -307,7 +136,7 @@ static int hf_open_file(hf_dir *h, const char *name, char *err, size_t n_err) {
 static int hf_open_index(hf_dir *h, char *err, size_t n_err) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", h->dir, HF_INDEX_FILE);
-  json_value *ix = hf_read_json(path, 64 << 20, err, n_err);
+  json_value *ix = json_read_file(path, 64 << 20, 64, err, n_err);
   if (!ix) return -1;
   const json_value *map = json_get(ix, "weight_map");
   int rc = 0;

@@ -1,6 +1,5 @@
 // Hugging Face Llama interop: the trainer's parameters under transformers' LlamaForCausalLM
-// names, config.json written from and checked against the model config, the shard plan and
-// index of a sharded export, and reading a model directory (one safetensors file, or several
+// names, the shard plan and index of a sharded export, and reading a model directory (one safetensors file, or several
 // with model.safetensors.index.json) into this rank's blocks of the parameters.
 // The conventions already agree (docs/hf.md): matrices are (out, in) as nn.Linear.weight,
 // q/k/v and gate/up are separate, and rotary embeddings use the "rotate half" pairing, so
@@ -15,7 +14,6 @@
 
 #define HF_SINGLE_FILE "model.safetensors"
 #define HF_INDEX_FILE "model.safetensors.index.json"
-#define HF_CONFIG_FILE "config.json"
 
 // One parameter of the whole model (every layer, whatever the layout).
 typedef struct hf_tensor {
@@ -39,16 +37,11 @@ int hf_tensor_list(const model_config *mc, hf_tensor **out);
 int hf_plan_shards(const int64_t *n_bytes, int n, int64_t max_bytes, int *shard_of);
 // "model.safetensors" for one file, else "model-00001-of-00003.safetensors" (k from 0).
 void hf_shard_name(int k, int n_shards, char *out, size_t n_out);
-// dir/config.json describing mc; torch_dtype "float32" or "bfloat16". 0, or -1 with a message.
-int hf_write_config(const char *dir, const model_config *mc, const char *torch_dtype, char *err, size_t n_err);
+// Writes text to dir/name through a synced temporary and a rename. 0, or -1 with a message.
+int hf_write_file(const char *dir, const char *name, const char *text, size_t n_text, char *err, size_t n_err);
 // dir/model.safetensors.index.json: total_size (tensor bytes) and each tensor's file.
 int hf_write_index(const char *dir, const hf_tensor *t, const int *shard_of, int n, int n_shards, int64_t total_bytes,
                    char *err, size_t n_err);
-
-// Checks dir/config.json: a LlamaForCausalLM whose shape and constants (rms_norm_eps,
-// rope_theta, tie_word_embeddings) equal mc's. 0, or -1 with a message naming the first field
-// that differs, both values and the config key to change.
-int hf_check_config(const char *dir, const model_config *mc, char *err, size_t n_err);
 
 // A model directory, its safetensors files opened and validated.
 typedef struct hf_dir {

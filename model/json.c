@@ -323,6 +323,22 @@ const char *json_type_name(json_type t) {
   return t <= JSON_OBJECT ? names[t] : "an unknown value";
 }
 
+json_value *json_read_file(const char *path, size_t max_bytes, int max_depth, char *err, size_t n_err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return check_errf(err, n_err, "cannot open %s (%s)", path, strerror(errno)), NULL;
+  char *text = XMALLOC(max_bytes + 1);
+  size_t n = fread(text, 1, max_bytes + 1, f);
+  int bad_read = ferror(f);
+  fclose(f);
+  json_value *v = NULL;
+  char msg[512];
+  if (bad_read) check_errf(err, n_err, "reading %s failed", path);
+  else if (n > max_bytes) check_errf(err, n_err, "%s is larger than %zu bytes: not a model's JSON file", path, max_bytes);
+  else if (!(v = json_parse(text, n, max_depth, msg, sizeof msg))) check_errf(err, n_err, "%s is not valid JSON: %s", path, msg);
+  free(text);
+  return v;
+}
+
 void json_put_string(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *q = (const unsigned char *)s; *q; q++) {

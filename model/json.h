@@ -30,6 +30,8 @@ struct json_value {
 // the nesting of arrays and objects.
 json_value *json_parse(const char *text, size_t n_text, int max_depth, char *err, size_t n_err);
 void json_free(json_value *v);
+// A whole JSON file of at most max_bytes, parsed (json_parse). NULL with a message naming path.
+json_value *json_read_file(const char *path, size_t max_bytes, int max_depth, char *err, size_t n_err);
 // Member `key` of an object; NULL when v is not an object or has no such member.
 const json_value *json_get(const json_value *v, const char *key);
 // "null", "a boolean", "a number", ... for messages.

@@ -2,7 +2,8 @@
 # The default run from a fresh machine: install, build, prepare the embedded corpus (the King
 # James Bible, public domain) and train configs/default.yaml on this machine's CPU cores.
 # Extra arguments are passed to the trainer (section.key=value overrides). Ends with a short
-# greedy sample from the run's newest checkpoint (build/sample, on the CPU), unless an override
+# greedy sample from the run's newest checkpoint (build/sample, on a GPU when one is visible,
+# else the CPU; fp32 on both, so the text is the same), unless an override
 # turned checkpoints off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +26,5 @@ if [ -z "$last" ]; then
   echo "sample: no checkpoint (checkpoint.dir is off or empty): skipped"
   exit 0
 fi
-echo "sample from $last (greedy, CPU):"
+echo "sample from $last (greedy):"
 build/sample "$last" --prompt "And God said" --tokens 80 --temperature 0

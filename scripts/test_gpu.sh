@@ -3,8 +3,8 @@
 # build tree, `ctest -L gpu` in build/ runs the same): the op suite on the CUDA backend (every
 # op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, and three layouts in FP8),
-# bitwise resume under three 2-rank layouts (and one in FP8), killing a rank of a dp2 run, and
-# the default config on 1 GPU (bf16 and FP8). On a host with one GPU, the 2-rank steps run with both ranks on it
+# bitwise resume under three 2-rank layouts (and one in FP8), killing a rank of a dp2 run,
+# sampling on the GPU against the CPU, and the default config on 1 GPU (bf16 and FP8). On a host with one GPU, the 2-rank steps run with both ranks on it
 # over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
@@ -56,6 +56,7 @@ step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.dev
 export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS
+step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash -c "sh tests/test_sample_gpu.sh > '$logs/sample_gpu.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/sample_gpu.log'; exit \$r"
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
 step "default config on 1 GPU in FP8" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda train.precision=fp8 checkpoint.dir= log.metrics='$logs/default_gpu_fp8.jsonl' > '$logs/default_gpu_fp8.log' 2>&1; r=\$?; grep -E 'run report' '$logs/default_gpu_fp8.log'; exit \$r"
 echo "$n_pass passed, $n_fail failed"

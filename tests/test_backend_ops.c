@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/attn_decode_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/optim_cpu.h"
 #ifdef TRAINER_HAVE_CUDA
@@ -772,6 +773,46 @@ static const op_shape attn_shapes[] = {
     SH(1, 40, 2, 1, 20, 4),  SH(2, 65, 4, 2, 64, 0),  SH(3, 37, 4, 2, 32, 12)};
 
 // ---------------------------------------------------------------------------------------------
+// Decoding attention: one query row against n_keys rows of a KV cache whose rows have pad
+// columns past the kv heads. Shapes {n_keys, nh, nkv, hd, pad}; 1030 and 2100 keys cross the
+// CUDA kernel's chunks of 1024. On the CPU backend the reference itself is checked against row
+// n_keys - 1 of the causal attn_fwd over the same keys (other summation order: 1e-5).
+
+static void run_attn_decode(const op_case *c, const op_shape *s, int idx) {
+  (void)idx;
+  char what[160];
+  const int T = (int)s->i[0], nh = (int)s->i[1], nkv = (int)s->i[2], hd = (int)s->i[3];
+  const int64_t ld = (int64_t)nkv * hd + s->i[4], nq = (int64_t)nh * hd, nc = (int64_t)T * ld;
+  snprintf(what, sizeof what, "attn_decode o n_keys=%d nh=%d nkv=%d hd=%d ld=%lld", T, nh, nkv, hd, (long long)ld);
+  float *q = rand_act(nq, 1.0), *k = rand_act(nc, 1.0), *v = rand_act(nc, 1.0), *o = malloc(sizeof(float) * nq);
+  k_cpu_attn_decode(q, k, v, ld, o, T, nh, nkv, hd);
+  if (EXACT) {  // the last row of the causal forward over a fused (T, q|k|v) buffer
+    const int64_t lf = nq + 2 * (int64_t)nkv * hd, kvd = (int64_t)nkv * hd;
+    float *x = calloc((size_t)(T * lf), sizeof(float)), *of = malloc(sizeof(float) * (size_t)(T * nq));
+    float *lse = malloc(sizeof(float) * (size_t)(T * nh));
+    memcpy(x + (int64_t)(T - 1) * lf, q, sizeof(float) * nq);
+    for (int t = 0; t < T; t++) {
+      memcpy(x + t * lf + nq, k + t * ld, sizeof(float) * kvd);
+      memcpy(x + t * lf + nq + kvd, v + t * ld, sizeof(float) * kvd);
+    }
+    k_cpu_attn_fwd(x, x + nq, x + nq + kvd, lf, of, lse, 1, T, nh, nkv, hd);
+    compare("attn_decode reference vs the last row of attn_fwd", o, of + (int64_t)(T - 1) * nq, nq, (tol){1e-5, 1e-5});
+    free(x), free(of), free(lse);
+  }
+  void *d_q = dev_put_act(q, nq), *d_k = dev_put_act(k, nc), *d_v = dev_put_act(v, nc);
+  void *d_o[2] = {dev_alloc_act(nq), dev_alloc_act(nq)};
+  for (int r = 0; r < 2; r++) G->attn_decode(G, d_q, d_k, d_v, ld, d_o[r], T, nh, nkv, hd);
+  compare_act(what, d_o[0], o, nq, tol_act(c));
+  EXPECT(dev_equal_act(d_o[0], d_o[1], nq), "[%s] %s: not bitwise repeatable", LABEL, what);
+  free(q), free(k), free(v), free(o);
+  dev_free(d_q), dev_free(d_k), dev_free(d_v), dev_free(d_o[0]), dev_free(d_o[1]);
+}
+
+static const op_shape attn_decode_shapes[] = {SH(1, 2, 2, 16, 0),   SH(7, 4, 1, 64, 8),   SH(33, 6, 2, 128, 0),
+                                              SH(5, 3, 3, 20, 4),   SH(300, 8, 2, 96, 0), SH(1030, 4, 2, 64, 0),
+                                              SH(2100, 2, 1, 256, 4)};
+
+// ---------------------------------------------------------------------------------------------
 // SwiGLU: gu (rows, 2n) is gate columns then up columns, as the fused projection writes them.
 // Shapes {rows, n, inject}.
 
@@ -1147,6 +1188,7 @@ static const op_case CASES[] = {
     {"rope",             run_rope,             SHAPES(rope_shapes),            ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
     {"attn_fwd",         run_attn_fwd,         SHAPES(attn_shapes),            ACT_ALL, {1e-4, 1e-3}, {1e-2, 1e-2}, {1e-5, 1e-5}},
     {"attn_bwd",         run_attn_bwd,         SHAPES(attn_shapes),            ACT_ALL, {1e-4, 1e-3}, {1e-2, 1e-2}, {0, 0}},
+    {"attn_decode",      run_attn_decode,      SHAPES(attn_decode_shapes),     ACT_ALL, {1e-5, 1e-4}, {1e-2, 1e-2}, {0, 0}},
     {"swiglu_fwd",       run_swiglu_fwd,       SHAPES(swiglu_shapes),          ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
     {"swiglu_bwd",       run_swiglu_bwd,       SHAPES(swiglu_shapes),          ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
     {"embed_fwd",        run_embed_fwd,        SHAPES(embed_shapes),           ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
@@ -1176,7 +1218,7 @@ static const struct op_slot {
   size_t offset;
 } OPS[] = {OP_SLOT(gemm),          OP_SLOT(linear_residual), OP_SLOT(cast),           OP_SLOT(rmsnorm_bwd),
            OP_SLOT(rmsnorm_fwd_act), OP_SLOT(rmsnorm_bwd_act), OP_SLOT(rope),           OP_SLOT(attn_fwd),
-           OP_SLOT(attn_bwd),        OP_SLOT(swiglu_fwd),      OP_SLOT(swiglu_bwd),     OP_SLOT(embed_fwd),
+           OP_SLOT(attn_bwd),        OP_SLOT(attn_decode),     OP_SLOT(swiglu_fwd),      OP_SLOT(swiglu_bwd),     OP_SLOT(embed_fwd),
            OP_SLOT(embed_bwd),       OP_SLOT(ce_local_stats),  OP_SLOT(ce_bwd),         OP_SLOT(ce_rescale),
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
            OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales)};

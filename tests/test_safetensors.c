@@ -5,6 +5,7 @@
 // shard plan and config.json checks.
 #include "kernels/bf16.h"
 #include "model/hf.h"
+#include "model/hf_config.h"
 #include "model/json.h"
 #include "model/safetensors.h"
 #include "tests/test_util.h"
@@ -288,7 +289,7 @@ static void test_config_checks(void) {
   other.tie_embeddings = 1;
   expect_config(dir, &other, "tie_word_embeddings is false but model.tie_embeddings is true");
   edit_config(dir, "\"num_key_value_heads\"", "");  // absent: as many kv heads as heads
-  expect_config(dir, &tiny, "num_key_value_heads is 4 but model.n_kv_heads is 2");
+  expect_config(dir, &tiny, "num_key_value_heads is 4 (the default) but model.n_kv_heads is 2");
   edit_config(dir, "\"rms_norm_eps\"", "");  // absent: transformers' default 1e-6
   edit_config(dir, "\"architectures\"", "  \"architectures\": [\"MistralForCausalLM\"],");
   expect_config(dir, &tiny, "architectures is [\"MistralForCausalLM\"], expected [\"LlamaForCausalLM\"]");
@@ -310,6 +311,58 @@ static void test_config_checks(void) {
   EXPECT(hf_dir_open(&h, dir, err, sizeof err) == -1 && has(err, "must name a file in the same directory"), "%s", err);
 }
 
+// hf_read_config: every field mapped, defaults, transformers 5's rope_parameters, and the
+// fields it refuses, each named.
+static void expect_read(const char *dir, const char *why) {
+  char err[1024] = "";
+  hf_config hc;
+  int rc = hf_read_config(dir, &hc, err, sizeof err);
+  EXPECT(rc == -1 && has(err, why), "wanted '%s', got %d: %s", why, rc, err);
+}
+
+static void test_config_read(void) {
+  char dir[512], err[1024] = "";
+  path_in_tmp(dir, sizeof dir, "hfread");
+  mkdir(dir, 0755);
+  model_config m = tiny;
+  m.n_kv_heads = 1, m.norm_eps = 3e-6f, m.rope_theta = 5e5f, m.tie_embeddings = 1, m.init_std = 0.01f, m.seq_len = 77;
+  EXPECT(hf_write_config(dir, &m, "float32", err, sizeof err) == 0, "%s", err);
+  hf_config hc;
+  EXPECT(hf_read_config(dir, &hc, err, sizeof err) == 0, "%s", err);
+  for (int f = 0; f < hf_n_fields; f++) {
+    char a[32], b[32];
+    hf_field_text(&hf_fields[f], &hc.mc, a);
+    hf_field_text(&hf_fields[f], &m, b);
+    EXPECT(hf_field_equal(&hf_fields[f], &hc.mc, &m) && (hc.present >> f & 1), "%s read back as %s, written %s",
+           hf_fields[f].hf_key, a, b);
+  }
+  edit_config(dir, "\"rope_theta\"", "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 250000.0},");
+  edit_config(dir, "\"initializer_range\"", "");
+  edit_config(dir, "\"max_position_embeddings\"", "  \"bos_token_id\": 1, \"eos_token_id\": 2, \"transformers_version\": \"5.17.0\",");
+  EXPECT(hf_read_config(dir, &hc, err, sizeof err) == 0 && hc.mc.rope_theta == 250000.0f && hc.mc.init_std == 0.02f &&
+         hc.mc.seq_len == 2048 && !(hc.present >> 9 & 1), "rope_parameters, defaults and metadata: %s", err);
+  edit_config(dir, "\"rope_parameters\"", "  \"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 8.0},");
+  expect_read(dir, "rope_parameters.rope_type is not supported");
+  static const struct {
+    const char *key, *line, *why;
+  } bad[] = {
+      {"\"use_cache\"", "  \"sliding_window\": 4096,", "config.json: field 'sliding_window' is not one the trainer knows"},
+      {"\"rope_scaling\"", "  \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0},", "rope_scaling is set"},
+      {"\"attention_dropout\"", "  \"attention_dropout\": 0.1,", "attention_dropout is not 0"},
+      {"\"head_dim\"", "  \"head_dim\": 32,", "head_dim is not hidden_size / num_attention_heads = 64 / 4"},
+      {"\"hidden_act\"", "  \"hidden_act\": \"gelu\",", "hidden_act is not \"silu\""},
+      {"\"attention_bias\"", "  \"attention_bias\": true,", "attention_bias is true"},
+      {"\"num_hidden_layers\"", "  \"num_hidden_layers\": 0,", "num_hidden_layers is 0: expected a positive integer"},
+      {"\"num_hidden_layers\"", "", "has no num_hidden_layers: not a Llama config"},
+      {"\"model_type\"", "  \"model_type\": \"mistral\",", "model_type is \"mistral\", expected \"llama\""},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    EXPECT(hf_write_config(dir, &m, "float32", err, sizeof err) == 0, "%s", err);
+    edit_config(dir, bad[i].key, bad[i].line);
+    expect_read(dir, bad[i].why);
+  }
+}
+
 int main(void) {
   const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors_XXXXXX", base);
@@ -322,6 +375,7 @@ int main(void) {
   test_bad_files();
   test_names_and_shards();
   test_config_checks();
+  test_config_read();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);

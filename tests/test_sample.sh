@@ -1,5 +1,6 @@
 #!/bin/sh
-# build/sample (app/sample.c, model/decode.c): text from a checkpoint on the CPU with a KV cache.
+# build/sample (app/sample.c, model/decode.c): text from a checkpoint with a KV cache, on the CPU
+# backend (tests/test_sample_gpu.sh compares the CUDA backend with it on a GPU).
 #
 # The cache is checked against the trainer itself. A tiny run trains 60 steps and checkpoints
 # step 59; `sample --stream-loss` on that checkpoint decodes, one token at a time through the
@@ -70,4 +71,10 @@ expect_fails "prompt longer than seq_len" "33 bytes (tokens), longer than the mo
 expect_fails "empty prompt" "the prompt is empty" "$SAMPLE" "$CKPT" --prompt ""
 expect_fails "top-p 0" "--top-p 0" "$SAMPLE" "$CKPT" --prompt "x" --top-p 0
 expect_fails "negative temperature" "--temperature -1" "$SAMPLE" "$CKPT" --prompt "x" --temperature -1
+expect_fails "unknown device" "--device tpu: expected auto, cpu or cuda" "$SAMPLE" "$CKPT" --prompt "x" --device tpu
+# No GPU visible (none here, or hidden on a GPU host): one line naming the option and the fix.
+expect_fails "--device cuda without a GPU" "--device cuda but .*; use --device cpu (or auto)" \
+  env CUDA_VISIBLE_DEVICES= "$SAMPLE" "$CKPT" --prompt "x" --device cuda
+[ "$(out --temperature 0 --device cpu)" = "$(out --temperature 0)" ] \
+  && pass "--device cpu gives the greedy text of the default device here" || fail "--device cpu differs"
 summary

@@ -6,6 +6,7 @@
 // nothing here is process-wide: a test may hold an fp32 and a bf16 backend at once. A process
 // that trains drives one GPU, through one backend.
 #include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/attn_decode.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/optim_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -238,6 +239,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->rope = k_cuda_rope;
   b->attn_fwd = attn_fwd;
   b->attn_bwd = attn_bwd;
+  b->attn_decode = k_cuda_attn_decode;
   b->swiglu_fwd = k_cuda_swiglu_fwd;
   b->swiglu_bwd = k_cuda_swiglu_bwd;
   b->embed_fwd = k_cuda_embed_fwd;
