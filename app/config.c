@@ -81,9 +81,13 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL_IN(parallel, distributed_optimizer, optim.distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
-  CFG_BOOL_IN(parallel, grad_reduce_bf16, optim.grad_reduce_bf16, 0,
-           "reduce DP gradients in bf16: half the traffic, each rank's gradient rounded to bf16 before the sum; "
-           "false = fp32; no effect with dp 1"),
+  CFG_STRING(parallel, grad_compress, "none",
+             "wire format of the DP gradient reduction: none (fp32) | bf16 | fp16 (a per-bucket power-of-two scale "
+             "agreed over dp) | int8 (blocks of 256 with an fp32 scale, all-to-all then all-gather); "
+             "docs/compression.md; no effect with dp 1"),
+  CFG_STRING(parallel, grad_error_feedback, "auto",
+             "carry what the gradient compression dropped on each rank into the next step: auto (on for int8) | "
+             "on | off; stored in checkpoints"),
   CFG_STRING(parallel, gpu_comm, "nccl",
              "communicator of GPU ranks: nccl | mpi (mpi: device buffers copied through host memory, slow, but "
              "several ranks may share a GPU, e.g. to test a layout on one GPU; NCCL needs one GPU per rank)"),
@@ -249,9 +253,19 @@ static int cfg_unknown_section(char *err, size_t n_err, const cfg_site *s, const
                   cfg_shorten(section, shortbuf, sizeof shortbuf), hint);
 }
 
-// Hint order: a close name in the same section, else the same name in another section
-// (a key put under the wrong section is a common slip).
+// Keys that were replaced, and what replaced them.
+static const struct {
+  const char *section, *key, *instead;
+} cfg_replaced[] = {
+    {"parallel", "grad_reduce_bf16", "set parallel.grad_compress: bf16 (true) or none (false)"},
+};
+
+// Hint order: a replaced key's successor; a close name in the same section, else the same name
+// in another section (a key put under the wrong section is a common slip).
 static int cfg_unknown_key(char *err, size_t n_err, const cfg_site *s, const char *section, const char *key) {
+  for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++)
+    if (strcmp(cfg_replaced[i].section, section) == 0 && strcmp(cfg_replaced[i].key, key) == 0)
+      return cfg_fail(err, n_err, s, "%s.%s was replaced: %s", section, key, cfg_replaced[i].instead);
   char shortbuf[72], hint[128] = "", list[512] = "";
   const cfg_key *best = NULL;
   int best_d = 1000;
