@@ -191,8 +191,8 @@ static void residual_notice(const char *path, const model *m, const opt_state *o
     printf("note: checkpoint %s holds the gradient-compression residual of dp %d; this run has dp %d, so the "
            "residual starts at zero (docs/compression.md)\n", path, res_dp, m->g->dp);
   else
-    printf("note: checkpoint %s holds a gradient-compression residual; this run has no error feedback "
-           "(parallel.grad_compress, parallel.grad_error_feedback), so it is dropped\n", path);
+    printf("note: checkpoint %s holds a gradient-compression residual; this run keeps none (dp 1, "
+           "parallel.grad_compress none or parallel.grad_error_feedback off), so it is dropped\n", path);
 }
 
 // One line on rank 0 where the checkpoint's precision and the run's differ in FP8 state.
