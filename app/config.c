@@ -253,11 +253,14 @@ static int cfg_unknown_section(char *err, size_t n_err, const cfg_site *s, const
                   cfg_shorten(section, shortbuf, sizeof shortbuf), hint);
 }
 
-// Keys that were replaced, and what replaced them.
+// Keys that were replaced: what to tell a user who still sets one, and how the config stored in
+// an older checkpoint (cfg_to_yaml's lines, "  key: value") reads in the new keys.
 static const struct {
   const char *section, *key, *instead;
+  const char *stored_true, *stored_false;  // the new line for the old bool's true and false
 } cfg_replaced[] = {
-    {"parallel", "grad_reduce_bf16", "set parallel.grad_compress: bf16 (true) or none (false)"},
+    {"parallel", "grad_reduce_bf16", "set parallel.grad_compress: bf16 (true) or none (false)",
+     "  grad_compress: \"bf16\"", "  grad_compress: \"none\""},
 };
 
 // Hint order: a replaced key's successor; a close name in the same section, else the same name
@@ -656,13 +659,41 @@ int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *
   return 0;
 }
 
+// A stored config with its replaced keys' lines rewritten to their successors (cfg_replaced),
+// in a malloc'd copy; lines keep their numbers.
+static char *cfg_upgrade_stored(const char *yaml) {
+  size_t n = strlen(yaml), cap = n + 1;
+  for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++) cap += 64;
+  char *out = malloc(cap), *o = out;
+  if (!out) return NULL;
+  for (const char *line = yaml; *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line + 1) : strlen(line);
+    const char *repl = NULL;
+    for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++) {
+      char old[96];
+      snprintf(old, sizeof old, "  %s: ", cfg_replaced[i].key);
+      if (strncmp(line, old, strlen(old)) == 0)
+        repl = strncmp(line + strlen(old), "true", 4) == 0 ? cfg_replaced[i].stored_true : cfg_replaced[i].stored_false;
+    }
+    if (repl) o += sprintf(o, "%s%s", repl, end ? "\n" : "");
+    else memcpy(o, line, len), o += len;
+    line += len;
+  }
+  *o = '\0';
+  return out;
+}
+
 int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err) {
   cfg_set_defaults(c);
   if (err && n_err) err[0] = '\0';
   if (!name) name = "<config text>";
   snprintf(c->path, sizeof c->path, "%s", name);
-  if (!yaml) yaml = "";
-  return cfg_read_yaml(c, yaml, strlen(yaml), name, err, n_err);
+  char *text = cfg_upgrade_stored(yaml ? yaml : "");
+  if (!text) return cfg_fail(err, n_err, NULL, "%s: out of memory reading the config", name);
+  int rc = cfg_read_yaml(c, text, strlen(text), name, err, n_err);
+  free(text);
+  return rc;
 }
 
 int cfg_check_ranges(const cfg *c, char *err, size_t n_err) {

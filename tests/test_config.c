@@ -170,6 +170,15 @@ static void test_load_errors(void) {
   // A replaced key names its successor, in a file and as an override.
   LOAD_ERR("replaced.yaml", "parallel:\n  grad_reduce_bf16: true\n", 0, NULL, "replaced.yaml:2:",
            "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress: bf16");
+  // The config stored in an older checkpoint reads the old key as its successor.
+  cfg old;
+  char old_err[256] = "";
+  EXPECT(cfg_load_string(&old, "parallel:\n  dp: 2\n  grad_reduce_bf16: true\n", "old.h5", old_err,
+                         sizeof old_err) == 0 && strcmp(old.parallel.grad_compress, "bf16") == 0 && old.parallel.dp == 2,
+         "stored grad_reduce_bf16: true reads as grad_compress bf16: %s", old_err);
+  EXPECT(cfg_load_string(&old, "parallel:\n  grad_reduce_bf16: false", "old.h5", old_err, sizeof old_err) == 0 &&
+             strcmp(old.parallel.grad_compress, "none") == 0,
+         "stored grad_reduce_bf16: false reads as grad_compress none: %s", old_err);
   char *replaced[] = {"parallel.grad_reduce_bf16=true"};
   LOAD_ERR("ov_replaced", NULL, 1, replaced, "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress");
   char *bad_sec[] = {"modl.dim=3"};
