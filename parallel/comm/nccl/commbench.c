@@ -302,9 +302,9 @@ static const char *const compress_names[] = {"none", "bf16", "fp16", "int8"};
 // format's error has a bound by hand: bf16 rounds each ring step (2^-8 of the sum per rank), fp16
 // is exact up to 16 ranks (sums below 2048, scaled by a power of two), int8 is off by at most half
 // a step (<= 0.5) per rank and half a step of the re-quantised sum (<= 127 n / 127 / 2).
-static float cz_payload(int r, int64_t i) { return (float)((r * 37 + i) % 255 - 127); }
+static float compress_payload(int r, int64_t i) { return (float)((r * 37 + i) % 255 - 127); }
 
-static double cz_tolerance(comm_compress_mode m, int n, double want) {
+static double compress_tolerance(comm_compress_mode m, int n, double want) {
   switch (m) {
     case COMM_COMPRESS_BF16: return fabs(want) * n * 0x1p-8;
     case COMM_COMPRESS_FP16: return fabs(want) * n * 0x1p-11;
@@ -313,12 +313,12 @@ static double cz_tolerance(comm_compress_mode m, int n, double want) {
   }
 }
 
-typedef struct cz_bufs {
+typedef struct bench_compress_bufs {
   comm_compress_span s;
   float *x, *out;  // (n) the gradient; the result (n plain, chunk scattered)
-} cz_bufs;
+} bench_compress_bufs;
 
-static void cz_run(bench *b, cz_bufs *z) {
+static void bench_compress_call(bench *b, bench_compress_bufs *z) {
   comm *c = b->c;
   if (z->s.mode == COMM_COMPRESS_NONE) {
     if (z->s.scatter) c->ops->reduce_scatter_start(c, z->x, z->out, z->s.chunk, COMM_F32, COMM_SUM);
@@ -332,19 +332,19 @@ static void cz_run(bench *b, cz_bufs *z) {
 }
 
 // Checks one reduction of the payloads; returns this rank's wrong elements.
-static long long cz_check(bench *b, cz_bufs *z, float *host) {
+static long long bench_compress_check(bench *b, bench_compress_bufs *z, float *host) {
   const int n = b->c->size, r = b->c->rank;
-  for (int64_t i = 0; i < z->s.n; i++) host[i] = cz_payload(r, i);
+  for (int64_t i = 0; i < z->s.n; i++) host[i] = compress_payload(r, i);
   bench_put(b, z->x, host, (size_t)z->s.n * sizeof(float));
-  cz_run(b, z);
+  bench_compress_call(b, z);
   const int in_place = z->s.mode == COMM_COMPRESS_NONE && !z->s.scatter;
   const int64_t lo = z->s.scatter ? r * z->s.chunk : 0, len = z->s.scatter ? z->s.chunk : z->s.n;
   bench_get(b, host, in_place ? z->x : z->out, (size_t)len * sizeof(float));
   long long bad = 0;
   for (int64_t i = 0; i < len; i++) {
     double want = 0;
-    for (int q = 0; q < n; q++) want += cz_payload(q, lo + i);
-    if (!(fabs(host[i] - want) <= cz_tolerance(z->s.mode, n, want)) && bad++ == 0)
+    for (int q = 0; q < n; q++) want += compress_payload(q, lo + i);
+    if (!(fabs(host[i] - want) <= compress_tolerance(z->s.mode, n, want)) && bad++ == 0)
       fprintf(stderr, "rank %d: %s %s of %lld floats: [%lld] = %g, want %g\n", r, compress_names[z->s.mode],
               z->s.scatter ? "reduce_scatter" : "all_reduce", (long long)z->s.n, (long long)i, host[i], want);
   }
@@ -352,11 +352,11 @@ static long long cz_check(bench *b, cz_bufs *z, float *host) {
 }
 
 // One format and kind at every size: the table of --compress.
-static long long cz_table(bench *b, comm_compress_mode mode, int scatter) {
+static long long bench_compress_table(bench *b, comm_compress_mode mode, int scatter) {
   const int n = b->c->size, r = b->c->rank;
   const int64_t max_n = b->o.max_bytes / 4 + n;
   k_backend *be = b->be;
-  cz_bufs z = {.s = {.mode = mode, .scatter = scatter}};
+  bench_compress_bufs z = {.s = {.mode = mode, .scatter = scatter}};
   z.x = bench_alloc(b, (size_t)max_n * sizeof(float));
   z.out = bench_alloc(b, (size_t)max_n * sizeof(float));
   const int64_t max_chunk = (max_n + n - 1) / n;
@@ -376,14 +376,14 @@ static long long cz_table(bench *b, comm_compress_mode mode, int scatter) {
     z.s.n = bytes / 4 / (scatter ? n : 1) * (scatter ? n : 1);
     z.s.chunk = scatter ? z.s.n / n : (z.s.n + n - 1) / n;
     if (z.s.n < n) continue;
-    long long bad = cz_check(b, &z, host), wrong = 0;
+    long long bad = bench_compress_check(b, &z, host), wrong = 0;
     MPI_CHECK(MPI_Allreduce(&bad, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
     total += wrong;
     bench_zero(b, z.x, (size_t)z.s.n * sizeof(float));
-    for (int w = 0; w < b->o.warmup; w++) cz_run(b, &z);
+    for (int w = 0; w < b->o.warmup; w++) bench_compress_call(b, &z);
     b->c->ops->barrier(b->c);
     bench_start(b);
-    for (int it = 0; it < b->o.iters; it++) cz_run(b, &z);
+    for (int it = 0; it < b->o.iters; it++) bench_compress_call(b, &z);
     double us = bench_stop(b) / b->o.iters;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     const double fp32_bytes = 4.0 * (double)z.s.n, bus = (scatter ? 1.0 : 2.0) * (n - 1) / n;
@@ -406,7 +406,7 @@ static long long cz_table(bench *b, comm_compress_mode mode, int scatter) {
 static int bench_run_compressed(bench *b) {
   long long total = 0;
   for (int m = 0; m <= COMM_COMPRESS_INT8; m++)
-    for (int scatter = 0; scatter < 2 && b->o.compress[m]; scatter++) total += cz_table(b, (comm_compress_mode)m, scatter);
+    for (int scatter = 0; scatter < 2 && b->o.compress[m]; scatter++) total += bench_compress_table(b, (comm_compress_mode)m, scatter);
   if (b->c->rank == 0) printf("\n# compressed: %s: %lld elements outside their format's bound\n", total ? "FAILED" : "ok", total);
   return total != 0;
 }
