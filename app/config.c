@@ -86,9 +86,13 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL_IN(parallel, distributed_optimizer, optim.distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
-  CFG_BOOL_IN(parallel, grad_reduce_bf16, optim.grad_reduce_bf16, 0,
-           "reduce DP gradients in bf16: half the traffic, each rank's gradient rounded to bf16 before the sum; "
-           "false = fp32; no effect with dp 1"),
+  CFG_STRING(parallel, grad_compress, "none",
+             "wire format of the DP gradient reduction: none (fp32) | bf16 | fp16 (a per-bucket power-of-two scale "
+             "agreed over dp) | int8 (blocks of 256 with an fp32 scale, all-to-all then all-gather); "
+             "docs/compression.md; no effect with dp 1"),
+  CFG_STRING(parallel, grad_error_feedback, "auto",
+             "carry what the gradient compression dropped on each rank into the next step: auto (on for int8) | "
+             "on | off; stored in checkpoints"),
   CFG_STRING(parallel, gpu_comm, "nccl",
              "communicator of GPU ranks: nccl | mpi (mpi: device buffers copied through host memory, slow, but "
              "several ranks may share a GPU, e.g. to test a layout on one GPU; NCCL needs one GPU per rank)"),
@@ -255,9 +259,22 @@ static int cfg_unknown_section(char *err, size_t n_err, const cfg_site *s, const
                   cfg_shorten(section, shortbuf, sizeof shortbuf), hint);
 }
 
-// Hint order: a close name in the same section, else the same name in another section
-// (a key put under the wrong section is a common slip).
+// Keys that were replaced: what to tell a user who still sets one, and how the config stored in
+// an older checkpoint (cfg_to_yaml's lines, "  key: value") reads in the new keys.
+static const struct {
+  const char *section, *key, *instead;
+  const char *stored_true, *stored_false;  // the new line for the old bool's true and false
+} cfg_replaced[] = {
+    {"parallel", "grad_reduce_bf16", "set parallel.grad_compress: bf16 (true) or none (false)",
+     "  grad_compress: \"bf16\"", "  grad_compress: \"none\""},
+};
+
+// Hint order: a replaced key's successor; a close name in the same section, else the same name
+// in another section (a key put under the wrong section is a common slip).
 static int cfg_unknown_key(char *err, size_t n_err, const cfg_site *s, const char *section, const char *key) {
+  for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++)
+    if (strcmp(cfg_replaced[i].section, section) == 0 && strcmp(cfg_replaced[i].key, key) == 0)
+      return cfg_fail(err, n_err, s, "%s.%s was replaced: %s", section, key, cfg_replaced[i].instead);
   char shortbuf[72], hint[128] = "", list[512] = "";
   const cfg_key *best = NULL;
   int best_d = 1000;
@@ -667,13 +684,41 @@ int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *
   return cfg_apply_model_from(c, key_set, err, n_err);
 }
 
+// A stored config with its replaced keys' lines rewritten to their successors (cfg_replaced),
+// in a malloc'd copy; lines keep their numbers.
+static char *cfg_upgrade_stored(const char *yaml) {
+  size_t n = strlen(yaml), cap = n + 1;
+  for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++) cap += 64;
+  char *out = malloc(cap), *o = out;
+  if (!out) return NULL;
+  for (const char *line = yaml; *line;) {
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line + 1) : strlen(line);
+    const char *repl = NULL;
+    for (size_t i = 0; i < sizeof cfg_replaced / sizeof *cfg_replaced; i++) {
+      char old[96];
+      snprintf(old, sizeof old, "  %s: ", cfg_replaced[i].key);
+      if (strncmp(line, old, strlen(old)) == 0)
+        repl = strncmp(line + strlen(old), "true", 4) == 0 ? cfg_replaced[i].stored_true : cfg_replaced[i].stored_false;
+    }
+    if (repl) o += sprintf(o, "%s%s", repl, end ? "\n" : "");
+    else memcpy(o, line, len), o += len;
+    line += len;
+  }
+  *o = '\0';
+  return out;
+}
+
 int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err) {
   cfg_set_defaults(c);
   if (err && n_err) err[0] = '\0';
   if (!name) name = "<config text>";
   snprintf(c->path, sizeof c->path, "%s", name);
-  if (!yaml) yaml = "";
-  return cfg_read_yaml(c, yaml, strlen(yaml), name, NULL, err, n_err);
+  char *text = cfg_upgrade_stored(yaml ? yaml : "");
+  if (!text) return cfg_fail(err, n_err, NULL, "%s: out of memory reading the config", name);
+  int rc = cfg_read_yaml(c, text, strlen(text), name, NULL, err, n_err);
+  free(text);
+  return rc;
 }
 
 int cfg_check_ranges(const cfg *c, char *err, size_t n_err) {

@@ -25,6 +25,8 @@ typedef struct cfg_parallel {
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message
   int mpi_chunk_elems;        // MPI: largest message in elements; 0 = no chunking
+  char grad_compress[CFG_STR];        // none | bf16 | fp16 | int8 (resolved into optim.grad_compress)
+  char grad_error_feedback[CFG_STR];  // auto | on | off (resolved into optim.grad_error_feedback)
 } cfg_parallel;
 
 typedef struct cfg_train {
@@ -81,7 +83,8 @@ typedef struct cfg {
   cfg_train train;
   cfg_fp8 fp8;
   opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
-                         // parallel.bucket_mb, parallel.grad_reduce_bf16
+                         // parallel.bucket_mb; grad_compress and
+                         // grad_error_feedback resolved from parallel's strings by cfg_validate
   cfg_data data;
   cfg_checkpoint checkpoint;
   cfg_log log;

@@ -13,6 +13,18 @@ static int cfg_is_one_of(const char *v, const char *const *options, int n) {
   return 0;
 }
 
+// parallel.grad_compress and grad_error_feedback (checked strings) into the optimizer's config.
+static void cfg_resolve_compress(cfg *c) {
+  static const char *const names[] = {"none", "bf16", "fp16", "int8"};
+  const cfg_parallel *p = &c->parallel;
+  for (int i = 0; i < 4; i++)
+    if (strcmp(p->grad_compress, names[i]) == 0) c->optim.grad_compress = (comm_compress_mode)i;
+  const char *fb = p->grad_error_feedback;
+  const comm_compress_mode m = c->optim.grad_compress;
+  c->optim.grad_error_feedback =
+      m != COMM_COMPRESS_NONE && (strcmp(fb, "on") == 0 || (strcmp(fb, "auto") == 0 && m == COMM_COMPRESS_INT8));
+}
+
 int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   const model_config *m = &c->model;
   cfg_parallel *p = &c->parallel;
@@ -50,6 +62,12 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
   CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
            t->recompute);
+  static const char *const compressions[] = {"none", "bf16", "fp16", "int8"}, *const feedbacks[] = {"auto", "on", "off"};
+  CFG_RULE(cfg_is_one_of(p->grad_compress, compressions, 4),
+           "parallel.grad_compress = '%s' is not one of: none, bf16, fp16, int8", p->grad_compress);
+  CFG_RULE(cfg_is_one_of(p->grad_error_feedback, feedbacks, 3),
+           "parallel.grad_error_feedback = '%s' is not one of: auto, on, off", p->grad_error_feedback);
+  cfg_resolve_compress(c);
   static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16", "fp8"}, *const attentions[] = {"cudnn", "own"},
                            *const isas[] = {"auto", "avx512", "avx2", "sse"};
   CFG_RULE(cfg_is_one_of(t->precision, precisions, 5),

@@ -123,10 +123,17 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
       }
-      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients;
-      // a bf16 reduction adds bf16 copies of both.
-      int zero = c->optim.distributed_optimizer && dp > 1, bf16 = c->optim.grad_reduce_bf16 && dp > 1;
-      double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
+      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients.
+      // A compressed reduction (parallel/step/grad_compress.c) adds its wire buffers: 16-bit codes of
+      // both, or int8 send and receive slots with a scale per 256 elements; error feedback an fp32
+      // residual.
+      int zero = c->optim.distributed_optimizer && dp > 1;
+      comm_compress_mode gcm = dp > 1 ? c->optim.grad_compress : COMM_COMPRESS_NONE;
+      double wire = gcm == COMM_COMPRESS_NONE   ? 0.0
+                    : gcm == COMM_COMPRESS_INT8 ? 2.0 * (1.0 + 4.0 / 256)
+                                                : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
+      double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
+      double gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
       double w = (bf16_act ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
       // two per activation set in flight (parallel/step/pp_exec.c).

@@ -1,5 +1,6 @@
 // Progress lines, metrics records and the run report (see report.h).
 #include "app/report.h"
+#include "parallel/step/grad_compress.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -153,6 +154,9 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
     printf(", MFU %.1f%% of %.1f (%s)", 100 * f->mfu, be->peak_tflops, be->device_name);
   printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n",
          mem_peak / 1073741824.0, s->last_loss, s->last_val);
+  if (t->o.gc && t->c->optim.grad_compress == COMM_COMPRESS_FP16)
+    printf("gradient compression fp16: %lld gradient values of rank 0 rounded to zero over this run "
+           "(docs/compression.md)\n", (long long)grad_compress_underflow(&t->o));
   if (s->n_timed == 0) return;
   // The step split (what each figure is: parallel/comm/timing.h; dp comm is the exposed part only).
   double k = f->ms_per;

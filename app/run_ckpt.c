@@ -5,6 +5,7 @@
 #include "model/fp8.h"
 #include "model/hf.h"
 #include "model/hf_config.h"
+#include "parallel/step/grad_compress.h"
 #include <string.h>
 
 static const char *section_prefix[3] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
@@ -15,41 +16,56 @@ static const model_tensor *find_tensor(const model *m, model_kind k, int layer) 
   return NULL;
 }
 
-// One entry per (section, tensor of the whole model), identical names and shapes on every
-// rank; blocks this rank does not hold have count 0. host[s] are flat host buffers. Room for
-// n_extra more entries is left at the end.
-static ckpt_tensor *build_list(const model *m, float *host[3], int n_extra, int *n_out) {
+// Entries of one section: one per tensor of the whole model.
+static int section_entries(const model_config *mc) { return 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1); }
+
+// Appends one section at list[*n]: every tensor of the whole model under prefix, identical names
+// and shapes on every rank; blocks this rank does not hold have count 0. host is a flat host
+// buffer. per_dp: a leading dimension of dp, this rank's row at dp_rank, written by every dp
+// replica (state that differs between them); otherwise dp rank 0 writes.
+static void add_section(const model *m, const char *prefix, float *host, int per_dp, ckpt_tensor *list, int *n) {
   const model_config *mc = &m->cfg;
-  int per_section = 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1);
-  ckpt_tensor *list = XCALLOC((size_t)3 * per_section + n_extra, sizeof(ckpt_tensor));
-  int n = 0;
-  for (int s = 0; s < 3; s++) {
-    for (int k = 0; k < MODEL_N_KINDS; k++) {
-      if (k == MODEL_LM_HEAD && mc->tie_embeddings) continue;
-      int n_layers = model_specs[k].per_layer ? mc->n_layers : 1;
-      for (int l = 0; l < n_layers; l++) {
-        int layer = model_specs[k].per_layer ? l : -1;
-        ckpt_tensor *t = &list[n++];
-        int64_t full[2];
-        t->ndim = model_full_shape(mc, (model_kind)k, full);
-        if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%d.%s", section_prefix[s], l, model_specs[k].name);
-        else snprintf(t->name, sizeof t->name, "%s%s", section_prefix[s], model_specs[k].name);
-        const model_tensor *mt = find_tensor(m, (model_kind)k, layer);
-        for (int dd = 0; dd < t->ndim; dd++) {
-          t->full[dd] = full[dd];
-          t->start[dd] = mt ? mt->start[dd] : 0;
-          t->count[dd] = mt ? mt->count[dd] : 0;
-        }
-        t->data = mt ? host[s] + mt->offset : NULL;
-        t->write = mt && m->g->dp_rank == 0 && (!mt->tp_replicated || m->g->tp_rank == 0);
+  const int lead = per_dp ? 1 : 0;
+  for (int k = 0; k < MODEL_N_KINDS; k++) {
+    if (k == MODEL_LM_HEAD && mc->tie_embeddings) continue;
+    int n_layers = model_specs[k].per_layer ? mc->n_layers : 1;
+    for (int l = 0; l < n_layers; l++) {
+      int layer = model_specs[k].per_layer ? l : -1;
+      ckpt_tensor *t = &list[(*n)++];
+      int64_t full[2];
+      t->ndim = model_full_shape(mc, (model_kind)k, full) + lead;
+      if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%d.%s", prefix, l, model_specs[k].name);
+      else snprintf(t->name, sizeof t->name, "%s%s", prefix, model_specs[k].name);
+      const model_tensor *mt = find_tensor(m, (model_kind)k, layer);
+      if (per_dp) t->full[0] = m->g->dp, t->start[0] = m->g->dp_rank, t->count[0] = mt ? 1 : 0;
+      for (int dd = lead; dd < t->ndim; dd++) {
+        t->full[dd] = full[dd - lead];
+        t->start[dd] = mt ? mt->start[dd - lead] : 0;
+        t->count[dd] = mt ? mt->count[dd - lead] : 0;
       }
+      t->data = mt ? host + mt->offset : NULL;
+      t->write = mt && (per_dp || m->g->dp_rank == 0) && (!mt->tp_replicated || m->g->tp_rank == 0);
     }
   }
-  // Order: all layers of one kind after another would scatter a layer; sort is not needed
-  // for correctness, only identical order on every rank, which the loops above give.
+}
+
+// The weights and both moments from host[3], flat host buffers. Room for n_extra more entries is
+// left at the end. Order: all layers of one kind after another would scatter a layer; sort is not
+// needed for correctness, only identical order on every rank, which add_section gives.
+static ckpt_tensor *build_list(const model *m, float *host[3], int n_extra, int *n_out) {
+  ckpt_tensor *list = XCALLOC((size_t)3 * section_entries(&m->cfg) + n_extra, sizeof(ckpt_tensor));
+  int n = 0;
+  for (int s = 0; s < 3; s++) add_section(m, section_prefix[s], host[s], 0, list, &n);
   *n_out = n;
   return list;
 }
+
+// Error feedback's residual (parallel/step/grad_compress.h): per dp rank, so each tensor gets a
+// leading dimension of dp, (dp, full shape); a resume under another tp or pp reads its own
+// blocks of the same rows. Under another dp the rows do not map to ranks, so it starts at zero.
+static const char *const residual_prefix = "grad_compress/residual/";
+
+static float *residual_of(const opt_state *o) { return o->gc ? o->gc->residual : NULL; }
 
 // FP8 scaling state (train.precision=fp8): the activation group's scale, 1 / scale and amax
 // history, each at its full shape over every layer of the model, (n_layers, slots) and
@@ -124,13 +140,19 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   opt_get_params(o, host[0]);
   opt_get_moments(o, host[1], host[2]);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp, &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + section_entries(&m->cfg), &n);
   fp8_host h8 = {0};
   if (m->fp8) {
     model_fp8_settle(m);
     fp8_host_alloc(m, &h8);
     fp8_to_host(m, &h8);
     fp8_list(m, &h8, list, &n);
+  }
+  float *res = NULL;
+  if (residual_of(o)) {
+    res = XCALLOC((size_t)m->n_params, sizeof(float));
+    m->be->to_host(m->be, res, residual_of(o), (size_t)m->n_params * sizeof(float));
+    add_section(m, residual_prefix, res, 1, list, &n);
   }
   size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
   char *yaml = XMALLOC(n_yaml);
@@ -139,18 +161,39 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
   free(yaml);
   free(list);
+  free(res);
   fp8_host_free(&h8);
   for (int s = 0; s < 3; s++) free(host[s]);
   return rc;
 }
 
-// Whether the checkpoint at path was written by an FP8 run (its stored config says so). 0 or -1.
-static int ckpt_fp8_state(const char *path, const model *m, int *has, char *err, size_t n_err) {
+// What extra state the checkpoint at path holds, from its stored config: FP8 scaling state
+// (*has_fp8), and error feedback's residual (*res_dp: the dp it was written with; 0 = none, also
+// for a config this build does not read). 0 or -1.
+static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *res_dp, char *err, size_t n_err) {
   ckpt_meta meta = {0};
   if (ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err) != 0) return -1;
-  *has = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
+  *has_fp8 = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
+  cfg stored;
+  char msg[256];
+  *res_dp = 0;
+  if (meta.config_yaml && cfg_load_string(&stored, meta.config_yaml, path, msg, sizeof msg) == 0 &&
+      cfg_validate(&stored, 0, msg, sizeof msg) == 0 && grad_compress_on(&stored.optim, stored.parallel.dp) &&
+      stored.optim.grad_error_feedback)
+    *res_dp = stored.parallel.dp;
   free((void *)meta.config_yaml);
   return 0;
+}
+
+// One line on rank 0 where the checkpoint's residual is not carried into this run.
+static void residual_notice(const char *path, const model *m, const opt_state *o, int res_dp) {
+  if (m->g->world_rank != 0 || !res_dp || (residual_of(o) && res_dp == m->g->dp)) return;
+  if (residual_of(o))
+    printf("note: checkpoint %s holds the gradient-compression residual of dp %d; this run has dp %d, so the "
+           "residual starts at zero (docs/compression.md)\n", path, res_dp, m->g->dp);
+  else
+    printf("note: checkpoint %s holds a gradient-compression residual; this run keeps none (dp 1, "
+           "parallel.grad_compress none or parallel.grad_error_feedback off), so it is dropped\n", path);
 }
 
 // One line on rank 0 where the checkpoint's precision and the run's differ in FP8 state.
@@ -166,16 +209,21 @@ static void fp8_notice(const char *path, const model *m, int has) {
 
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
-  int has_fp8 = 0;
-  if (ckpt_fp8_state(path, m, &has_fp8, err, n_err) != 0) return -1;
+  int has_fp8 = 0, res_dp = 0;
+  if (ckpt_extra_state(path, m, &has_fp8, &res_dp, err, n_err) != 0) return -1;
   float *host[3];
   alloc_host(m, host);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp, &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + section_entries(&m->cfg), &n);
   fp8_host h8 = {0};
   if (m->fp8 && has_fp8) {
     fp8_host_alloc(m, &h8);
     fp8_list(m, &h8, list, &n);
+  }
+  float *res = NULL;
+  if (residual_of(o) && res_dp == m->g->dp) {
+    res = XCALLOC((size_t)m->n_params, sizeof(float));
+    add_section(m, residual_prefix, res, 1, list, &n);
   }
   ckpt_meta meta = {0};
   int rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
@@ -187,12 +235,18 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     *samples_seen = meta.samples_seen;
     if (h8.scale) fp8_from_host(m, &h8, meta.step);
     fp8_notice(path, m, has_fp8);
+    if (res) {
+      m->be->from_host(m->be, residual_of(o), res, (size_t)m->n_params * sizeof(float));
+      m->be->sync(m->be);  // res is freed next
+    }
+    residual_notice(path, m, o, res_dp);
     if (meta.seed != c->train.seed && m->g->world_rank == 0)
       fprintf(stderr, "warning: checkpoint %s was trained with train.seed %llu, the config says %llu\n", path,
               (unsigned long long)meta.seed, (unsigned long long)c->train.seed);
   }
   free((void *)meta.config_yaml);
   free(list);
+  free(res);
   fp8_host_free(&h8);
   for (int s = 0; s < 3; s++) free(host[s]);
   return rc;

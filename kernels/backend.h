@@ -12,8 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum k_dtype { K_F32 = 0, K_BF16 = 1 } k_dtype;
-static inline size_t k_dtype_bytes(k_dtype t) { return t == K_BF16 ? 2 : 4; }
+// K_F16 (IEEE binary16) appears only as a wire type of the compressed DP reduction (quant16).
+typedef enum k_dtype { K_F32 = 0, K_BF16 = 1, K_F16 = 2 } k_dtype;
+static inline size_t k_dtype_bytes(k_dtype t) { return t == K_F32 ? 4 : 2; }
 
 // FP8 formats (OCP FP8): E4M3 (largest finite 448, no Inf, NaN 0x7F / 0xFF) for weights and
 // activations, E5M2 (largest finite 57344, Inf and NaN as IEEE) for gradients. An FP8 tensor is
@@ -150,6 +151,25 @@ typedef struct k_backend {
   // (this step's) is NaN or Inf. fmt (n) holds k_fp8 values. Scales start at 1 (the caller's).
   void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                      int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+  // Gradient compression for the DP reduction (kernels/cpu/quant_cpu.h: formats, rounding,
+  // scales; every backend bit for bit). res (NULL: none) is the error-feedback residual: what is
+  // quantised is x + res, and res becomes what the quantisation dropped. Pointers to amax, scales
+  // and counters are backend memory, so no op waits for the host.
+  // *amax = max(*amax, max |x + res|); a NaN makes it NaN.
+  void (*grad_amax)(struct k_backend *b, float *amax, const float *x, const float *res, int64_t n);
+  // dst (n, t = K_F16 or K_BF16) = round((x + res) * 2^e), e from *amax over n_sum ranks for
+  // fp16 (amax NULL or bf16: e = 0); *n_underflow (NULL: not counted) += non-zero values that
+  // became +-0.
+  void (*quant16)(struct k_backend *b, void *dst, k_dtype t, const float *x, float *res, int64_t n, const float *amax,
+                  int n_sum, int64_t *n_underflow);
+  // dst (n) = widen(src) * 2^-e, e as quant16's.
+  void (*dequant16)(struct k_backend *b, float *dst, const void *src, k_dtype t, int64_t n, const float *amax, int n_sum);
+  // int8 codes q (n) and one fp32 scale per block of K_QBLOCK (k_qblocks(n) scales) of x + res.
+  void (*quant_i8)(struct k_backend *b, int8_t *q, float *scales, const float *x, float *res, int64_t n);
+  // dst (n) = sum over n_src sources, in order, of q_s * scale_s in fp32; source s's codes and
+  // scales lie s * stride bytes after q and scales.
+  void (*dequant_i8)(struct k_backend *b, float *dst, const int8_t *q, const float *scales, int64_t n, int n_src,
+                     int64_t stride);
 } k_backend;
 
 #ifdef __cplusplus

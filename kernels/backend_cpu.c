@@ -6,6 +6,7 @@
 #include "kernels/cpu/attn_decode_cpu.h"
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cpu/optim_cpu.h"
+#include "kernels/cpu/quant_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include <string.h>
 #include <unistd.h>
@@ -159,6 +160,26 @@ static void cpu_release(k_backend *b) {
   b->ctx = NULL;
 }
 
+// Gradient compression (kernels/cpu/quant_cpu.c is the reference itself).
+static void cpu_grad_amax(k_backend *b, float *amax, const float *x, const float *res, int64_t n) { (void)b;
+  k_cpu_grad_amax(amax, x, res, n);
+}
+static void cpu_quant16(k_backend *b, void *dst, k_dtype t, const float *x, float *res, int64_t n, const float *amax,
+                        int n_sum, int64_t *n_underflow) { (void)b;
+  k_cpu_quant16(dst, t, x, res, n, amax, n_sum, n_underflow);
+}
+static void cpu_dequant16(k_backend *b, float *dst, const void *src, k_dtype t, int64_t n, const float *amax, int n_sum) {
+  (void)b;
+  k_cpu_dequant16(dst, src, t, n, amax, n_sum);
+}
+static void cpu_quant_i8(k_backend *b, int8_t *q, float *scales, const float *x, float *res, int64_t n) { (void)b;
+  k_cpu_quant_i8(q, scales, x, res, n);
+}
+static void cpu_dequant_i8(k_backend *b, float *dst, const int8_t *q, const float *scales, int64_t n, int n_src,
+                           int64_t stride) { (void)b;
+  k_cpu_dequant_i8(dst, q, scales, n, n_src, stride);
+}
+
 k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   const k_backend_opts defaults = {0};
   if (!o) o = &defaults;
@@ -207,6 +228,11 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->fp8_cast = cpu_fp8_cast;
   b->gemm_fp8 = cpu_gemm_fp8;
   b->fp8_scales = cpu_fp8_scales;
+  b->grad_amax = cpu_grad_amax;
+  b->quant16 = cpu_quant16;
+  b->dequant16 = cpu_dequant16;
+  b->quant_i8 = cpu_quant_i8;
+  b->dequant_i8 = cpu_dequant_i8;
   return b;
 }
 

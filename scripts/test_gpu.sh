@@ -2,9 +2,10 @@
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): the op suite on the CUDA backend (every
 # op of the backend table against the CPU reference, optimizer ops included),
-# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, and three layouts in FP8),
-# bitwise resume under three 2-rank layouts (and one in FP8), killing a rank of a dp2 run,
-# sampling on the GPU against the CPU, and the default config on 1 GPU (bf16 and FP8). On a host with one GPU, the 2-rank steps run with both ranks on it
+# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
+# compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), killing a
+# rank of a dp2 run, sampling on the GPU against the CPU, and the default config on 1 GPU (bf16
+# and FP8). On a host with one GPU, the 2-rank steps run with both ranks on it
 # over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
@@ -53,6 +54,16 @@ pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 LAYOUTS
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
+# int8 DP gradients (docs/compression.md; fp16 and bf16 are in the parity list): against 1 GPU
+# uncompressed to 5e-2 (CPU ranks: 3.0e-2 worst), and a bitwise resume with error feedback.
+export TRAINER_PARITY_RTOL=5e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
+while read -r name args; do
+  step "int8 parity $name on $on vs 1 GPU (20 steps)" bash -c "sh tests/test_parity.sh $name 2 $args > '$logs/parity_$name.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_$name.log'; exit \$r"
+done <<'LAYOUTS'
+dp2_int8_reduce parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05
+dp2_distopt_int8_reduce parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01 parallel.grad_compress=int8
+LAYOUTS
+step "bitwise resume of int8 with error feedback on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh int8_ef parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05 > '$logs/resume_int8_ef.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_int8_ef.log'; exit \$r"
 export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 unset TRAINER_TEST_ARGS

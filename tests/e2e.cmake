@@ -2,7 +2,8 @@
 # crash safety, bad input, checkpoints moved between layouts, the dry-run plans, bitwise
 # activation recomputation, the 8-GPU validation script on CPU ranks, and the 16-rank headline
 # command on two nodes simulated on this machine.
-foreach(t resume bad_input nonfinite layout_resume dry_run recompute validate_8gpu two_nodes fp8_eval)
+foreach(t resume bad_input nonfinite layout_resume dry_run recompute validate_8gpu two_nodes fp8_eval
+        compress_resume)
   add_test(NAME e2e_${t} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_${t}.sh)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
@@ -21,7 +22,11 @@ set(RESUME_PP2_VPP2_OVERLAP parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=tru
 set(RESUME_FP8_ZERO train.precision=fp8 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
 set(RESUME_FP8_TP2_SP train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4)
 set(RESUME_FP8_PP2_VPP2 train.precision=fp8 parallel.pp=2 parallel.vpp=2)
-foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP FP8_ZERO FP8_TP2_SP FP8_PP2_VPP2)
+# Compressed DP gradients: error feedback's residual (per dp rank) resumes bitwise too.
+set(RESUME_INT8_EF parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
+set(RESUME_FP16_EF_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+    parallel.grad_compress=fp16 parallel.grad_error_feedback=on)
+foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP FP8_ZERO FP8_TP2_SP FP8_PP2_VPP2 INT8_EF FP16_EF_ZERO)
   string(TOLOWER ${t} name)
   add_test(NAME e2e_resume_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_layout.sh ${name} ${RESUME_${t}})
   set_tests_properties(e2e_resume_${name} PROPERTIES LABELS "e2e" ENVIRONMENT
@@ -36,7 +41,7 @@ if(TRAINER_HAVE_CUDA)
   add_test(NAME gpu_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_kill_rank.sh)
   set_tests_properties(gpu_kill_rank PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
-  foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP)
+  foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP INT8_EF)
     string(TOLOWER ${t} name)
     add_test(NAME gpu_resume_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_layout.sh ${name} ${RESUME_${t}})
     set_tests_properties(gpu_resume_${name} PROPERTIES LABELS gpu ENVIRONMENT

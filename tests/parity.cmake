@@ -23,12 +23,24 @@ trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.distributed_opti
 # A tied embedding (head and lookup add into one gradient) cut into many bucket parts.
 trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
                    model.tie_embeddings=true)
-# DP gradients reduced in bf16 (each rank's gradient rounded before the sum), plain and with the
-# distributed optimizer: within 1e-2 of the single rank.
-set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2")
-trainer_add_parity(dp2_bf16_reduce 2 parallel.dp=2 parallel.grad_reduce_bf16=true)
+# Compressed DP gradients (parallel.grad_compress, docs/compression.md), plain and with the
+# distributed optimizer, 20 steps against the uncompressed single rank, losses and weights:
+# bf16 within 1e-2, fp16 within 1e-3, int8 (error feedback on, its default, and off) within 5e-2
+# (measured: docs/compression.md).
+set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2;TRAINER_TEST_ARGS=train.steps=20")
+trainer_add_parity(dp2_bf16_reduce 2 parallel.dp=2 parallel.grad_compress=bf16)
 trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
-                   parallel.grad_reduce_bf16=true)
+                   parallel.grad_compress=bf16)
+set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-3;TRAINER_TEST_ARGS=train.steps=20")
+trainer_add_parity(dp2_fp16_reduce 2 parallel.dp=2 parallel.grad_compress=fp16 parallel.bucket_mb=0.05)
+trainer_add_parity(dp2_distopt_fp16_ef 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+                   parallel.grad_compress=fp16 parallel.grad_error_feedback=on)
+set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2;TRAINER_TEST_ARGS=train.steps=20")
+trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
+trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+                   parallel.grad_compress=int8)
+trainer_add_parity(dp2_int8_no_ef 2 parallel.dp=2 parallel.grad_compress=int8 parallel.grad_error_feedback=off)
+set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2")
 # Pipeline transfers in bf16 (activations and gradients rounded at each stage boundary).
 trainer_add_parity(pp2_vpp2_bf16_comm 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true)
 trainer_add_parity(pp2_vpp2_bf16_overlap 2 parallel.pp=2 parallel.vpp=2 parallel.pp_comm_bf16=true

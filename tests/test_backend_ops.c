@@ -16,7 +16,8 @@
 // and fp32 summation order. The backward ops that reduce (attention, RMSNorm, embedding), sumsq
 // and GEMM must give bitwise equal results when run twice. Casts are checked bit for bit against
 // a host round-to-nearest-even, the FP8 cast and scale update bit for bit against the CPU's FP8
-// emulation (tests/fp8_cases.h, with the FP8 GEMM's bounds).
+// emulation (tests/fp8_cases.h, with the FP8 GEMM's bounds), the gradient-compression ops bit for
+// bit against kernels/cpu/quant_cpu.c (tests/quant_cases.h).
 //   test_backend_ops [--backend cpu|cuda|all] [--act f32|bf16] [--op NAME]... [--bench]
 // --backend cuda without a visible GPU fails: a GPU test that passes vacuously would hide a
 // broken setup. --act keeps one activation dtype, --op the rows whose op starts with NAME (e.g.
@@ -1171,6 +1172,7 @@ static const op_shape adamw_ranges_shapes[] = {SH(2, 0), SH(1, 77), SH(0, 0)};
 // FP8: fp8_cast, gemm_fp8, fp8_scales (their rows' functions and shapes).
 
 #include "tests/fp8_cases.h"
+#include "tests/quant_cases.h"
 
 // ---------------------------------------------------------------------------------------------
 // The table: one row per op of k_backend. compare's reading of {norm, elem} holds unless the
@@ -1204,6 +1206,12 @@ static const op_case CASES[] = {
     // act32: without fast accumulation, act16: with it (see run_gemm_fp8)
     {"gemm_fp8",         run_gemm_fp8,         SHAPES(gemm_fp8_shapes),        ACT_ALL, {5e-3, 0x1p-8}, {5e-2, 0x1p-5}, {0, 0}},
     {"fp8_scales",       run_fp8_scales,       SHAPES(fp8_scales_shapes),      ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    // gradient compression: bit for bit (tests/quant_cases.h); fp32 data whatever the act dtype
+    {"grad_amax",        run_grad_amax,        SHAPES(grad_amax_shapes),       ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    {"quant16",          run_quant16,          SHAPES(quant16_shapes),         ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    {"dequant16",        run_dequant16,        SHAPES(dequant16_shapes),       ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    {"quant_i8",         run_quant_i8,         SHAPES(quant_i8_shapes),        ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    {"dequant_i8",       run_dequant_i8,       SHAPES(dequant_i8_shapes),      ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -1221,7 +1229,8 @@ static const struct op_slot {
            OP_SLOT(attn_bwd),        OP_SLOT(attn_decode),     OP_SLOT(swiglu_fwd),      OP_SLOT(swiglu_bwd),     OP_SLOT(embed_fwd),
            OP_SLOT(embed_bwd),       OP_SLOT(ce_local_stats),  OP_SLOT(ce_bwd),         OP_SLOT(ce_rescale),
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
-           OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales)};
+           OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(grad_amax),
+           OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8)};
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {

@@ -427,9 +427,48 @@ static void test_empty(const suite *s, comm *c) {
   buf_free(s, d);
 }
 
+// int8 only moves (the compressed gradients' codes): all_to_all, started and blocking, and
+// all_gather. Rank r's block q holds (r - q + i) mod 64 - 32, negative values included.
+static int8_t i8_payload(int from, int to, int64_t i) { return (int8_t)((from * 7 - to * 3 + i) % 64 - 32); }
+
+static void test_i8_moves(const suite *s, comm *c) {
+  const int n = c->size, r = c->rank;
+  const int64_t N = 37;
+  int8_t *h = XMALLOC((size_t)(n * N)), *g = XMALLOC((size_t)(n * N));
+  char *da = buf_alloc(s, (size_t)(n * N)), *db = buf_alloc(s, (size_t)(n * N));
+  for (int q = 0; q < n; q++)
+    for (int64_t i = 0; i < N; i++) h[q * N + i] = i8_payload(r, q, i);
+  for (int started = 0; started < 2; started++) {
+    buf_put(s, da, h, (size_t)(n * N));
+    if (started) {
+      c->ops->all_to_all_start(c, da, db, N, COMM_I8);
+      c->ops->wait(c);
+    } else {
+      c->ops->all_to_all(c, da, db, N, COMM_I8);
+    }
+    buf_get(s, g, db, (size_t)(n * N));
+    int64_t bad = 0;
+    for (int q = 0; q < n; q++)
+      for (int64_t i = 0; i < N; i++) bad += g[q * N + i] != i8_payload(q, r, i);
+    EXPECT(bad == 0, "%s: i8 all_to_all%s: %lld wrong of %lld", s->label, started ? "_start" : "", (long long)bad,
+           (long long)(n * N));
+  }
+  c->ops->all_gather(c, da, db, N, COMM_I8);  // everyone's block 0
+  buf_get(s, g, db, (size_t)(n * N));
+  int64_t bad = 0;
+  for (int q = 0; q < n; q++)
+    for (int64_t i = 0; i < N; i++) bad += g[q * N + i] != i8_payload(q, 0, i);
+  EXPECT(bad == 0, "%s: i8 all_gather: %lld wrong of %lld", s->label, (long long)bad, (long long)(n * N));
+  free(h);
+  free(g);
+  buf_free(s, da);
+  buf_free(s, db);
+}
+
 static void test_comm_all(const suite *s, comm *c) {
-  static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64};
+  static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64, COMM_F16};
   for (size_t k = 0; k < sizeof types / sizeof *types; k++) test_dtype(s, c, types[k]);
+  test_i8_moves(s, c);
   test_bf16_rounding(s, c);
   test_stream_order(s, c);
   test_nested_group(s, c);

@@ -167,6 +167,20 @@ static void test_load_errors(void) {
            "did you mean 'model.dim'?");
   char *bad_key[] = {"model.dimm=3"};
   LOAD_ERR("ov_key", NULL, 1, bad_key, "override 'model.dimm=3': unknown key 'model.dimm'", "did you mean 'model.dim'?");
+  // A replaced key names its successor, in a file and as an override.
+  LOAD_ERR("replaced.yaml", "parallel:\n  grad_reduce_bf16: true\n", 0, NULL, "replaced.yaml:2:",
+           "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress: bf16");
+  // The config stored in an older checkpoint reads the old key as its successor.
+  cfg old;
+  char old_err[256] = "";
+  EXPECT(cfg_load_string(&old, "parallel:\n  dp: 2\n  grad_reduce_bf16: true\n", "old.h5", old_err,
+                         sizeof old_err) == 0 && strcmp(old.parallel.grad_compress, "bf16") == 0 && old.parallel.dp == 2,
+         "stored grad_reduce_bf16: true reads as grad_compress bf16: %s", old_err);
+  EXPECT(cfg_load_string(&old, "parallel:\n  grad_reduce_bf16: false", "old.h5", old_err, sizeof old_err) == 0 &&
+             strcmp(old.parallel.grad_compress, "none") == 0,
+         "stored grad_reduce_bf16: false reads as grad_compress none: %s", old_err);
+  char *replaced[] = {"parallel.grad_reduce_bf16=true"};
+  LOAD_ERR("ov_replaced", NULL, 1, replaced, "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress");
   char *bad_sec[] = {"modl.dim=3"};
   LOAD_ERR("ov_sec", NULL, 1, bad_sec, "override 'modl.dim=3': unknown section 'modl'");
   char *bad_type[] = {"train.steps=ten"};
@@ -212,6 +226,8 @@ static void test_validate(void) {
   INVALID(0, OV("train.device=gpu"), "train.device = 'gpu'", "auto, cpu, cuda");
   INVALID(0, OV("train.recompute=some"), "train.recompute = 'some'", "none, selective, full");
   INVALID(0, OV("checkpoint.resume="), "checkpoint.resume", "none, auto");
+  INVALID(0, OV("parallel.grad_compress=fp8"), "parallel.grad_compress = 'fp8'", "none, bf16, fp16, int8");
+  INVALID(0, OV("parallel.grad_error_feedback=yes"), "parallel.grad_error_feedback = 'yes'", "auto, on, off");
   INVALID(0, OV("train.min_lr=0.01"), "train.min_lr", "train.lr");
   INVALID(0, OV("train.warmup_steps=301"), "train.warmup_steps = 301", "train.steps = 300");
   cfg c;
@@ -246,6 +262,14 @@ static void test_validate(void) {
   EXPECT(validates(4, 2, tp_sp, &c) && c.parallel.dp == 2, "tp 2 sp on 4 ranks: dp %d", c.parallel.dp);
   char *pp_vpp[] = {"parallel.pp=2", "parallel.vpp=2", "parallel.distributed_optimizer=true"};
   EXPECT(validates(2, 3, pp_vpp, &c) && c.parallel.dp == 1, "pp 2 vpp 2, dist-opt with dp 1");
+  // Gradient compression: error feedback's auto is on for int8 only, and off means off.
+  char *int8[] = {"parallel.grad_compress=int8"}, *fp16[] = {"parallel.grad_compress=fp16"},
+       *fp16_ef[] = {"parallel.grad_compress=fp16", "parallel.grad_error_feedback=on"},
+       *int8_off[] = {"parallel.grad_compress=int8", "parallel.grad_error_feedback=off"};
+  EXPECT(validates(2, 1, int8, &c) && c.optim.grad_compress == COMM_COMPRESS_INT8 && c.optim.grad_error_feedback, "int8");
+  EXPECT(validates(2, 1, fp16, &c) && c.optim.grad_compress == COMM_COMPRESS_FP16 && !c.optim.grad_error_feedback, "fp16");
+  EXPECT(validates(2, 2, fp16_ef, &c) && c.optim.grad_error_feedback, "fp16 with feedback");
+  EXPECT(validates(2, 2, int8_off, &c) && !c.optim.grad_error_feedback, "int8 without feedback");
   char *explicit_dp[] = {"parallel.dp=4"};
   EXPECT(validates(4, 1, explicit_dp, &c) && c.parallel.dp == 4, "explicit dp");
   // A struct filled by code is range-checked before any rule divides by it.

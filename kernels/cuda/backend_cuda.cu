@@ -254,5 +254,10 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->fp8_cast = k_cuda_fp8_cast;
   b->gemm_fp8 = k_cuda_gemm_fp8;
   b->fp8_scales = k_cuda_fp8_scales;
+  b->grad_amax = k_cuda_grad_amax;
+  b->quant16 = k_cuda_quant16;
+  b->dequant16 = k_cuda_dequant16;
+  b->quant_i8 = k_cuda_quant_i8;
+  b->dequant_i8 = k_cuda_dequant_i8;
   return b;
 }

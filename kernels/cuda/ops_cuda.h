@@ -62,6 +62,15 @@ void k_cuda_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const 
                     double *loss);
 void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n);
 
+// kernels/cuda/quant_cuda.cu: gradient compression (kernels/cpu/quant_cpu.h, bit for bit).
+void k_cuda_grad_amax(k_backend *b, float *amax, const float *x, const float *res, int64_t n);
+void k_cuda_quant16(k_backend *b, void *dst, k_dtype t, const float *x, float *res, int64_t n, const float *amax,
+                    int n_sum, int64_t *n_underflow);
+void k_cuda_dequant16(k_backend *b, float *dst, const void *src, k_dtype t, int64_t n, const float *amax, int n_sum);
+void k_cuda_quant_i8(k_backend *b, int8_t *q, float *scales, const float *x, float *res, int64_t n);
+void k_cuda_dequant_i8(k_backend *b, float *dst, const int8_t *q, const float *scales, int64_t n, int n_src,
+                       int64_t stride);
+
 // kernels/cuda/attention.cu. Head dims: a multiple of 4, at most 256. q/k/v/o/dout/dq/dk/dv in
 // act dtype, lse fp32; sequence-major, q/k/v/dq/dk/dv rows at stride ld (see k_cpu_attn_fwd).
 void k_cuda_attn_fwd(k_backend *b, const void *q, const void *k, const void *v, int64_t ld, void *o, float *lse, int B, int T,

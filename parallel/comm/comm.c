@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/bf16.h"
+#include "kernels/cpu/quant_cpu.h"
 #include "kernels/check.h"
 #include "parallel/comm/mpi_check.h"
 
@@ -24,6 +25,7 @@ typedef struct comm_req_list {
 typedef struct comm_mpi {
   MPI_Op bf16_sum;       // user ops: MPI has no bf16 type, predefined ops would sum bit patterns
   MPI_Op bf16_max;
+  MPI_Op f16_sum, f16_max;
   int64_t chunk_elems;   // largest count passed to one MPI call
   int in_group;          // between group_start and group_end: p2p calls only post requests
   comm_req_list group;    // requests posted in the open group
@@ -42,6 +44,8 @@ int comm_dtype_bytes(comm_dtype t) {
     case COMM_F64: return 8;
     case COMM_I32: return 4;
     case COMM_I64: return 8;
+    case COMM_F16: return 2;
+    case COMM_I8: return 1;
   }
   CHECK(0, "unknown comm_dtype %d", (int)t);
   return 0;
@@ -54,6 +58,8 @@ static MPI_Datatype comm_mpi_type(comm_dtype t) {
     case COMM_F64: return MPI_DOUBLE;
     case COMM_I32: return MPI_INT32_T;
     case COMM_I64: return MPI_INT64_T;
+    case COMM_F16: return MPI_UINT16_T;  // as bf16: user ops reduce it
+    case COMM_I8: return MPI_INT8_T;
   }
   CHECK(0, "unknown comm_dtype %d", (int)t);
   return MPI_DATATYPE_NULL;
@@ -63,6 +69,7 @@ static MPI_Op comm_mpi_op(const comm *c, comm_dtype t, comm_redop op) {
   const comm_mpi *m = c->impl;
   CHECK(op == COMM_SUM || op == COMM_MAX, "comm %s: unknown comm_redop %d", c->name, (int)op);
   if (t == COMM_BF16) return op == COMM_SUM ? m->bf16_sum : m->bf16_max;
+  if (t == COMM_F16) return op == COMM_SUM ? m->f16_sum : m->f16_max;
   return op == COMM_SUM ? MPI_SUM : MPI_MAX;
 }
 
@@ -82,6 +89,24 @@ static void comm_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) 
   for (int i = 0; i < *len; i++) {
     float x = k_bf16_to_f32(a[i]), y = k_bf16_to_f32(b[i]);
     if (x > y || x != x) b[i] = a[i];  // NaN wins, so a diverged rank is not hidden by the max
+  }
+}
+
+// fp16: each pair summed in fp32 and rounded once, as NCCL's fp16 sum does.
+static void comm_f16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = k_f32_to_f16(k_f16_to_f32(a[i]) + k_f16_to_f32(b[i]));
+}
+
+static void comm_f16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) {
+    float x = k_f16_to_f32(a[i]), y = k_f16_to_f32(b[i]);
+    if (x > y || x != x) b[i] = a[i];
   }
 }
 
@@ -323,6 +348,8 @@ static void comm_mpi_free(comm *c) {
       CHECK(m->n_started == 0, "comm %s freed with %d started collectives not waited for", c->name, m->n_started);
       MPI_CHECK(MPI_Op_free(&m->bf16_sum));
       MPI_CHECK(MPI_Op_free(&m->bf16_max));
+      MPI_CHECK(MPI_Op_free(&m->f16_sum));
+      MPI_CHECK(MPI_Op_free(&m->f16_max));
     }
     if (c->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&c->mpi));
   }
@@ -342,13 +369,13 @@ static void comm_mpi_free(comm *c) {
 // the blocking calls on those copies: the same bits. So on CPU ranks too, a result read before
 // its wait is stale and data written after its start is not sent, and the CPU tests catch both.
 
-typedef enum { STARTED_ALL_REDUCE, STARTED_REDUCE_SCATTER, STARTED_ALL_GATHER_REGIONS } comm_mpi_started_kind;
+typedef enum { STARTED_ALL_REDUCE, STARTED_REDUCE_SCATTER, STARTED_ALL_GATHER_REGIONS, STARTED_ALL_TO_ALL } comm_mpi_started_kind;
 
 typedef struct comm_mpi_started {
   comm_mpi_started_kind kind;
   void *buf;            // all_reduce, all_gather_regions: in place; reduce_scatter: recv
   char *copy;           // what it reads, as of the start: the buffer (all_reduce), the send
-                        // buffer (reduce_scatter), this rank's block of each region (all_gather)
+                        // buffer (reduce_scatter, all_to_all), this rank's block of each region (all_gather)
   int64_t n_elem;
   comm_dtype t;
   comm_redop op;
@@ -385,6 +412,12 @@ static void comm_mpi_reduce_scatter_start(comm *c, const void *send, void *recv,
   s->copy = comm_mpi_copy(send, (int64_t)c->size * n_elem * comm_dtype_bytes(t));
 }
 
+static void comm_mpi_all_to_all_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_TO_ALL, t);
+  s->buf = recv, s->n_elem = n_elem;
+  s->copy = comm_mpi_copy(send, (int64_t)c->size * n_elem * comm_dtype_bytes(t));
+}
+
 static void comm_mpi_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
                                               int n_regions, comm_dtype t) {
   comm_mpi_started *s = comm_mpi_push_started(c, STARTED_ALL_GATHER_REGIONS, t);
@@ -411,6 +444,7 @@ static void comm_mpi_wait(comm *c) {
         comm_mpi_all_reduce(c, s->buf, s->n_elem, s->t, s->op);
         break;
       case STARTED_REDUCE_SCATTER: comm_mpi_reduce_scatter(c, s->copy, s->buf, s->n_elem, s->t, s->op); break;
+      case STARTED_ALL_TO_ALL: comm_mpi_all_to_all(c, s->copy, s->buf, s->n_elem, s->t); break;
       case STARTED_ALL_GATHER_REGIONS: {
         int64_t o = 0;
         for (int k = 0; k < s->n_regions; o += s->len[k], k++)
@@ -440,6 +474,7 @@ static const comm_ops comm_mpi_ops = {
     .free = comm_mpi_free,
     .all_reduce_start = comm_mpi_all_reduce_start,
     .reduce_scatter_start = comm_mpi_reduce_scatter_start,
+    .all_to_all_start = comm_mpi_all_to_all_start,
     .all_gather_regions_start = comm_mpi_all_gather_regions_start,
     .wait = comm_mpi_wait,
     .drain = comm_mpi_wait,
@@ -467,6 +502,8 @@ comm *comm_mpi_create(MPI_Comm mpi, const char *name, const comm_opts *opts) {
   MPI_CHECK(MPI_Comm_size(c->mpi, &c->size));
   MPI_CHECK(MPI_Op_create(comm_bf16_sum_fn, 1, &m->bf16_sum));
   MPI_CHECK(MPI_Op_create(comm_bf16_max_fn, 1, &m->bf16_max));
+  MPI_CHECK(MPI_Op_create(comm_f16_sum_fn, 1, &m->f16_sum));
+  MPI_CHECK(MPI_Op_create(comm_f16_max_fn, 1, &m->f16_max));
   m->chunk_elems = o.mpi_chunk_elems > 0 ? o.mpi_chunk_elems : INT_MAX;
   return c;
 }

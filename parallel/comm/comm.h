@@ -10,7 +10,8 @@
 #include <stdint.h>
 #include <mpi.h>
 
-typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64 } comm_dtype;
+// COMM_F16 (IEEE binary16) and COMM_I8 carry the compressed DP gradients (grad_compress.c).
+typedef enum comm_dtype { COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64, COMM_F16, COMM_I8 } comm_dtype;
 typedef enum comm_redop { COMM_SUM, COMM_MAX } comm_redop;
 
 typedef struct comm comm;
@@ -44,6 +45,8 @@ typedef struct comm_ops {
   // written after its start is not sent, as on GPUs). NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  // all_to_all, started (the int8 gradient reduction's exchange of blocks).
+  void (*all_to_all_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // In place, over regions: region i starts at element at[i] of buf and holds size blocks of
   // n_elem[i] elements; rank r's block of every region reaches every rank. One operation (NCCL:
   // one group) for all the regions.

@@ -1,5 +1,6 @@
 // Gradient synchronisation and AdamW (see optim.h).
 #include "parallel/step/optim.h"
+#include "parallel/step/grad_compress.h"
 #include "model/fp8.h"
 #include "kernels/check.h"
 #include "kernels/trace.h"
@@ -31,12 +32,8 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
   o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  o->reduce_bf16 = oc->grad_reduce_bf16 && m->g->dp > 1;
-  if (o->reduce_bf16) {
-    o->grads_bf16 = be->alloc(be, (size_t)m->n_params * k_dtype_bytes(K_BF16));
-    if (o->zero) o->grad_shard_bf16 = be->alloc(be, (size_t)o->shard_n * k_dtype_bytes(K_BF16));
-  }
   opt_layout_build(o);
+  if (grad_compress_on(oc, m->g->dp)) o->gc = grad_compress_init(o);
   if (o->zero && m->params_c != (void *)m->params)
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
 
@@ -71,8 +68,7 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg);
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
-  if (o->grads_bf16) be->free(be, o->grads_bf16);
-  if (o->grad_shard_bf16) be->free(be, o->grad_shard_bf16);
+  grad_compress_free(&o->gc, be);
   if (o->norm_pack) be->free(be, o->norm_pack);
   free(o->norm_ranges);
   free(o->upd_ranges);
@@ -110,8 +106,9 @@ static void opt_tensor_final(opt_state *o, int i) {
 }
 
 // Starts, in bucket order, every bucket whose tensors are all final: all-reduced, or with ZeRO
-// reduce-scattered (each rank's part into its grad_shard). Gradients are already scaled by
-// 1 / (tokens of the global batch), so the DP sum is the mean.
+// reduce-scattered (each rank's part into its grad_shard); compressed first under
+// parallel.grad_compress (grad_compress.h). Gradients are already scaled by 1 / (tokens of the
+// global batch), so the DP sum is the mean.
 static void opt_start_buckets(opt_state *o, comm *dc) {
   if (dc->size == 1) return;
   for (; o->next_bucket < o->n_buckets; o->next_bucket++) {
@@ -119,14 +116,9 @@ static void opt_start_buckets(opt_state *o, comm *dc) {
     for (int i = b->t_lo; i < b->t_hi; i++)
       if (!o->t_final[i]) return;
     trace_push_range("dp bucket start");
-    if (o->reduce_bf16) {  // the bucket rounded to bf16 (compute stream), reduced as bf16
-      uint16_t *g = o->grads_bf16 + b->lo;
-      o->m->be->cast(o->m->be, g, K_BF16, o->m->grads + b->lo, K_F32, b->hi - b->lo);
-      if (o->zero)
-        dc->ops->reduce_scatter_start(dc, g, o->grad_shard_bf16 + b->shard_off, b->len, COMM_BF16, COMM_SUM);
-      else
-        dc->ops->all_reduce_start(dc, g, b->hi - b->lo, COMM_BF16, COMM_SUM);
-    } else if (o->zero)
+    if (o->gc)  // quantised (compute stream), exchanged compressed
+      grad_compress_start(o, dc, o->next_bucket);
+    else if (o->zero)
       dc->ops->reduce_scatter_start(dc, o->m->grads + b->lo, o->grad_shard + b->shard_off, b->len, COMM_F32, COMM_SUM);
     else
       dc->ops->all_reduce_start(dc, o->m->grads + b->lo, b->hi - b->lo, COMM_F32, COMM_SUM);
@@ -189,6 +181,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     }
     if (ovl) ovl->ops->wait(ovl);
     dc->ops->wait(dc);
+    if (o->gc) grad_compress_finish(o);  // back to fp32 for the norm and the update
   }
   memset(o->t_count, 0, (size_t)m->n_tensors * sizeof(int));
   memset(o->t_final, 0, (size_t)m->n_tensors);
@@ -197,10 +190,6 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   trace_pop_range();
   trace_push_range("optimizer");
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
-  if (o->reduce_bf16) {  // back to fp32 for the norm and the update
-    if (o->zero) be->cast(be, o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
-    else be->cast(be, m->grads, K_F32, o->grads_bf16, K_BF16, m->n_params);
-  }
   double sumsq = be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);

@@ -29,11 +29,7 @@ typedef struct opt_state {
   int64_t shard_n;          // elements this rank updates: its part of every bucket (see opt_bucket)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
-  // parallel.grad_reduce_bf16 (dp > 1): each bucket is rounded to bf16 into grads_bf16 when it
-  // starts and reduced as bf16 (into grad_shard_bf16 with ZeRO); opt_step widens the result.
-  int reduce_bf16;
-  uint16_t *grads_bf16;       // (n_params) backend memory
-  uint16_t *grad_shard_bf16;  // (shard_n) ZeRO only
+  struct grad_compress *gc;  // parallel.grad_compress (dp > 1): grad_compress.h; NULL = fp32
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
   int64_t norm_pack_n;      // elements of all norm tensors (optim_layout.c)
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed

@@ -4,6 +4,8 @@
 #ifndef TRAINER_OPTIM_CONFIG_H
 #define TRAINER_OPTIM_CONFIG_H
 
+#include "parallel/comm/compress.h"  // comm_compress_mode
+
 typedef struct opt_config {
   float lr;                   // peak learning rate
   float min_lr;               // floor of the cosine decay
@@ -15,7 +17,8 @@ typedef struct opt_config {
   float grad_clip;            // global gradient-norm clip; 0 = off
   int distributed_optimizer;  // bool: ZeRO-1 over dp
   float bucket_mb;            // DP gradient bucket size in MiB
-  int grad_reduce_bf16;       // DP gradient reduction in bf16 (0: fp32)
+  comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
+  int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step
 } opt_config;
 
 #endif

@@ -243,6 +243,8 @@ static const char *comm_nccl_dtype_name(comm_dtype t) {
     case COMM_F64: return "f64";
     case COMM_I32: return "i32";
     case COMM_I64: return "i64";
+    case COMM_F16: return "f16";
+    case COMM_I8: return "i8";
   }
   return "?";
 }
@@ -254,6 +256,8 @@ static ncclDataType_t comm_nccl_type(const comm *c, comm_dtype t) {
     case COMM_F64: return ncclFloat64;
     case COMM_I32: return ncclInt32;
     case COMM_I64: return ncclInt64;
+    case COMM_F16: return ncclFloat16;
+    case COMM_I8: return ncclInt8;
   }
   CHECK(0, "comm %s: unknown comm_dtype %d", c->name, (int)t);
   return ncclFloat32;
@@ -429,18 +433,28 @@ static void comm_nccl_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int
 
 // Grouped sends and receives: NCCL runs them as one launch, and every pair's transfer proceeds
 // concurrently (no ordering between peers, so no deadlock however ranks post them).
-static void comm_nccl_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+// On stream s: the communicator's own, or its side stream (all_to_all_start).
+static void comm_nccl_a2a_on(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, cudaStream_t s,
+                             const char *how) {
   CHECK(n_elem >= 0, "comm %s: all_to_all of %lld elements", c->name, (long long)n_elem);
   comm_nccl *m = comm_nccl_live_impl(c, "all_to_all");
   const size_t block = (size_t)n_elem * (size_t)comm_dtype_bytes(t);
   const ncclDataType_t nt = comm_nccl_type(c, t);
   comm_nccl_group_start(c);
   for (int q = 0; q < c->size; q++) {
-    COMM_NCCL_CALL(c, ncclSend((const char *)send + q * block, (size_t)n_elem, nt, q, m->nccl, m->stream));
-    COMM_NCCL_CALL(c, ncclRecv((char *)recv + q * block, (size_t)n_elem, nt, q, m->nccl, m->stream));
+    COMM_NCCL_CALL(c, ncclSend((const char *)send + q * block, (size_t)n_elem, nt, q, m->nccl, s));
+    COMM_NCCL_CALL(c, ncclRecv((char *)recv + q * block, (size_t)n_elem, nt, q, m->nccl, s));
   }
-  comm_nccl_note(c, "all_to_all of %lld %s per rank pair", (long long)n_elem, comm_nccl_dtype_name(t));
+  comm_nccl_note(c, "all_to_all of %lld %s per rank pair%s", (long long)n_elem, comm_nccl_dtype_name(t), how);
   comm_nccl_group_finish(c, __func__, __FILE__, __LINE__);
+}
+
+static void comm_nccl_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  comm_nccl_a2a_on(c, send, recv, n_elem, t, comm_nccl_live_impl(c, "all_to_all")->stream, "");
+}
+
+static void comm_nccl_all_to_all_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  comm_nccl_a2a_on(c, send, recv, n_elem, t, comm_nccl_side_ready(c, "all_to_all_start"), " (started)");
 }
 
 // One-element all-reduce, then a bounded wait: when it returns every rank has reached the
@@ -651,6 +665,7 @@ static const comm_ops comm_nccl_ops = {
     .free = comm_nccl_free,
     .all_reduce_start = comm_nccl_all_reduce_start,
     .reduce_scatter_start = comm_nccl_reduce_scatter_start,
+    .all_to_all_start = comm_nccl_all_to_all_start,
     .all_gather_regions_start = comm_nccl_all_gather_regions_start,
     .wait = comm_nccl_wait_started,
     .drain = comm_nccl_drain_started,

@@ -225,6 +225,16 @@ static void staged_reduce_scatter_start(comm *c, const void *send, void *recv, i
   staged_list_own(c, &s->started, hr);
 }
 
+static void staged_all_to_all_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
+  comm_staged *s = staged(c);
+  const int64_t nb = c->size * staged_bytes(c, n_elem, t, "all_to_all_start");
+  char *hs = staged_copy_down(s, send, nb), *hr = XMALLOC((size_t)(nb > 0 ? nb : 1));
+  s->mpi->ops->all_to_all_start(s->mpi, hs, hr, n_elem, t);  // copies hs
+  free(hs);
+  staged_list_copy(c, &s->started, hr, recv, nb);
+  staged_list_own(c, &s->started, hr);
+}
+
 // The regions are packed one after another on the host; only this rank's block of each is read
 // now, and only the other ranks' blocks are written back.
 static void staged_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem,
@@ -341,6 +351,7 @@ static const comm_ops comm_staged_ops = {
     .free = staged_free,
     .all_reduce_start = staged_all_reduce_start,
     .reduce_scatter_start = staged_reduce_scatter_start,
+    .all_to_all_start = staged_all_to_all_start,
     .all_gather_regions_start = staged_all_gather_regions_start,
     .wait = staged_wait,
     .drain = staged_wait,

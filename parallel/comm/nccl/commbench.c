@@ -7,11 +7,20 @@
 // (n-1)/n; broadcast and sendrecv 1), GB = 1e9 bytes; time is the slowest rank's mean per call.
 //   mpirun -np 8 commbench [--backend nccl|mpi] [--min-bytes 8] [--max-bytes 1073741824]
 //          [--factor 2] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--ops all_reduce,...]
-//          [--max-ctas 0] [--p2p-matrix]
+//          [--max-ctas 0] [--p2p-matrix] [--compress none,bf16,fp16,int8]
 // --max-ctas caps the CTAs of every NCCL operation, as parallel.dp_overlap_ctas does for the
 // trainer's dp-overlap communicator (0: NCCL's choice).
 // --p2p-matrix times every ordered pair of ranks alone: one-way bandwidth of --max-bytes
 // messages and half the round trip of --min-bytes ping-pongs.
+// --compress none,bf16,fp16,int8 adds the compressed reductions of the DP gradients
+// (parallel/comm/compress.h, the trainer's code): for each format an all-reduce (plain DP) and a
+// reduce-scatter (distributed optimizer) of an fp32 gradient of each size, quantise, exchange and
+// dequantise included (on the backend's stream: CUDA for nccl, CPU for mpi); none is the fp32
+// started collective the trainer runs uncompressed. Columns: the logical fp32 size, time, the
+// bytes this rank sends (wire), and the effective bus bandwidth of the fp32 gradient (size / time
+// times the fp32 operation's bus factor), so formats compare on one scale. On one rank the
+// exchange is a local copy and the time is the quantise / dequantise cost (docs/compression.md).
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +30,8 @@
 #include <mpi.h>
 
 #include "kernels/check.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "parallel/comm/compress.h"
 #include "parallel/comm/mpi_check.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/comm_payload.h"
@@ -38,12 +49,15 @@ typedef struct bench_opts {
   int ops[N_OPS];            // which operations to run
   int max_ctas;              // NCCL: comm_opts.max_ctas
   int p2p_matrix;
+  int compress[COMM_COMPRESS_INT8 + 1];  // compressed reductions to time, by comm_compress_mode
+  int any_compress;
 } bench_opts;
 
 // Where buffers live and how time is taken: device memory and CUDA events on the
 // communicator's stream for NCCL, host memory and MPI_Wtime for MPI.
 typedef struct bench {
   bench_opts o;
+  k_backend *be;  // runs the compressed reductions' quantisation (CUDA for nccl, CPU for mpi)
   comm_factory f;
   comm *c;
   cudaStream_t stream;
@@ -279,6 +293,124 @@ static int bench_run_ops(bench *b) {
   return total_wrong != 0;
 }
 
+// ---- compressed reductions ---------------------------------------------------------------------
+
+static const char *const compress_names[] = {"none", "bf16", "fp16", "int8"};
+
+// Gradient payloads: integers in [-127, 127] that differ by rank (each block of 256 holds every
+// value), so int8's first quantisation is exact but in a chunk's last, partial block, and every
+// format's error has a bound by hand: bf16 rounds each ring step (2^-8 of the sum per rank), fp16
+// is exact up to 16 ranks (sums below 2048, scaled by a power of two), int8 is off by at most half
+// a step (<= 0.5) per rank and half a step of the re-quantised sum (<= 127 n / 127 / 2).
+static float compress_payload(int r, int64_t i) { return (float)((r * 37 + i) % 255 - 127); }
+
+static double compress_tolerance(comm_compress_mode m, int n, double want) {
+  switch (m) {
+    case COMM_COMPRESS_BF16: return fabs(want) * n * 0x1p-8;
+    case COMM_COMPRESS_FP16: return fabs(want) * n * 0x1p-11;
+    case COMM_COMPRESS_INT8: return 1.001 * n;
+    default: return 0;
+  }
+}
+
+typedef struct bench_compress_bufs {
+  comm_compress_span s;
+  float *x, *out;  // (n) the gradient; the result (n plain, chunk scattered)
+} bench_compress_bufs;
+
+static void bench_compress_call(bench *b, bench_compress_bufs *z) {
+  comm *c = b->c;
+  if (z->s.mode == COMM_COMPRESS_NONE) {
+    if (z->s.scatter) c->ops->reduce_scatter_start(c, z->x, z->out, z->s.chunk, COMM_F32, COMM_SUM);
+    else c->ops->all_reduce_start(c, z->x, z->s.n, COMM_F32, COMM_SUM);
+    c->ops->wait(c);
+    return;
+  }
+  comm_compress_start(b->be, c, &z->s, z->x, NULL);
+  c->ops->wait(c);
+  comm_compress_finish(b->be, c, &z->s, z->out);
+}
+
+// Checks one reduction of the payloads; returns this rank's wrong elements.
+static long long bench_compress_check(bench *b, bench_compress_bufs *z, float *host) {
+  const int n = b->c->size, r = b->c->rank;
+  for (int64_t i = 0; i < z->s.n; i++) host[i] = compress_payload(r, i);
+  bench_put(b, z->x, host, (size_t)z->s.n * sizeof(float));
+  bench_compress_call(b, z);
+  const int in_place = z->s.mode == COMM_COMPRESS_NONE && !z->s.scatter;
+  const int64_t lo = z->s.scatter ? r * z->s.chunk : 0, len = z->s.scatter ? z->s.chunk : z->s.n;
+  bench_get(b, host, in_place ? z->x : z->out, (size_t)len * sizeof(float));
+  long long bad = 0;
+  for (int64_t i = 0; i < len; i++) {
+    double want = 0;
+    for (int q = 0; q < n; q++) want += compress_payload(q, lo + i);
+    if (!(fabs(host[i] - want) <= compress_tolerance(z->s.mode, n, want)) && bad++ == 0)
+      fprintf(stderr, "rank %d: %s %s of %lld floats: [%lld] = %g, want %g\n", r, compress_names[z->s.mode],
+              z->s.scatter ? "reduce_scatter" : "all_reduce", (long long)z->s.n, (long long)i, host[i], want);
+  }
+  return bad;
+}
+
+// One format and kind at every size: the table of --compress.
+static long long bench_compress_table(bench *b, comm_compress_mode mode, int scatter) {
+  const int n = b->c->size, r = b->c->rank;
+  const int64_t max_n = b->o.max_bytes / 4 + n;
+  k_backend *be = b->be;
+  bench_compress_bufs z = {.s = {.mode = mode, .scatter = scatter}};
+  z.x = bench_alloc(b, (size_t)max_n * sizeof(float));
+  z.out = bench_alloc(b, (size_t)max_n * sizeof(float));
+  const int64_t max_chunk = (max_n + n - 1) / n;
+  z.s.send = be->alloc(be, (size_t)comm_compress_bytes(mode, max_n, max_chunk, n, scatter, 0) + 1);
+  z.s.recv = be->alloc(be, (size_t)comm_compress_bytes(mode, max_n, max_chunk, n, scatter, 1) + 1);
+  z.s.amax = be->alloc(be, sizeof(float));
+  float *host = XMALLOC((size_t)max_n * sizeof(float));
+  if (r == 0) {
+    printf("\n# compressed %s (%s), %s backend, %d ranks, %d iterations after %d warm-up\n",
+           scatter ? "reduce_scatter" : "all_reduce", compress_names[mode], b->o.nccl ? "nccl" : "mpi", n, b->o.iters,
+           b->o.warmup);
+    printf("%14s %12s %12s %14s %16s %8s\n", "fp32 size(B)", "count", "time(us)", "wire(B/rank)", "eff busbw(GB/s)",
+           "#wrong");
+  }
+  long long total = 0;
+  for (int64_t bytes = b->o.min_bytes; bytes <= b->o.max_bytes; bytes *= b->o.factor) {
+    z.s.n = bytes / 4 / (scatter ? n : 1) * (scatter ? n : 1);
+    z.s.chunk = scatter ? z.s.n / n : (z.s.n + n - 1) / n;
+    if (z.s.n < n) continue;
+    long long bad = bench_compress_check(b, &z, host), wrong = 0;
+    MPI_CHECK(MPI_Allreduce(&bad, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+    total += wrong;
+    bench_zero(b, z.x, (size_t)z.s.n * sizeof(float));
+    for (int w = 0; w < b->o.warmup; w++) bench_compress_call(b, &z);
+    b->c->ops->barrier(b->c);
+    bench_start(b);
+    for (int it = 0; it < b->o.iters; it++) bench_compress_call(b, &z);
+    double us = bench_stop(b) / b->o.iters;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    const double fp32_bytes = 4.0 * (double)z.s.n, bus = (scatter ? 1.0 : 2.0) * (n - 1) / n;
+    if (r == 0) {
+      printf("%14.0f %12lld %12.2f %14lld %16.2f %8lld\n", fp32_bytes, (long long)z.s.n, us,
+             (long long)comm_compress_wire_bytes(mode, z.s.n, z.s.chunk, n, scatter), fp32_bytes / (us * 1e-6) / 1e9 * bus,
+             wrong);
+      fflush(stdout);
+    }
+  }
+  bench_release(b, z.x);
+  bench_release(b, z.out);
+  be->free(be, z.s.send);
+  be->free(be, z.s.recv);
+  be->free(be, z.s.amax);
+  free(host);
+  return total;
+}
+
+static int bench_run_compressed(bench *b) {
+  long long total = 0;
+  for (int m = 0; m <= COMM_COMPRESS_INT8; m++)
+    for (int scatter = 0; scatter < 2 && b->o.compress[m]; scatter++) total += bench_compress_table(b, (comm_compress_mode)m, scatter);
+  if (b->c->rank == 0) printf("\n# compressed: %s: %lld elements outside their format's bound\n", total ? "FAILED" : "ok", total);
+  return total != 0;
+}
+
 // ---- pairwise matrix --------------------------------------------------------------------------
 
 // Times src -> dst alone (every other rank waits): iters one-way sends of bw_bytes, and iters
@@ -362,7 +494,7 @@ static void usage_fail(const char *msg, const char *arg) {
   if (r == 0)
     fprintf(stderr, "commbench: %s%s\nusage: commbench [--backend nccl|mpi] [--min-bytes N] [--max-bytes N] "
                     "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--max-ctas N] "
-                    "[--p2p-matrix]\n"
+                    "[--p2p-matrix] [--compress none,bf16,fp16,int8]\n"
                     "ops: all_reduce all_gather reduce_scatter broadcast sendrecv all_to_all\n", msg, arg);
   MPI_Finalize();
   exit(2);
@@ -399,6 +531,15 @@ static bench_opts parse_opts(int argc, char **argv) {
       if (!strcmp(v, "f32")) o.dtype = COMM_F32;
       else if (!strcmp(v, "bf16")) o.dtype = COMM_BF16;
       else usage_fail("--dtype takes f32 or bf16, not ", v);
+    } else if (!strcmp(a, "--compress")) {
+      char list[256];
+      snprintf(list, sizeof list, "%s", v);
+      for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int found = 0;
+        for (int k = 0; k <= COMM_COMPRESS_INT8; k++)
+          if (!strcmp(tok, compress_names[k])) o.compress[k] = found = o.any_compress = 1;
+        if (!found) usage_fail("unknown compression (none, bf16, fp16, int8): ", tok);
+      }
     } else if (!strcmp(a, "--ops")) {
       char list[256];
       snprintf(list, sizeof list, "%s", v);
@@ -412,7 +553,7 @@ static bench_opts parse_opts(int argc, char **argv) {
       usage_fail("unknown option ", a);
     }
   }
-  if (!any_op)
+  if (!any_op && !o.any_compress)
     for (int k = 0; k < N_OPS; k++) o.ops[k] = 1;
   if (o.min_bytes > o.max_bytes) usage_fail("--min-bytes is above --max-bytes", "");
   return o;
@@ -425,13 +566,16 @@ int main(int argc, char **argv) {
   b.o = parse_opts(argc, argv);
   comm_opts co = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, b.o.max_ctas, 0, NULL);
   if (b.o.nccl) {
-    comm_nccl_set_device();
-    CUDA_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+    // The backend's stream carries everything, so the quantisation and the collectives are ordered.
+    k_backend_opts bo = {.device = comm_nccl_set_device()};
+    b.be = k_backend_cuda_create(&bo);
+    b.stream = k_cuda_stream_of(b.be);
     CUDA_CHECK(cudaEventCreate(&b.ev0));
     CUDA_CHECK(cudaEventCreate(&b.ev1));
     co.stream = b.stream;
     b.f = comm_nccl_factory(&co);
   } else {
+    b.be = k_backend_cpu_create(NULL);
     b.f = comm_mpi_factory(&co);
   }
   b.c = comm_factory_create(&b.f, MPI_COMM_WORLD, "bench");
@@ -454,13 +598,14 @@ int main(int argc, char **argv) {
     bench_p2p_matrix(&b);
   else
     rc = bench_run_ops(&b);
+  if (b.o.any_compress && !b.o.p2p_matrix) rc |= bench_run_compressed(&b);
   comm_free(&b.c);
   comm_factory_free(&b.f);
   if (b.o.nccl) {
     CUDA_CHECK(cudaEventDestroy(b.ev0));
     CUDA_CHECK(cudaEventDestroy(b.ev1));
-    CUDA_CHECK(cudaStreamDestroy(b.stream));
   }
+  k_backend_free(&b.be);
   MPI_Finalize();
   return rc;
 }
