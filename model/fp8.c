@@ -2,6 +2,8 @@
 #include "model/fp8.h"
 #include "kernels/check.h"
 #include "parallel/comm/tp.h"
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 // Largest input (K) and output (N) width of the four projections, on this rank.
@@ -59,6 +61,10 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->cfg = *fc;
   for (int ci = 0; ci < m->vpp; ci++)
     for (int i = 0; i < m->chunks[ci].n_layers; i++) m->chunks[ci].layers[i].fp8 = f->n_layers++;
+  f->layer_of = XCALLOC((size_t)f->n_layers + 1, sizeof(int));
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) f->layer_of[m->chunks[ci].layers[i].fp8] = m->chunks[ci].layers[i].wq->layer;
+  f->bad_code = -1;
   f->n_act = (int64_t)FP8_ACT_SLOTS * f->n_layers;
   f->n_w = (int64_t)FP8_N_PROJ * f->n_layers;
   int len = fc->recipe == MODEL_FP8_DELAYED ? fc->amax_history : 1;
@@ -108,6 +114,7 @@ void model_fp8_free(model *m) {
   }
   free(f->w8);
   free(f->w8t);
+  free(f->layer_of);
   free(f);
   m->fp8 = NULL;
 }
@@ -164,6 +171,7 @@ void model_fp8_begin_step(model *m, int training) {
   model_fp8 *f = m->fp8;
   if (!f) return;
   if (training && f->pending) fp8_fold(m);
+  if (training && f->cfg.recipe != MODEL_FP8_DELAYED) m->be->zero(m->be, f->amax, (size_t)f->n_act * sizeof(float));
   if (f->weights_stale) fp8_cast_weights(m);
   f->recording = training;
   if (training) f->pending = f->cfg.recipe == MODEL_FP8_DELAYED;  // an evaluation keeps the step's amaxes
@@ -193,7 +201,7 @@ static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t
     be->fp8_scales(be, a + 1, a, f->scale + i, f->scale_inv + i, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
                    f->n_nonfinite);
   }
-  float *amax = delayed && f->recording ? f->amax + i : f->amax_sink;
+  float *amax = f->recording ? f->amax + i : f->amax_sink;  // current scaling: for the non-finite check
   be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, amax);
 }
 
@@ -232,4 +240,56 @@ void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int
   fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
   m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), f->scale_inv + ig, f->x8, K_E4M3,
                   f->scale_inv + ix, 1, dw, K_F32, 0);
+}
+
+int model_fp8_count_nonfinite(model *m) {
+  model_fp8 *f = m->fp8;
+  if (!f || !f->recording) return 0;
+  float *amax = XMALLOC((size_t)f->n_act * sizeof(float));
+  m->be->to_host(m->be, amax, f->amax, (size_t)f->n_act * sizeof(float));
+  int n_bad = 0;
+  f->bad_code = -1;
+  for (int64_t i = 0; i < f->n_act; i++) {
+    if (isfinite(amax[i])) continue;
+    int64_t code = (int64_t)f->layer_of[i / FP8_ACT_SLOTS] * FP8_ACT_SLOTS + i % FP8_ACT_SLOTS;
+    if (n_bad++ == 0 || code < f->bad_code) f->bad_code = code, f->bad_amax = amax[i];
+  }
+  free(amax);
+  return n_bad;
+}
+
+void model_fp8_discard_step(model *m) {
+  model_fp8 *f = m->fp8;
+  if (!f) return;
+  m->be->zero(m->be, f->amax, (size_t)f->n_act * sizeof(float));
+}
+
+int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf) {
+  model_fp8 *f = m->fp8;
+  if (!f) return 0;
+  comm *w = m->g->world;
+  // The lowest code over every rank (a max of its negation; -1 where none), then its amax summed
+  // over the ranks that hold it (tp ranks each hold the same slot: Inf + Inf and NaN + NaN stay).
+  double first = f->bad_code >= 0 ? -(double)f->bad_code : -1e300;
+  w->ops->all_reduce(w, &first, 1, COMM_F64, COMM_MAX);
+  if (first < -1e299) return 0;
+  int64_t code = (int64_t)-first;
+  double value = f->bad_code == code ? f->bad_amax : 0.0;
+  w->ops->all_reduce(w, &value, 1, COMM_F64, COMM_SUM);
+  static const char *const proj[FP8_N_PROJ] = {"QKV", "attention output", "gate|up", "down"};
+  int slot = (int)(code % FP8_ACT_SLOTS), p = slot % FP8_N_PROJ;
+  snprintf(buf, n_buf, "the FP8 amax of layer %lld's %s projection %s is %s", (long long)(code / FP8_ACT_SLOTS),
+           proj[p], slot < FP8_G ? "input" : "output gradient", isnan(value) ? "nan" : "inf");
+  return 1;
+}
+
+void model_fp8_test_set_amax(model *m, float value) {
+  model_fp8 *f = m->fp8;
+  if (!f || !f->recording) return;
+  for (int64_t s = 0; s < f->n_layers; s++)
+    if (model_fp8_layer_on(m, f->layer_of[s])) {
+      m->be->from_host(m->be, f->amax + s * FP8_ACT_SLOTS + FP8_X + FP8_QKV, &value, sizeof value);
+      m->be->sync(m->be);
+      return;
+    }
 }

@@ -39,6 +39,10 @@ typedef struct model_fp8 {
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
   int64_t pos;               // history row the next update writes
+  int *layer_of;             // (n_layers) the global layer of each slot index (model_layer.fp8)
+  int64_t bad_code;          // the first tensor whose amax this step was not finite, as global layer *
+                             // FP8_ACT_SLOTS + slot (model_fp8_count_nonfinite); -1 = none
+  float bad_amax;            // its amax (NaN or Inf)
 } model_fp8;
 
 void model_fp8_init(model *m, const model_fp8_config *fc);
@@ -56,6 +60,22 @@ void model_fp8_weights_changed(model *m);
 // Collective. Folds pending amaxes into the scales now (before a checkpoint saves them); the
 // next begin_step then has nothing to fold. Same result as leaving it to begin_step.
 void model_fp8_settle(model *m);
+
+// A non-finite amax (an Inf or NaN in a projection's input or output gradient) refuses the
+// step's update, like a non-finite gradient norm (parallel/step/optim.c), and never reaches the
+// scaling state or a checkpoint. Local: how many tensors recorded a NaN or Inf amax in this
+// step's training casts (0 without FP8); remembers the first for model_fp8_describe_nonfinite.
+int model_fp8_count_nonfinite(model *m);
+// This step's recorded amaxes become 0 (its update was refused): the next update folds a row
+// of zeros, so no NaN reaches the history and it keeps one row per step (as resume assumes).
+void model_fp8_discard_step(model *m);
+// Collective over the world (nothing without FP8). Whether some rank's last count saw a
+// non-finite amax: 1, naming the first such tensor over every rank (lowest layer, then slot)
+// and its amax in buf, e.g. "the FP8 amax of layer 0's QKV projection input is inf"; else 0.
+int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf);
+// Test hook (TRAINER_TEST_FP8_AMAX_AT_STEP, app/main.c): the amax that this step recorded for the
+// input of the first FP8 projection on this rank becomes value, as if the input held it.
+void model_fp8_test_set_amax(model *m, float value);
 
 // The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
 // Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows

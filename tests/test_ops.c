@@ -678,6 +678,14 @@ static void test_fp8_ops(void) {
          "fp8 gemm E5M2 x E5M2 refused: %s", msg);
   EXPECT(k_fp8_gemm_check(64, 64, 64, K_E4M3, K_E4M3, A + 1, B, C, msg, sizeof msg) && strstr(msg, "aligned"),
          "fp8 gemm misaligned A refused: %s", msg);
+  EXPECT(k_fp8_device_check("NVIDIA H100 80GB HBM3", 9, 0, msg, sizeof msg) == 0 &&
+         k_fp8_device_check("NVIDIA L4", 8, 9, msg, sizeof msg) == 0 &&
+         k_fp8_device_check("NVIDIA B200", 10, 0, msg, sizeof msg) == 0, "fp8 on compute capability 8.9, 9.0, 10.0");
+  EXPECT(k_fp8_device_check("NVIDIA A100-SXM4-80GB", 8, 0, msg, sizeof msg) && strstr(msg, "NVIDIA A100-SXM4-80GB") &&
+         strstr(msg, "capability 8.0") && strstr(msg, "train.precision=bf16") && !strchr(msg, '\n'),
+         "fp8 on an A100 (8.0) refused naming the GPU, 8.0 and the fix: %s", msg);
+  EXPECT(k_fp8_device_check("NVIDIA GeForce RTX 3090", 8, 6, msg, sizeof msg) && strstr(msg, "capability 8.6"),
+         "fp8 on compute capability 8.6 refused: %s", msg);
   // Scales: E4M3 history max 8, margin 1 -> 448 / 8 / 2 = 28; then the most recent amax 2,
   // margin 0 -> 224; a NaN or zero amax leaves the scale.
   float hist[4 * 2] = {0, 8, 0, 1, 0, 0, 0, 0}, am[4] = {2.0f, 4.0f, NAN, 0.0f}, sc[4] = {1, 1, 3, 5}, si[4] = {1, 1, 1, 1};

@@ -56,6 +56,17 @@ static inline int k_fp8_gemm_check(int M, int N, int K, k_fp8 a_fmt, k_fp8 b_fmt
   return 0;
 }
 
+// Whether a GPU can train in FP8: FP8 tensor cores (and cuBLASLt's FP8 GEMMs) need compute
+// capability 8.9 (Ada) or later, Hopper's 9.0 included. Returns 0 when it can, else 1 with a
+// one-line message in msg naming the GPU, its capability and the fix. Pure, so that CPU tests
+// cover it; the CUDA backend calls it with the device's properties (k_cuda_device_fp8_check).
+static inline int k_fp8_device_check(const char *gpu_name, int cc_major, int cc_minor, char *msg, size_t msg_bytes) {
+  if (cc_major > 8 || (cc_major == 8 && cc_minor >= 9)) return 0;
+  snprintf(msg, msg_bytes, "train.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or later: Ada, "
+           "Hopper) and %s has compute capability %d.%d: set train.precision=bf16", gpu_name, cc_major, cc_minor);
+  return 1;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

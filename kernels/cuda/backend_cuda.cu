@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/optim_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cpu/fp8_cpu.h"  // k_fp8_device_check
 #include "kernels/cuda/attn_cudnn.h"
 
 #include <string.h>
@@ -129,6 +130,16 @@ extern "C" int k_cuda_device_count(void) {
     return 0;
   }
   return n;
+}
+
+extern "C" int k_cuda_device_fp8_check(int device, char *err, size_t n_err) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    snprintf(err, n_err, "CUDA device %d: %s (check the driver and CUDA_VISIBLE_DEVICES)", device,
+             cudaGetErrorString(cudaGetLastError()));
+    return -1;
+  }
+  return k_fp8_device_check(prop.name, prop.major, prop.minor, err, n_err) ? -1 : 0;
 }
 
 static int64_t cuda_mem_used(k_backend *b) {
