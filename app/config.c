@@ -134,6 +134,7 @@ static const cfg_key cfg_keys[] = {
   CFG_STRING(fp8, format, "hybrid", "hybrid (E4M3 weights and activations, E5M2 gradients) | e4m3 (all E4M3)"),
   CFG_BOOL(fp8, fast_accum, 1, "forward FP8 GEMMs accumulate in the tensor cores' fast mode (GPUs; backward never)"),
   CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
+  CFG_BOOL(fp8, head, 0, "the LM head's GEMMs (forward, data and weight gradient) in FP8 too, with scaling of its own"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
   CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),

@@ -147,6 +147,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
         {"model.ffn_dim / parallel.tp", m->ffn_dim / tp},
         {"model.seq_len * train.micro_batch (rows of a micro-batch)", rows},
         {"model.seq_len * train.micro_batch / parallel.tp (rows of a sequence shard)", p->sequence_parallel ? rows / tp : 16},
+        {"model.vocab_size / parallel.tp (the LM head's rows, fp8.head)", c->fp8.head ? m->vocab_size / tp : 16},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
       CFG_RULE(dims[i].n % 16 == 0,
@@ -177,6 +178,7 @@ model_layout cfg_model_layout(const cfg *c) {
           .hybrid = strcmp(c->fp8.format, "hybrid") == 0,
           .fast_accum = c->fp8.fast_accum,
           .edge_layers_bf16 = c->fp8.bf16_edge_layers,
+          .head = c->fp8.head,
       },
   };
 }

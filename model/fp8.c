@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-// Largest input (K) and output (N) width of the four projections, on this rank.
+// Largest input (K) and output (N) width of the four projections (and the head's), on this rank.
 static void fp8_widths(const model *m, int *k_max, int *n_max) {
   const model_dims *dm = &m->dims;
   int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd, d = dm->d, ffn = dm->ffn;
@@ -16,6 +16,7 @@ static void fp8_widths(const model *m, int *k_max, int *n_max) {
     if (k[p] > *k_max) *k_max = k[p];
     if (n[p] > *n_max) *n_max = n[p];
   }
+  if (m->fp8->head_w && dm->vocab > *n_max) *n_max = dm->vocab;
 }
 
 // Projection p of a layer: its (fused) weight in the compute dtype, N and K.
@@ -61,12 +62,16 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->cfg = *fc;
   for (int ci = 0; ci < m->vpp; ci++)
     for (int i = 0; i < m->chunks[ci].n_layers; i++) m->chunks[ci].layers[i].fp8 = f->n_layers++;
+  // The head's slots follow the layers' (model_fp8_head_slot), on every rank alike.
   f->layer_of = XCALLOC((size_t)f->n_layers + 1, sizeof(int));
   for (int ci = 0; ci < m->vpp; ci++)
     for (int i = 0; i < m->chunks[ci].n_layers; i++) f->layer_of[m->chunks[ci].layers[i].fp8] = m->chunks[ci].layers[i].wq->layer;
+  f->layer_of[f->n_layers] = m->cfg.n_layers;
+  for (int ci = 0; ci < m->vpp && fc->head; ci++)
+    if (m->chunks[ci].lm_head) f->head_w = m->chunks[ci].lm_head;
   f->bad_code = -1;
-  f->n_act = (int64_t)FP8_ACT_SLOTS * f->n_layers;
-  f->n_w = (int64_t)FP8_N_PROJ * f->n_layers;
+  f->n_act = (int64_t)FP8_ACT_SLOTS * (f->n_layers + 1);
+  f->n_w = (int64_t)FP8_N_PROJ * (f->n_layers + 1);
   int len = fc->recipe == MODEL_FP8_DELAYED ? fc->amax_history : 1;
   f->amax = be->alloc(be, (size_t)f->n_act * sizeof(float));
   f->scale = fp8_upload(be, f->n_act, 1.0f);
@@ -93,6 +98,11 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
         f->w8t[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
       }
     }
+  if (f->head_w) {
+    int64_t j = (int64_t)f->n_layers * FP8_N_PROJ, n_bytes = (int64_t)m->dims.vocab * m->dims.d;
+    f->w8[j] = be->alloc(be, (size_t)n_bytes);
+    f->w8t[j] = be->alloc(be, (size_t)n_bytes);
+  }
   int k_max, n_max;
   fp8_widths(m, &k_max, &n_max);
   f->x8 = be->alloc(be, (size_t)(m->dims.rows * k_max));
@@ -141,6 +151,14 @@ static void fp8_fold(model *m) {
   f->have_history = 1;
 }
 
+// Pass 0: weight slot j's amax; pass 1: its FP8 copy and transpose.
+static void fp8_cast_weight(model *m, int pass, int64_t j, const void *w, int n, int k) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  if (pass == 0) be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, NULL, NULL, f->w_amax + j);
+  else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
+}
+
 // The weights' FP8 copies, each scaled from its current amax (maxed over tp: a shard's amax is
 // not the tensor's).
 static void fp8_cast_weights(model *m) {
@@ -152,12 +170,12 @@ static void fp8_cast_weights(model *m) {
         const model_layer *ly = &m->chunks[ci].layers[i];
         if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
         for (int p = 0; p < FP8_N_PROJ; p++) {
-          int n, k, j = ly->fp8 * FP8_N_PROJ + p;
+          int n, k;
           const void *w = fp8_weight(m, ly, p, &n, &k);
-          if (pass == 0) be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, NULL, NULL, f->w_amax + j);
-          else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
+          fp8_cast_weight(m, pass, ly->fp8 * FP8_N_PROJ + p, w, n, k);
         }
       }
+    if (f->head_w) fp8_cast_weight(m, pass, (int64_t)f->n_layers * FP8_N_PROJ, f->head_w->pc, m->dims.vocab, m->dims.d);
     if (pass == 0) {
       fp8_tp_max(m, f->w_amax, f->n_w);
       be->fp8_scales(be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
@@ -278,8 +296,10 @@ int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf) {
   w->ops->all_reduce(w, &value, 1, COMM_F64, COMM_SUM);
   static const char *const proj[FP8_N_PROJ] = {"QKV", "attention output", "gate|up", "down"};
   int slot = (int)(code % FP8_ACT_SLOTS), p = slot % FP8_N_PROJ;
-  snprintf(buf, n_buf, "the FP8 amax of layer %lld's %s projection %s is %s", (long long)(code / FP8_ACT_SLOTS),
-           proj[p], slot < FP8_G ? "input" : "output gradient", isnan(value) ? "nan" : "inf");
+  int64_t layer = code / FP8_ACT_SLOTS;
+  const char *what = slot < FP8_G ? "input" : "output gradient", *val = isnan(value) ? "nan" : "inf";
+  if (layer == m->cfg.n_layers) snprintf(buf, n_buf, "the FP8 amax of the LM head's %s is %s", what, val);
+  else snprintf(buf, n_buf, "the FP8 amax of layer %lld's %s projection %s is %s", (long long)layer, proj[p], what, val);
   return 1;
 }
 
@@ -293,3 +313,5 @@ void model_fp8_test_set_amax(model *m, float value) {
       return;
     }
 }
+
+int model_fp8_head_slot(const model *m) { return m->fp8 && m->fp8->head_w ? m->fp8->n_layers : -1; }

@@ -10,7 +10,7 @@
 #include "model/model.h"
 
 // A layer's scaling slots: the inputs of the four projections, their output gradients, and
-// the weights. Inputs and gradients are in the activation group (delayed: an amax history),
+// the weights. With fp8.head one more set of slots, after every layer's, holds the LM head's. Inputs and gradients are in the activation group (delayed: an amax history),
 // weights in the weight group (scaled from their current amax each step).
 enum { FP8_QKV, FP8_O, FP8_UP, FP8_DOWN, FP8_N_PROJ };
 enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
@@ -18,8 +18,8 @@ enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
 typedef struct model_fp8 {
   model_fp8_config cfg;
   int n_layers;              // this rank's layers (over every chunk), each with slots
-  int64_t n_act;             // FP8_ACT_SLOTS * n_layers
-  int64_t n_w;               // FP8_N_PROJ * n_layers
+  int64_t n_act;             // FP8_ACT_SLOTS * (n_layers + 1): the last set is the head's
+  int64_t n_w;               // FP8_N_PROJ * (n_layers + 1)
   // Backend memory. Activation group (n_act): amax since the last update, scale, 1 / scale,
   // amax history (n_act, history), format (k_fp8 per slot). Weight group (n_w) likewise, with a
   // history of one.
@@ -39,7 +39,9 @@ typedef struct model_fp8 {
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
   int64_t pos;               // history row the next update writes
-  int *layer_of;             // (n_layers) the global layer of each slot index (model_layer.fp8)
+  int *layer_of;             // (n_layers + 1) the global layer of each slot index (model_layer.fp8);
+                             // the last, the head's, is model.n_layers
+  const model_tensor *head_w; // fp8.head, on the rank that holds the LM head: its weight; else NULL
   int64_t bad_code;          // the first tensor whose amax this step was not finite, as global layer *
                              // FP8_ACT_SLOTS + slot (model_fp8_count_nonfinite); -1 = none
   float bad_amax;            // its amax (NaN or Inf)
@@ -47,6 +49,10 @@ typedef struct model_fp8 {
 
 void model_fp8_init(model *m, const model_fp8_config *fc);
 void model_fp8_free(model *m);
+// The LM head (fp8.head): a slot index like a layer's (model_layer.fp8) after every layer's,
+// whose first projection's slots are the head's (p = 0: input, output gradient, weight), so that
+// the roles below serve it too; -1 where the head is not in FP8 on this rank.
+int model_fp8_head_slot(const model *m);
 // Whether a layer (global index) computes in FP8: not with fp8.bf16_edge_layers for the first
 // and the last block.
 int model_fp8_layer_on(const model *m, int layer);

@@ -39,6 +39,7 @@ typedef struct model_fp8_config {
   int hybrid;                // bool: gradients in E5M2 (else E4M3)
   int fast_accum;            // bool: the forward GEMMs accumulate in the tensor cores' fast mode
   int edge_layers_bf16;      // bool: the first and last block stay in bf16
+  int head;                  // bool: the LM head's three GEMMs in FP8 too
 } model_fp8_config;
 
 // How a run lays the model out: pipeline stages and their virtual chunks, the last stage's

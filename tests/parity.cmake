@@ -60,4 +60,7 @@ set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8
 trainer_add_parity(fp8_current_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8 fp8.format=e4m3 fp8.bf16_edge_layers=true")
 trainer_add_parity(fp8_e4m3_edge_dp2 2 parallel.dp=2)
+# The LM head in FP8 too (fp8.head), vocab-parallel under tp.
+set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8 fp8.head=true")
+trainer_add_parity(fp8_head_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 set(PARITY_ENV "")
