@@ -145,6 +145,17 @@ typedef struct k_backend {
   // (this step's) is NaN or Inf. fmt (n) holds k_fp8 values. Scales start at 1 (the caller's).
   void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                      int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+  // FP8 block scaling (fp8.recipe=block): E4M3 with an fp32 scale per 1 x 128 or 128 x 128 tile
+  // from the tile's own amax; semantics, rounding and the scale arrays' layouts are those of
+  // kernels/cpu/fp8_cpu.h (k_cpu_fp8_cast_block, k_cpu_gemm_fp8_block), bit for bit for the cast.
+  // x (rows, cols) act dtype; tile 1: out in 1 x 128 tiles along cols, out_t (cols, rows) in 1 x
+  // 128 tiles along rows; tile 128: both the same 128 x 128 tiles. Outputs may be NULL.
+  void (*fp8_cast_block)(struct k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out,
+                         float *scale_inv, uint8_t *out_t, float *scale_inv_t, float *amax);
+  // C (M,N) = beta C + A B^T, A (M,K) and B (N,K) block-scaled E4M3 codes (tiles 1 or 128, not
+  // both 128), K-major; C in c_type (act or K_F32); fp32 accumulation per 128-column block.
+  void (*gemm_fp8_block)(struct k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
+                         const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type);
 } k_backend;
 
 #ifdef __cplusplus

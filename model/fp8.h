@@ -39,6 +39,12 @@ typedef struct model_fp8 {
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
   int64_t pos;               // history row the next update writes
+  // fp8.recipe=block (kernels/cpu/fp8_cpu.h's tiles and scale layouts): each weight's tile
+  // scales (n_w), of w8 and w8t; the inverse scales of x8 (an input's 1 x 128 tiles, or its
+  // transpose's), of g8 and of g8t; the input that model_fp8_fwd_rows casts range by range.
+  float **ws, **wst;
+  float *x_si, *g_si, *gt_si;
+  const void *x_src;
   int *layer_of;             // (n_layers + 1) the global layer of each slot index (model_layer.fp8);
                              // the last, the head's, is model.n_layers
   const model_tensor *head_w; // fp8.head, on the rank that holds the LM head: its weight; else NULL
