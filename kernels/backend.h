@@ -145,6 +145,12 @@ typedef struct k_backend {
   // (this step's) is NaN or Inf. fmt (n) holds k_fp8 values. Scales start at 1 (the caller's).
   void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                      int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+  // swiglu_fwd, then fp8_cast of its output (E4M3, per-tensor *scale, out8 the codes, no
+  // transpose), in one pass: out, out8 and *amax bit for bit those of the two ops in a row on
+  // this backend (the codes from out as stored in the act dtype). For an FP8 input whose scale
+  // is known before it is made (delayed scaling): a pass over the tensor fewer.
+  void (*swiglu_fwd_fp8)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                         uint8_t *out8, float *amax);
   // FP8 block scaling (fp8.recipe=block): E4M3 with an fp32 scale per 1 x 128 or 128 x 128 tile
   // from the tile's own amax; semantics, rounding and the scale arrays' layouts are those of
   // kernels/cpu/fp8_cpu.h (k_cpu_fp8_cast_block, k_cpu_gemm_fp8_block), bit for bit for the cast.

@@ -143,6 +143,12 @@ static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
   k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->gemm_isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
 }
+static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                               uint8_t *out8, float *amax) {
+  (void)b;
+  k_cpu_swiglu_fwd(gu, out, rows, n);
+  k_cpu_fp8_cast(out, rows, n, *scale, K_E4M3, out8, NULL, amax);
+}
 static void cpu_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
                                uint8_t *out_t, float *scale_inv_t, float *amax) {
   (void)b;
@@ -212,6 +218,7 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->fp8_cast = cpu_fp8_cast;
   b->gemm_fp8 = cpu_gemm_fp8;
   b->fp8_scales = cpu_fp8_scales;
+  b->swiglu_fwd_fp8 = cpu_swiglu_fwd_fp8;
   b->fp8_cast_block = cpu_fp8_cast_block;
   b->gemm_fp8_block = cpu_gemm_fp8_block;
   return b;

@@ -381,12 +381,24 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
+// act = SwiGLU(gu); where the down projection's FP8 scale is known before act is made
+// (model_fp8_fused_cast), the same op writes act's FP8 codes and amax: one pass over act fewer.
+static void swiglu_fwd_into_down(model *m, const model_layer *ly, const layer_acts *L) {
+  const float *scale;
+  uint8_t *codes;
+  float *amax;
+  if (fp8_on(m, ly) && model_fp8_fused_cast(m, ly->fp8, FP8_DOWN, &scale, &codes, &amax))
+    m->be->swiglu_fwd_fp8(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn, scale, codes, amax);
+  else
+    m->be->swiglu_fwd(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn);
+}
+
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   k_backend *be = m->be;
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
+  int64_t rs = dm->rows_s, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
@@ -399,7 +411,7 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
 
   norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
   proj_fwd_gathered(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, L.h2f, L.gu, A);
-  be->swiglu_fwd(be, L.gu, L.act, rows, ffn);
+  swiglu_fwd_into_down(m, ly, &L);
   proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);
 }
 

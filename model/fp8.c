@@ -291,8 +291,25 @@ static void fp8_block_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1
 
 static int fp8_block(const model_fp8 *f) { return f->cfg.recipe == MODEL_FP8_BLOCK; }
 
+int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax) {
+  model_fp8 *f = m->fp8;
+  if (f->cfg.recipe != MODEL_FP8_DELAYED || !f->have_history) return 0;
+  int64_t i = fp8_x_slot(slot, p);
+  *scale = f->scale + i;
+  *codes = f->x8;
+  *amax = f->recording ? f->amax + i : f->amax_sink;
+  f->x8_made = i + 1;
+  return 1;
+}
+
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k) {
-  if (fp8_block(m->fp8)) {  // cast range by range in model_fp8_fwd_rows
+  model_fp8 *f = m->fp8;
+  int64_t made = f->x8_made;
+  f->x8_made = 0;
+  if (made == fp8_x_slot(slot, p) + 1) return;  // model_fp8_fused_cast's op made the codes
+  CHECK(made == 0, "FP8: the codes made for input slot %lld were not used before slot %lld was cast",
+        (long long)made - 1, (long long)fp8_x_slot(slot, p));
+  if (fp8_block(f)) {  // cast range by range in model_fp8_fwd_rows
     m->fp8->x_src = x;
     return;
   }

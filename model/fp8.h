@@ -35,6 +35,7 @@ typedef struct model_fp8 {
   int pending;               // activation amaxes recorded since the last update
   int weights_stale;         // the weights changed since their FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
+  int64_t x8_made;           // 1 + the input slot whose codes are in x8 already (model_fp8_fused_cast); 0 = none
   int have_history;          // an update has run (or was loaded): until then delayed scaling
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
@@ -88,6 +89,13 @@ int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf);
 // Test hook (TRAINER_TEST_FP8_AMAX_AT_STEP, app/main.c): the amax that this step recorded for the
 // input of the first FP8 projection on this rank becomes value, as if the input held it.
 void model_fp8_test_set_amax(model *m, float value);
+
+// One pass fewer: where the input of projection p can be cast by the op that makes it (delayed
+// scaling after its first update: the scale is known before the tensor is; not block scaling),
+// returns 1 with the scale, the codes' buffer and the amax that cast uses (the op writes codes
+// and amax as fp8_cast would), and the next model_fp8_cast_input of that slot finds the codes
+// made. 0 where not: cast as usual.
+int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax);
 
 // The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
 // Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows

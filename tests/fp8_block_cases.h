@@ -1,4 +1,5 @@
-// The FP8 block-scaling rows of the op suite (fp8_cast_block, gemm_fp8_block): a part of
+// The FP8 block-scaling rows of the op suite (fp8_cast_block, gemm_fp8_block), and SwiGLU with
+// the FP8 codes of its output (swiglu_fwd_fp8): a part of
 // tests/test_backend_ops.c, included once by it after tests/fp8_cases.h, whose helpers it uses.
 // The reference is kernels/cpu/fp8_cpu.h: the cast (codes, scales, padding untouched, amax) bit
 // for bit on every backend; the GEMM within the bounds its row states, and bitwise on the CPU.
@@ -156,5 +157,43 @@ static const op_shape gemm_fp8_block_shapes[] = {
     GB(0, 128, 256, 384, 1, 128, 0), GB(0, 256, 128, 640, 1, 128, 1), GB(1, 384, 256, 256, 1, 1, 1),
     GB(0, 128, 128, 128, 128, 1, 0), GB(0, 64, 96, 64, 1, 128, 1),    GB(1, 48, 80, 208, 1, 1, 1),
     GB(0, 256, 256, 1024, 1, 128, 0), GB(1, 128, 256, 2048, 1, 1, 1)};
+
+// ---------------------------------------------------------------------------------------------
+// swiglu_fwd_fp8: out against k_cpu_swiglu_fwd within swiglu_fwd's bounds (compare_act), and out,
+// the codes and the amax bit for bit against this backend's swiglu_fwd then fp8_cast on the same
+// input (its definition). Shapes SHF(scale, 0, rows, n, inject): odd widths take the element
+// path, widths of 8 the vector path; inject puts NaN and Inf into gu; every other shape starts
+// the amax above every |out| (it must stay).
+
+static void run_swiglu_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
+  char what[96];
+  const int64_t rows = s->i[0], m = rows * s->i[1];
+  const int n = (int)s->i[1], inject = (int)s->i[2];
+  const float scale = (float)s->f[0], a0 = idx % 2 ? 1e30f : 0.0f;
+  float *gu = rand_act(2 * m, 3.0), *out = malloc(sizeof(float) * (size_t)m);
+  if (inject && n >= 8) gu[1] = NAN, gu[n + 3] = NAN, gu[5] = INFINITY, gu[6] = -INFINITY;
+  void *d_gu = dev_put_act(gu, 2 * m), *d_out = dev_alloc_act(m), *d_out2 = dev_alloc_act(m);
+  uint8_t *d_c = G->alloc(G, (size_t)m + 1), *d_c2 = G->alloc(G, (size_t)m + 1);
+  float *d_s = dev_putf(&scale, 1), *d_a = dev_putf(&a0, 1), *d_a2 = dev_putf(&a0, 1);
+  G->swiglu_fwd_fp8(G, d_gu, d_out, rows, n, d_s, d_c, d_a);
+  G->swiglu_fwd(G, d_gu, d_out2, rows, n);
+  G->fp8_cast(G, d_out2, rows, n, d_s, K_E4M3, d_c2, NULL, d_a2);
+  k_cpu_swiglu_fwd(gu, out, rows, n);
+  snprintf(what, sizeof what, "swiglu_fwd_fp8 rows=%lld n=%d%s", (long long)rows, n, inject ? " +nan" : "");
+  compare_act(what, d_out, out, m, tol_act(c));
+  float a1, a2;
+  G->to_host(G, &a1, d_a, sizeof a1);
+  G->to_host(G, &a2, d_a2, sizeof a2);
+  const size_t ob = k_dtype_bytes(G->act) * (size_t)m;
+  EXPECT(dev_equal_bytes(d_out, d_out2, ob) && dev_equal_bytes(d_c, d_c2, (size_t)m) && memcmp(&a1, &a2, 4) == 0,
+         "[%s] %s: out, codes or amax (%.9g, want %.9g) not bitwise swiglu_fwd then fp8_cast's", LABEL, what, a1, a2);
+  free(gu), free(out);
+  dev_free(d_gu), dev_free(d_out), dev_free(d_out2), dev_free(d_c), dev_free(d_c2), dev_free(d_s), dev_free(d_a);
+  dev_free(d_a2);
+}
+
+static const op_shape swiglu_fwd_fp8_shapes[] = {SHF(16, 0, 1, 1, 0),    SHF(4, 0, 7, 13, 0),  SHF(0.5, 0, 4, 1000, 1),
+                                                 SHF(64, 0, 64, 256, 0), SHF(2, 0, 70001, 8, 0), SHF(8, 0, 3, 300008, 1),
+                                                 SHF(1024, 0, 256, 768, 1)};
 
 #endif

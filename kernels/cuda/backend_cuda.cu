@@ -263,6 +263,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->fp8_cast = k_cuda_fp8_cast;
   b->gemm_fp8 = k_cuda_gemm_fp8;
   b->fp8_scales = k_cuda_fp8_scales;
+  b->swiglu_fwd_fp8 = k_cuda_swiglu_fwd_fp8;
   b->fp8_cast_block = k_cuda_fp8_cast_block;
   b->gemm_fp8_block = k_cuda_gemm_fp8_block;
   return b;

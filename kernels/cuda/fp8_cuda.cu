@@ -185,6 +185,72 @@ extern "C" void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax
 }
 
 // ---------------------------------------------------------------------------------------------
+// SwiGLU with the FP8 codes of its output: k_swiglu_fwd's rows and columns (vectors of 16 bytes
+// where n and the pointers allow), each value stored in the act dtype, then read back from that
+// rounding for its code and the amax, as fp8_cast reading out would.
+
+template <typename E, bool VEC>
+__global__ void __launch_bounds__(T8_THREADS) k_swiglu_fwd_fp8(const E *gu, E *out, int64_t rows, int n,
+                                                               const float *scale, uint8_t *out8, float *amax) {
+  constexpr int W = k_vec<E>::N;  // elements of a 16-byte vector (the vector path)
+  const int nw = VEC ? n / W : n;
+  const float s = *scale;
+  uint32_t m = 0;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nw; j += gridDim.x * blockDim.x) {
+      if (VEC) {
+        float g[W], u[W];
+        const uint4 *row = (const uint4 *)gu + r * 2 * nw;
+        k_unpack<E>(row[j], g);
+        k_unpack<E>(row[nw + j], u);
+#pragma unroll
+        for (int e = 0; e < W; e++) g[e] = k_swiglu(g[e], u[e]);
+        const uint4 p = k_pack<E>(g);
+        ((uint4 *)out)[r * nw + j] = p;
+        k_unpack<E>(p, g);
+        uint32_t w[W / 4];
+#pragma unroll
+        for (int i = 0; i < W; i += 4) {
+          m = max(m, max(max(abs_bits(g[i]), abs_bits(g[i + 1])), max(abs_bits(g[i + 2]), abs_bits(g[i + 3]))));
+          w[i / 4] = fp8x2<K_E4M3>(g[i] * s, g[i + 1] * s) | fp8x2<K_E4M3>(g[i + 2] * s, g[i + 3] * s) << 16;
+        }
+        uint8_t *o = out8 + r * n + (int64_t)j * W;
+        if (W == 8) *(uint2 *)o = make_uint2(w[0], w[W / 4 - 1]);
+        else *(uint32_t *)o = w[0];
+      } else {
+        const E *row = gu + r * 2 * n;
+        const E v = k_st<E>(k_swiglu(k_ld(row[j]), k_ld(row[n + j])));
+        out[r * n + j] = v;
+        const float f = k_ld(v);
+        m = max(m, abs_bits(f));
+        out8[r * n + j] = (uint8_t)fp8x2<K_E4M3>(f * s, 0.0f);
+      }
+    }
+  amax_commit(m, amax);
+}
+
+template <typename E>
+static void swiglu_fwd_fp8_go(const E *gu, E *out, int64_t rows, int n, const float *scale, uint8_t *out8, float *amax,
+                              cudaStream_t st) {
+  constexpr int W = k_vec<E>::N;
+  const bool vec = n % W == 0 && k_aligned16((uintptr_t)gu | (uintptr_t)out) && (uintptr_t)out8 % W == 0;
+  const int64_t bx = ((vec ? n / W : n) + T8_THREADS - 1) / T8_THREADS;
+  const dim3 grid((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(rows < 65535 ? rows : 65535));
+  if (vec) k_swiglu_fwd_fp8<E, true><<<grid, T8_THREADS, 0, st>>>(gu, out, rows, n, scale, out8, amax);
+  else k_swiglu_fwd_fp8<E, false><<<grid, T8_THREADS, 0, st>>>(gu, out, rows, n, scale, out8, amax);
+  CUDA_LAUNCH_CHECK("k_swiglu_fwd_fp8");
+}
+
+extern "C" void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                                      uint8_t *out8, float *amax) {
+  CHECK(rows >= 0 && n >= 0, "swiglu_fwd_fp8 shape rows=%lld n=%d must be non-negative", (long long)rows, n);
+  if (rows == 0 || n == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) swiglu_fwd_fp8_go<k_bf16>((const k_bf16 *)gu, (k_bf16 *)out, rows, n, scale, out8, amax, c->stream);
+  else swiglu_fwd_fp8_go<float>((const float *)gu, (float *)out, rows, n, scale, out8, amax, c->stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Block scaling (kernels/cpu/fp8_cpu.h: k_cpu_fp8_cast_block, bit for bit): each tile's amax, its
 // scale 448 / amax (IEEE division, the CPU's clamps), E4M3 codes, 1 / scale in cuBLASLt's layout.
 // 256 threads a block, as amax_commit (the whole tensor's amax) expects.
