@@ -136,14 +136,17 @@ static const cfg_key cfg_keys[] = {
   CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
 
   CFG_STRING(fp8, recipe, "delayed",
-             "per-tensor scaling of activations and gradients: delayed (from the amax history of earlier steps) | "
-             "current (from the tensor's own amax, reduced over its tensor-parallel group, before each cast)"),
+             "scaling of activations and gradients: delayed (per tensor, from the amax history of earlier steps) | "
+             "current (per tensor, from its own amax, reduced over its tensor-parallel group, before each cast) | "
+             "block (a scale per 1x128 tile of activations and gradients and per 128x128 tile of weights, each from "
+             "its own amax; all E4M3)"),
   CFG_INT(fp8, amax_history, 1, 4096, 1024, "delayed: steps of amax history per tensor"),
   CFG_STRING(fp8, amax_compute, "max", "delayed: max (the history's largest amax) | most_recent"),
   CFG_INT(fp8, margin, 0, 32, 0, "scale = largest FP8 value / amax / 2^margin"),
   CFG_STRING(fp8, format, "hybrid", "hybrid (E4M3 weights and activations, E5M2 gradients) | e4m3 (all E4M3)"),
   CFG_BOOL(fp8, fast_accum, 1, "forward FP8 GEMMs accumulate in the tensor cores' fast mode (GPUs; backward never)"),
   CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
+  CFG_BOOL(fp8, head, 0, "the LM head's GEMMs (forward, data and weight gradient) in FP8 too, with scaling of its own"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
   CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),

@@ -51,6 +51,7 @@ typedef struct cfg_fp8 {
   char format[CFG_STR];        // hybrid | e4m3
   int fast_accum;              // bool: forward GEMMs only
   int bf16_edge_layers;        // bool
+  int head;                    // bool: the LM head's GEMMs in FP8 too
 } cfg_fp8;
 
 typedef struct cfg_data {

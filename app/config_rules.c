@@ -72,10 +72,10 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
                            *const isas[] = {"auto", "avx512", "avx2", "sse"};
   CFG_RULE(cfg_is_one_of(t->precision, precisions, 5),
            "train.precision = '%s' is not one of: auto, fp32, tf32, bf16, fp8", t->precision);
-  static const char *const recipes[] = {"delayed", "current"}, *const amax_modes[] = {"max", "most_recent"},
+  static const char *const recipes[] = {"delayed", "current", "block"}, *const amax_modes[] = {"max", "most_recent"},
                            *const formats[] = {"hybrid", "e4m3"};
-  CFG_RULE(cfg_is_one_of(c->fp8.recipe, recipes, 2), "fp8.recipe = '%s' is not one of: delayed, current (block "
-           "scaling is not offered: docs/config.md says why)", c->fp8.recipe);
+  CFG_RULE(cfg_is_one_of(c->fp8.recipe, recipes, 3), "fp8.recipe = '%s' is not one of: delayed, current, block",
+           c->fp8.recipe);
   CFG_RULE(cfg_is_one_of(c->fp8.amax_compute, amax_modes, 2), "fp8.amax_compute = '%s' is not one of: max, most_recent",
            c->fp8.amax_compute);
   CFG_RULE(cfg_is_one_of(c->fp8.format, formats, 2), "fp8.format = '%s' is not one of: hybrid, e4m3", c->fp8.format);
@@ -165,6 +165,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
         {"model.ffn_dim / parallel.tp", m->ffn_dim / tp},
         {"model.seq_len * train.micro_batch (rows of a micro-batch)", rows},
         {"model.seq_len * train.micro_batch / parallel.tp (rows of a sequence shard)", p->sequence_parallel ? rows / tp : 16},
+        {"model.vocab_size / parallel.tp (the LM head's rows, fp8.head)", c->fp8.head ? m->vocab_size / tp : 16},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
       CFG_RULE(dims[i].n % 16 == 0,
@@ -188,13 +189,16 @@ model_layout cfg_model_layout(const cfg *c) {
                                                  : MODEL_RECOMPUTE_NONE,
       .fp8 = {
           .enabled = strcmp(c->train.precision, "fp8") == 0,
-          .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT : MODEL_FP8_DELAYED,
+          .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT
+                    : strcmp(c->fp8.recipe, "block") == 0 ? MODEL_FP8_BLOCK
+                                                          : MODEL_FP8_DELAYED,
           .amax_history = c->fp8.amax_history,
           .amax_max = strcmp(c->fp8.amax_compute, "max") == 0,
           .margin = c->fp8.margin,
           .hybrid = strcmp(c->fp8.format, "hybrid") == 0,
           .fast_accum = c->fp8.fast_accum,
           .edge_layers_bf16 = c->fp8.bf16_edge_layers,
+          .head = c->fp8.head,
       },
   };
 }

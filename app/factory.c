@@ -84,6 +84,7 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
     // GPU; the staged MPI communicator lets them share it. Both order their work on the
     // backend's compute stream.
     bo.device = f->device = f->place.local_rank % n_gpus;
+    if (strcmp(c->train.precision, "fp8") == 0 && k_cuda_device_fp8_check(bo.device, err, n_err) != 0) return -1;
     f->be = k_backend_cuda_create(&bo);
     co.stream = k_cuda_stream_of(f->be);
     f->comms = strcmp(p->gpu_comm, "mpi") == 0 ? comm_staged_factory(&co) : comm_nccl_factory(&co);

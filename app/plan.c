@@ -105,7 +105,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
     pp_schedule_free(&s);
     for (int tr = 0; tr < tp; tr++) {
       model_dims_compute(&dm, mc, ml.micro_batch, tp, tr, sp);
-      int64_t n = 0, act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8)
+      int64_t n = 0, act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8), and the head's
+      int has_fp8_head = 0;
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
@@ -120,6 +121,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
             for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
               if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
         if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
+        if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
       }
@@ -147,6 +149,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
         if (dm.ffn > k_max) k_max = dm.ffn;
         if (qkvd > n_max) n_max = qkvd;
         if (2 * dm.ffn > n_max) n_max = 2 * dm.ffn;
+        if (has_fp8_head && dm.vocab > n_max) n_max = dm.vocab;
         fp8 = 2.0 * n_proj + (double)dm.rows * (k_max + 2.0 * n_max);
       }
       w += fp8;
@@ -162,8 +165,10 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   }
   printf("(GiB; act/micro: activations of one micro-batch in one chunk; in-flt: most micro-batch chunks whose "
          "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
-         ml.fp8.enabled ? "; weights include the FP8 copies of the block projections, transposed copies and the "
-                          "FP8 cast buffers" : "");
+         !ml.fp8.enabled ? "" : ml.fp8.head ? "; weights include the FP8 copies of the block projections and of the "
+                          "LM head, transposed copies and the FP8 cast buffers"
+                          : "; weights include the FP8 copies of the block projections, transposed copies and the "
+                          "FP8 cast buffers");
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;
 }

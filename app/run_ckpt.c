@@ -71,7 +71,8 @@ static float *residual_of(const opt_state *o) { return o->gc ? o->gc->residual :
 // history, each at its full shape over every layer of the model, (n_layers, slots) and
 // (n_layers, slots, history); each chunk of this rank is one block of rows. Values are the
 // same on every tp and dp rank (the amaxes are reduced over both), so one replica writes.
-// Weights need none: their scales come from their current amax each step.
+// Weights need none: their scales come from their current amax each step. With fp8.head, the
+// head's slots too, as fp8/head/* (fp8_head_list).
 typedef struct fp8_host {
   float *scale, *scale_inv, *history;  // host copies of the model_fp8 arrays
   int len;                             // history length
@@ -80,9 +81,10 @@ typedef struct fp8_host {
 static void fp8_host_alloc(const model *m, fp8_host *h) {
   const model_fp8 *f = m->fp8;
   h->len = f->cfg.recipe == MODEL_FP8_DELAYED ? f->cfg.amax_history : 1;
-  h->scale = XCALLOC((size_t)f->n_act, sizeof(float));
-  h->scale_inv = XCALLOC((size_t)f->n_act, sizeof(float));
+  h->scale = XMALLOC((size_t)f->n_act * sizeof(float));
+  h->scale_inv = XMALLOC((size_t)f->n_act * sizeof(float));
   h->history = XCALLOC((size_t)(f->n_act * h->len), sizeof(float));
+  for (int64_t i = 0; i < f->n_act; i++) h->scale[i] = h->scale_inv[i] = 1.0f;  // what a load leaves unread
 }
 
 static void fp8_host_free(fp8_host *h) {
@@ -108,6 +110,23 @@ static void fp8_list(const model *m, const fp8_host *h, ckpt_tensor *list, int *
       t->data = data[s] + first * FP8_ACT_SLOTS * (s == 2 ? h->len : 1);
       t->write = m->g->dp_rank == 0 && m->g->tp_rank == 0;
     }
+}
+
+// Appends the head's 3 entries (fp8.head): its slots (FP8_ACT_SLOTS; model_fp8_head_slot) and
+// their history (FP8_ACT_SLOTS, history), held and written by the head's rank of dp 0, tp 0.
+static void fp8_head_list(const model *m, const fp8_host *h, ckpt_tensor *list, int *n) {
+  static const char *const names[3] = {"fp8/head/scale", "fp8/head/scale_inv", "fp8/head/amax_history"};
+  float *data[3] = {h->scale, h->scale_inv, h->history};
+  int hs = model_fp8_head_slot(m);
+  for (int s = 0; s < 3; s++) {
+    ckpt_tensor *t = &list[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", names[s]);
+    t->ndim = s == 2 ? 2 : 1;
+    int64_t full[2] = {FP8_ACT_SLOTS, h->len};
+    for (int dd = 0; dd < t->ndim; dd++) t->full[dd] = full[dd], t->start[dd] = 0, t->count[dd] = hs >= 0 ? full[dd] : 0;
+    t->data = hs >= 0 ? data[s] + (int64_t)hs * FP8_ACT_SLOTS * (s == 2 ? h->len : 1) : NULL;
+    t->write = hs >= 0 && m->g->dp_rank == 0 && m->g->tp_rank == 0;
+  }
 }
 
 static void fp8_to_host(const model *m, fp8_host *h) {
@@ -140,13 +159,14 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   opt_get_params(o, host[0]);
   opt_get_moments(o, host[1], host[2]);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + section_entries(&m->cfg), &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + 3 + section_entries(&m->cfg), &n);
   fp8_host h8 = {0};
   if (m->fp8) {
     model_fp8_settle(m);
     fp8_host_alloc(m, &h8);
     fp8_to_host(m, &h8);
     fp8_list(m, &h8, list, &n);
+    if (m->fp8->cfg.head) fp8_head_list(m, &h8, list, &n);
   }
   float *res = NULL;
   if (residual_of(o)) {
@@ -168,12 +188,15 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
 }
 
 // What extra state the checkpoint at path holds, from its stored config: FP8 scaling state
-// (*has_fp8), and error feedback's residual (*res_dp: the dp it was written with; 0 = none, also
-// for a config this build does not read). 0 or -1.
-static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *res_dp, char *err, size_t n_err) {
+// (*has_fp8), the LM head's FP8 state (*has_head: fp8.head), and error feedback's residual
+// (*res_dp: the dp it was written with; 0 = none, also for a config this build does not read).
+// 0 or -1.
+static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *has_head, int *res_dp, char *err,
+                            size_t n_err) {
   ckpt_meta meta = {0};
   if (ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err) != 0) return -1;
   *has_fp8 = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
+  *has_head = *has_fp8 && strstr(meta.config_yaml, "\n  head: true") != NULL;
   cfg stored;
   char msg[256];
   *res_dp = 0;
@@ -197,7 +220,12 @@ static void residual_notice(const char *path, const model *m, const opt_state *o
 }
 
 // One line on rank 0 where the checkpoint's precision and the run's differ in FP8 state.
-static void fp8_notice(const char *path, const model *m, int has) {
+static void fp8_notice(const char *path, const model *m, int has, int has_head) {
+  if (m->g->world_rank == 0 && has && m->fp8 && has_head != m->fp8->cfg.head)
+    printf("note: checkpoint %s %s: the LM head's FP8 scales %s\n", path,
+           has_head ? "holds the LM head's FP8 scaling state and this run has fp8.head=false"
+                    : "has no FP8 scaling state of the LM head (fp8.head was false)",
+           has_head ? "are dropped" : "start at 1 with an empty amax history");
   if (m->g->world_rank != 0 || has == (m->fp8 != NULL)) return;
   if (has)
     printf("note: checkpoint %s holds FP8 scaling state; this run is not FP8 (train.precision), so it is "
@@ -209,16 +237,17 @@ static void fp8_notice(const char *path, const model *m, int has) {
 
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
-  int has_fp8 = 0, res_dp = 0;
-  if (ckpt_extra_state(path, m, &has_fp8, &res_dp, err, n_err) != 0) return -1;
+  int has_fp8 = 0, has_head = 0, res_dp = 0;
+  if (ckpt_extra_state(path, m, &has_fp8, &has_head, &res_dp, err, n_err) != 0) return -1;
   float *host[3];
   alloc_host(m, host);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + section_entries(&m->cfg), &n);
+  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + 3 + section_entries(&m->cfg), &n);
   fp8_host h8 = {0};
   if (m->fp8 && has_fp8) {
     fp8_host_alloc(m, &h8);
     fp8_list(m, &h8, list, &n);
+    if (has_head && m->fp8->cfg.head) fp8_head_list(m, &h8, list, &n);
   }
   float *res = NULL;
   if (residual_of(o) && res_dp == m->g->dp) {
@@ -234,7 +263,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     *step = meta.step;
     *samples_seen = meta.samples_seen;
     if (h8.scale) fp8_from_host(m, &h8, meta.step);
-    fp8_notice(path, m, has_fp8);
+    fp8_notice(path, m, has_fp8, has_head);
     if (res) {
       m->be->from_host(m->be, residual_of(o), res, (size_t)m->n_params * sizeof(float));
       m->be->sync(m->be);  // res is freed next

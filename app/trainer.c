@@ -5,6 +5,7 @@
 #include "app/run_ckpt.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
+#include "model/fp8.h"
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -205,6 +206,7 @@ trainer_step_result trainer_step(trainer *t) {
   // The test hook TRAINER_TEST_NAN_AT_STEP: a NaN loss scale makes every gradient NaN, the loss not.
   float loss_scale = t->step + 1 == t->hooks.nan_at_step ? NAN : (float)(1.0 / t->tokens_per_step);
   double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, loss_scale);
+  if (t->step + 1 == t->hooks.fp8_inf_at_step) model_fp8_test_set_amax(&t->m, INFINITY);
   s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm;
   r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);
   be->sync(be);
@@ -271,6 +273,11 @@ static int trainer_fail(const trainer *t, const char *what, const char *msg) {
   return 1;
 }
 
+// Collective. Why the step's update was refused: an FP8 amax (named) or the gradient norm.
+static void trainer_refusal_cause(trainer *t, double grad_norm, char *buf, size_t n_buf) {
+  if (!model_fp8_describe_nonfinite(&t->m, buf, n_buf)) snprintf(buf, n_buf, "the gradient norm is %g", grad_norm);
+}
+
 int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks) {
   trainer t;
   char err[1024] = "";
@@ -296,20 +303,22 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
     // Checked before anything is logged or saved: opt_step refused the update, so the weights
     // are still those of the step before and no checkpoint (periodic or at a stop signal) of this
     // step is written.
+    char cause[256] = "";
+    if (!isfinite(r.grad_norm)) trainer_refusal_cause(&t, r.grad_norm, cause, sizeof cause);
     if (!isfinite(r.grad_norm) && t.stats.n_skipped >= c->train.skip_nonfinite) {
       snprintf(err, sizeof err,
-               "step %lld: the gradient norm is %g, so the update was refused and the run stops with the "
-               "weights of step %lld (checkpoints hold no NaN or Inf): lower train.lr or check the data "
+               "step %lld: %s, so the update was refused and the run stops with the weights of step %lld "
+               "(checkpoints hold no NaN or Inf): lower train.lr or check the data%s "
                "(train.skip_nonfinite=N skips up to N such steps)",
-               (long long)t.step, r.grad_norm, (long long)t.step - 1);
+               (long long)t.step, cause, (long long)t.step - 1, t.m.fp8 ? ", or train.precision=bf16" : "");
       rc = trainer_fail(&t, "", err);
       break;
     }
     if (!isfinite(r.grad_norm)) {
       t.stats.n_skipped++;
       if (g->world_rank == 0)
-        fprintf(stderr, "warning: step %lld: the gradient norm is %g: update skipped (%lld of train.skip_nonfinite = %d)\n",
-                (long long)t.step, r.grad_norm, (long long)t.stats.n_skipped, c->train.skip_nonfinite);
+        fprintf(stderr, "warning: step %lld: %s: update skipped (%lld of train.skip_nonfinite = %d)\n",
+                (long long)t.step, cause, (long long)t.stats.n_skipped, c->train.skip_nonfinite);
     } else if (!isfinite(r.loss)) {
       snprintf(err, sizeof err, "loss is %g at step %lld: lower train.lr or check the data", r.loss,
                (long long)t.step);

@@ -170,6 +170,23 @@ typedef struct k_backend {
   // scales lie s * stride bytes after q and scales.
   void (*dequant_i8)(struct k_backend *b, float *dst, const int8_t *q, const float *scales, int64_t n, int n_src,
                      int64_t stride);
+  // swiglu_fwd, then fp8_cast of its output (E4M3, per-tensor *scale, out8 the codes, no
+  // transpose), in one pass: out, out8 and *amax bit for bit those of the two ops in a row on
+  // this backend (the codes from out as stored in the act dtype). For an FP8 input whose scale
+  // is known before it is made (delayed scaling): a pass over the tensor fewer.
+  void (*swiglu_fwd_fp8)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                         uint8_t *out8, float *amax);
+  // FP8 block scaling (fp8.recipe=block): E4M3 with an fp32 scale per 1 x 128 or 128 x 128 tile
+  // from the tile's own amax; semantics, rounding and the scale arrays' layouts are those of
+  // kernels/cpu/fp8_cpu.h (k_cpu_fp8_cast_block, k_cpu_gemm_fp8_block), bit for bit for the cast.
+  // x (rows, cols) act dtype; tile 1: out in 1 x 128 tiles along cols, out_t (cols, rows) in 1 x
+  // 128 tiles along rows; tile 128: both the same 128 x 128 tiles. Outputs may be NULL.
+  void (*fp8_cast_block)(struct k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out,
+                         float *scale_inv, uint8_t *out_t, float *scale_inv_t, float *amax);
+  // C (M,N) = beta C + A B^T, A (M,K) and B (N,K) block-scaled E4M3 codes (tiles 1 or 128, not
+  // both 128), K-major; C in c_type (act or K_F32); fp32 accumulation per 128-column block.
+  void (*gemm_fp8_block)(struct k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
+                         const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type);
 } k_backend;
 
 #ifdef __cplusplus

@@ -149,6 +149,23 @@ static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
   k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
 }
+static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                               uint8_t *out8, float *amax) {
+  (void)b;
+  k_cpu_swiglu_fwd(gu, out, rows, n);
+  k_cpu_fp8_cast(out, rows, n, *scale, K_E4M3, out8, NULL, amax);
+}
+static void cpu_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
+                               uint8_t *out_t, float *scale_inv_t, float *amax) {
+  (void)b;
+  k_cpu_fp8_cast_block(x, rows, cols, tile, out, scale_inv, out_t, scale_inv_t, amax);
+}
+static void cpu_gemm_fp8_block(k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
+                               const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type) {
+  (void)b;
+  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8_block asked for C dtype %d)", (int)c_type);
+  k_cpu_gemm_fp8_block(M, N, K, A, a_tile, a_scale_inv, B, b_tile, b_scale_inv, beta, C);
+}
 static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                            int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
   (void)b;
@@ -233,6 +250,9 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->dequant16 = cpu_dequant16;
   b->quant_i8 = cpu_quant_i8;
   b->dequant_i8 = cpu_dequant_i8;
+  b->swiglu_fwd_fp8 = cpu_swiglu_fwd_fp8;
+  b->fp8_cast_block = cpu_fp8_cast_block;
+  b->gemm_fp8_block = cpu_gemm_fp8_block;
   return b;
 }
 

@@ -381,12 +381,24 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
+// act = SwiGLU(gu); where the down projection's FP8 scale is known before act is made
+// (model_fp8_fused_cast), the same op writes act's FP8 codes and amax: one pass over act fewer.
+static void swiglu_fwd_into_down(model *m, const model_layer *ly, const layer_acts *L) {
+  const float *scale;
+  uint8_t *codes;
+  float *amax;
+  if (fp8_on(m, ly) && model_fp8_fused_cast(m, ly->fp8, FP8_DOWN, &scale, &codes, &amax))
+    m->be->swiglu_fwd_fp8(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn, scale, codes, amax);
+  else
+    m->be->swiglu_fwd(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn);
+}
+
 static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   k_backend *be = m->be;
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rs = dm->rows_s, rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
+  int64_t rs = dm->rows_s, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
@@ -399,7 +411,7 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
 
   norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
   proj_fwd_gathered(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, L.h2f, L.gu, A);
-  be->swiglu_fwd(be, L.gu, L.act, rows, ffn);
+  swiglu_fwd_into_down(m, ly, &L);
   proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);
 }
 
@@ -476,6 +488,43 @@ static double ce_fwd(model *m, model_acts *a, const int32_t *targets) {
   return loss;
 }
 
+// The LM head's GEMMs, vocab-parallel (lm_head (V_local, d)): logits (rows, V_local) = hfin
+// W^T; the data gradient dx (rows, d) fp32 = G W and the weight gradient W.g += G^T hfin, with G
+// the logits' gradient in place. In FP8 with fp8.head (the head's slot of model/fp8.h).
+static void head_fwd(model *m, const model_tensor *w, model_acts *a) {
+  const model_dims *dm = &m->dims;
+  int hs = model_fp8_head_slot(m);
+  if (hs < 0) {
+    m->be->gemm(m->be, 0, 1, dm->rows, dm->vocab, dm->d, 1, a->hfin, dm->d, w->pc, dm->d, 0, a->logits, dm->vocab,
+                m->be->act);
+    return;
+  }
+  model_fp8_cast_input(m, hs, 0, a->hfin, dm->rows, dm->d);
+  model_fp8_fwd_rows(m, hs, 0, 0, dm->rows, dm->vocab, dm->d, a->logits, m->be->act, 0);
+}
+
+static void head_dgrad(model *m, const model_tensor *w, model_acts *a, float *dx) {
+  const model_dims *dm = &m->dims;
+  int hs = model_fp8_head_slot(m);
+  if (hs < 0) {
+    m->be->gemm(m->be, 0, 0, dm->rows, dm->d, dm->vocab, 1, a->logits, dm->vocab, w->pc, dm->d, 0, dx, dm->d, K_F32);
+    return;
+  }
+  model_fp8_cast_grad(m, hs, 0, a->logits, dm->rows, dm->vocab);
+  model_fp8_dgrad(m, hs, 0, dm->rows, dm->vocab, dm->d, dx, K_F32);
+}
+
+static void head_wgrad(model *m, model_tensor *w, model_acts *a) {
+  const model_dims *dm = &m->dims;
+  int hs = model_fp8_head_slot(m);
+  if (hs < 0) {
+    m->be->gemm(m->be, 1, 0, dm->vocab, dm->d, dm->rows, 1, a->logits, dm->vocab, a->hfin, dm->d, 1, w->g, dm->d,
+                K_F32);
+    return;
+  }
+  model_fp8_wgrad(m, hs, 0, a->hfin, dm->rows, dm->vocab, dm->d, w->g);
+}
+
 double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens, const int32_t *targets) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
@@ -496,7 +545,7 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   // Whole: split into row halves the head GEMM costs more than the gather it would hide
   // (bench_ceiling SHAPE tp2: +11% on 7b-layers' head, +14% on 1b's).
   norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
-  be->gemm(be, 0, 1, dm->rows, dm->vocab, d, 1, a->hfin, d, ch->lm_head->pc, d, 0, a->logits, dm->vocab, be->act);
+  head_fwd(m, ch->lm_head, a);
   return ce_fwd(m, a, targets);
 }
 
@@ -512,9 +561,9 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   w->fa_ready = 0;
   if (ch->lm_head) {
     be->ce_bwd(be, a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
-    be->gemm(be, 0, 0, dm->rows, d, dm->vocab, 1, a->logits, dm->vocab, ch->lm_head->pc, d, 0, w->f1, d, K_F32);
+    head_dgrad(m, ch->lm_head, a, w->f1);
     grad_enter_start(m, w->f1);
-    be->gemm(be, 1, 0, dm->vocab, d, dm->rows, 1, a->logits, dm->vocab, a->hfin, d, 1, ch->lm_head->g, d, K_F32);
+    head_wgrad(m, ch->lm_head, a);
     be->zero(be, g, n_bytes);
     grad_enter_norm(m, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_HEAD);

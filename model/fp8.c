@@ -1,10 +1,13 @@
 // FP8 projections (see fp8.h): scaling state, weight copies, and the three GEMM roles.
 #include "model/fp8.h"
 #include "kernels/check.h"
+#include "kernels/cpu/fp8_cpu.h"  // the block tiles and scale layouts
 #include "parallel/comm/tp.h"
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-// Largest input (K) and output (N) width of the four projections, on this rank.
+// Largest input (K) and output (N) width of the four projections (and the head's), on this rank.
 static void fp8_widths(const model *m, int *k_max, int *n_max) {
   const model_dims *dm = &m->dims;
   int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd, d = dm->d, ffn = dm->ffn;
@@ -14,6 +17,7 @@ static void fp8_widths(const model *m, int *k_max, int *n_max) {
     if (k[p] > *k_max) *k_max = k[p];
     if (n[p] > *n_max) *n_max = n[p];
   }
+  if (m->fp8->head_w && dm->vocab > *n_max) *n_max = dm->vocab;
 }
 
 // Projection p of a layer: its (fused) weight in the compute dtype, N and K.
@@ -52,6 +56,38 @@ int model_fp8_layer_on(const model *m, int layer) {
   return m->fp8 && !(m->fp8->cfg.edge_layers_bf16 && (layer == 0 || layer == m->cfg.n_layers - 1));
 }
 
+static float *fp8_scales_alloc(k_backend *be, int64_t n) { return be->alloc(be, (size_t)n * sizeof(float)); }
+
+// Block scaling's scale arrays: each weight's (and its transpose's) 128 x 128 tiles, and the 1 x
+// 128 tiles of the widest input and output gradient, as cast and transposed.
+static void fp8_block_init(model *m, int k_max, int n_max) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  int64_t rows = m->dims.rows;
+  f->ws = XCALLOC((size_t)f->n_w, sizeof(float *));
+  f->wst = XCALLOC((size_t)f->n_w, sizeof(float *));
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
+      model_layer *ly = &m->chunks[ci].layers[i];
+      if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
+      for (int p = 0; p < FP8_N_PROJ; p++) {
+        int n, k, j = ly->fp8 * FP8_N_PROJ + p;
+        fp8_weight(m, ly, p, &n, &k);
+        f->ws[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(n, k, K_FP8_BLOCK));
+        f->wst[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(k, n, K_FP8_BLOCK));
+      }
+    }
+  if (f->head_w) {
+    int64_t j = (int64_t)f->n_layers * FP8_N_PROJ;
+    f->ws[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(m->dims.vocab, m->dims.d, K_FP8_BLOCK));
+    f->wst[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(m->dims.d, m->dims.vocab, K_FP8_BLOCK));
+  }
+  int64_t nx = k_fp8_block_scales_n(rows, k_max, 1), nxt = k_fp8_block_scales_n(k_max, rows, 1);
+  f->x_si = fp8_scales_alloc(be, nx > nxt ? nx : nxt);
+  f->g_si = fp8_scales_alloc(be, k_fp8_block_scales_n(rows, n_max, 1));
+  f->gt_si = fp8_scales_alloc(be, k_fp8_block_scales_n(n_max, rows, 1));
+}
+
 void model_fp8_init(model *m, const model_fp8_config *fc) {
   k_backend *be = m->be;
   model_fp8 *f = XCALLOC(1, sizeof *f);
@@ -59,8 +95,16 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->cfg = *fc;
   for (int ci = 0; ci < m->vpp; ci++)
     for (int i = 0; i < m->chunks[ci].n_layers; i++) m->chunks[ci].layers[i].fp8 = f->n_layers++;
-  f->n_act = (int64_t)FP8_ACT_SLOTS * f->n_layers;
-  f->n_w = (int64_t)FP8_N_PROJ * f->n_layers;
+  // The head's slots follow the layers' (model_fp8_head_slot), on every rank alike.
+  f->layer_of = XCALLOC((size_t)f->n_layers + 1, sizeof(int));
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) f->layer_of[m->chunks[ci].layers[i].fp8] = m->chunks[ci].layers[i].wq->layer;
+  f->layer_of[f->n_layers] = m->cfg.n_layers;
+  for (int ci = 0; ci < m->vpp && fc->head; ci++)
+    if (m->chunks[ci].lm_head) f->head_w = m->chunks[ci].lm_head;
+  f->bad_code = -1;
+  f->n_act = (int64_t)FP8_ACT_SLOTS * (f->n_layers + 1);
+  f->n_w = (int64_t)FP8_N_PROJ * (f->n_layers + 1);
   int len = fc->recipe == MODEL_FP8_DELAYED ? fc->amax_history : 1;
   f->amax = be->alloc(be, (size_t)f->n_act * sizeof(float));
   f->scale = fp8_upload(be, f->n_act, 1.0f);
@@ -87,11 +131,17 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
         f->w8t[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
       }
     }
+  if (f->head_w) {
+    int64_t j = (int64_t)f->n_layers * FP8_N_PROJ, n_bytes = (int64_t)m->dims.vocab * m->dims.d;
+    f->w8[j] = be->alloc(be, (size_t)n_bytes);
+    f->w8t[j] = be->alloc(be, (size_t)n_bytes);
+  }
   int k_max, n_max;
   fp8_widths(m, &k_max, &n_max);
   f->x8 = be->alloc(be, (size_t)(m->dims.rows * k_max));
   f->g8 = be->alloc(be, (size_t)(m->dims.rows * n_max));
   f->g8t = be->alloc(be, (size_t)(m->dims.rows * n_max));
+  if (fc->recipe == MODEL_FP8_BLOCK) fp8_block_init(m, k_max, n_max);
   f->weights_stale = 1;
 }
 
@@ -105,9 +155,17 @@ void model_fp8_free(model *m) {
   for (int64_t j = 0; j < f->n_w; j++) {
     if (f->w8[j]) be->free(be, f->w8[j]);
     if (f->w8t[j]) be->free(be, f->w8t[j]);
+    if (f->ws && f->ws[j]) be->free(be, f->ws[j]);
+    if (f->wst && f->wst[j]) be->free(be, f->wst[j]);
   }
+  float *block_bufs[] = {f->x_si, f->g_si, f->gt_si};
+  for (int i = 0; i < 3; i++)
+    if (block_bufs[i]) be->free(be, block_bufs[i]);
   free(f->w8);
   free(f->w8t);
+  free(f->ws);
+  free(f->wst);
+  free(f->layer_of);
   free(f);
   m->fp8 = NULL;
 }
@@ -134,6 +192,18 @@ static void fp8_fold(model *m) {
   f->have_history = 1;
 }
 
+// Pass 0: weight slot j's amax; pass 1: its FP8 copy and transpose.
+static void fp8_cast_weight(model *m, int pass, int64_t j, const void *w, int n, int k) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  if (f->cfg.recipe == MODEL_FP8_BLOCK) {  // each tile scaled from its own amax: one pass
+    if (pass == 1) be->fp8_cast_block(be, w, n, k, K_FP8_BLOCK, f->w8[j], f->ws[j], f->w8t[j], f->wst[j], f->amax_sink);
+    return;
+  }
+  if (pass == 0) be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, NULL, NULL, f->w_amax + j);
+  else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
+}
+
 // The weights' FP8 copies, each scaled from its current amax (maxed over tp: a shard's amax is
 // not the tensor's).
 static void fp8_cast_weights(model *m) {
@@ -145,13 +215,13 @@ static void fp8_cast_weights(model *m) {
         const model_layer *ly = &m->chunks[ci].layers[i];
         if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
         for (int p = 0; p < FP8_N_PROJ; p++) {
-          int n, k, j = ly->fp8 * FP8_N_PROJ + p;
+          int n, k;
           const void *w = fp8_weight(m, ly, p, &n, &k);
-          if (pass == 0) be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, NULL, NULL, f->w_amax + j);
-          else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
+          fp8_cast_weight(m, pass, ly->fp8 * FP8_N_PROJ + p, w, n, k);
         }
       }
-    if (pass == 0) {
+    if (f->head_w) fp8_cast_weight(m, pass, (int64_t)f->n_layers * FP8_N_PROJ, f->head_w->pc, m->dims.vocab, m->dims.d);
+    if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) {
       fp8_tp_max(m, f->w_amax, f->n_w);
       be->fp8_scales(be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
                      f->cfg.margin, 1, f->n_nonfinite);
@@ -164,6 +234,7 @@ void model_fp8_begin_step(model *m, int training) {
   model_fp8 *f = m->fp8;
   if (!f) return;
   if (training && f->pending) fp8_fold(m);
+  if (training && f->cfg.recipe != MODEL_FP8_DELAYED) m->be->zero(m->be, f->amax, (size_t)f->n_act * sizeof(float));
   if (f->weights_stale) fp8_cast_weights(m);
   f->recording = training;
   if (training) f->pending = f->cfg.recipe == MODEL_FP8_DELAYED;  // an evaluation keeps the step's amaxes
@@ -193,7 +264,7 @@ static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t
     be->fp8_scales(be, a + 1, a, f->scale + i, f->scale_inv + i, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
                    f->n_nonfinite);
   }
-  float *amax = delayed && f->recording ? f->amax + i : f->amax_sink;
+  float *amax = f->recording ? f->amax + i : f->amax_sink;  // current scaling: for the non-finite check
   be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, amax);
 }
 
@@ -201,7 +272,47 @@ static k_fp8 fp8_grad_format(const model_fp8 *f) { return f->cfg.hybrid ? K_E5M2
 static int64_t fp8_x_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_X + p; }
 static int64_t fp8_g_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_G + p; }
 
+// Block scaling: where a cast of slot i records its amax (the non-finite check's, while training).
+static float *fp8_block_amax(model_fp8 *f, int64_t i) { return f->recording ? f->amax + i : f->amax_sink; }
+
+// Block scaling's forward: rows [r0, r1) of the input, each row's 1 x 128 tiles cast on their own
+// (a range's scales contiguous, as the GEMM reads them), times the weight's 128 x 128 tiles.
+static void fp8_block_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
+                               float beta) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  int64_t j = (int64_t)slot * FP8_N_PROJ + p, nkb = k_fp8_blocks(k);
+  const char *x = (const char *)f->x_src + r0 * k * (int64_t)k_dtype_bytes(be->act);
+  be->fp8_cast_block(be, x, r1 - r0, k, 1, f->x8 + r0 * k, f->x_si + r0 * nkb, NULL, NULL,
+                     fp8_block_amax(f, fp8_x_slot(slot, p)));
+  be->gemm_fp8_block(be, (int)(r1 - r0), n, k, f->x8 + r0 * k, 1, f->x_si + r0 * nkb, f->w8[j], K_FP8_BLOCK, f->ws[j],
+                     beta, y, c_type);
+}
+
+static int fp8_block(const model_fp8 *f) { return f->cfg.recipe == MODEL_FP8_BLOCK; }
+
+int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax) {
+  model_fp8 *f = m->fp8;
+  if (f->cfg.recipe != MODEL_FP8_DELAYED || !f->have_history) return 0;
+  int64_t i = fp8_x_slot(slot, p);
+  *scale = f->scale + i;
+  *codes = f->x8;
+  *amax = f->recording ? f->amax + i : f->amax_sink;
+  f->x8_made = i + 1;
+  return 1;
+}
+
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k) {
+  model_fp8 *f = m->fp8;
+  int64_t made = f->x8_made;
+  f->x8_made = 0;
+  if (made == fp8_x_slot(slot, p) + 1) return;  // model_fp8_fused_cast's op made the codes
+  CHECK(made == 0, "FP8: the codes made for input slot %lld were not used before slot %lld was cast",
+        (long long)made - 1, (long long)fp8_x_slot(slot, p));
+  if (fp8_block(f)) {  // cast range by range in model_fp8_fwd_rows
+    m->fp8->x_src = x;
+    return;
+  }
   fp8_cast_slot(m, fp8_x_slot(slot, p), K_E4M3, x, rows, k, m->fp8->x8, NULL);
 }
 
@@ -209,6 +320,10 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
                         float beta) {
   if (r1 <= r0) return;
   model_fp8 *f = m->fp8;
+  if (fp8_block(f)) {
+    fp8_block_fwd_rows(m, slot, p, r0, r1, n, k, y, c_type, beta);
+    return;
+  }
   int64_t ix = fp8_x_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
   m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8 + r0 * k, K_E4M3, f->scale_inv + ix, f->w8[j], K_E4M3,
                   f->w_scale_inv + j, beta, y, c_type, f->cfg.fast_accum);
@@ -216,12 +331,20 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
 
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n) {
   model_fp8 *f = m->fp8;
+  if (fp8_block(f)) {  // G's 1 x 128 tiles (data gradient) and its transpose's (weight gradient)
+    m->be->fp8_cast_block(m->be, g, rows, n, 1, f->g8, f->g_si, f->g8t, f->gt_si, fp8_block_amax(f, fp8_g_slot(slot, p)));
+    return;
+  }
   fp8_cast_slot(m, fp8_g_slot(slot, p), fp8_grad_format(f), g, rows, n, f->g8, f->g8t);
 }
 
 void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type) {
   model_fp8 *f = m->fp8;
   int64_t ig = fp8_g_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
+  if (fp8_block(f)) {
+    m->be->gemm_fp8_block(m->be, (int)rows, k, n, f->g8, 1, f->g_si, f->w8t[j], K_FP8_BLOCK, f->wst[j], 0, dx, c_type);
+    return;
+  }
   m->be->gemm_fp8(m->be, (int)rows, k, n, f->g8, fp8_grad_format(f), f->scale_inv + ig, f->w8t[j], K_E4M3,
                   f->w_scale_inv + j, 0, dx, c_type, 0);
 }
@@ -229,7 +352,68 @@ void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw) {
   model_fp8 *f = m->fp8;
   int64_t ix = fp8_x_slot(slot, p), ig = fp8_g_slot(slot, p);
+  if (fp8_block(f)) {  // X^T's 1 x 128 tiles along the rows (tokens), the contraction of G^T X
+    m->be->fp8_cast_block(m->be, x, rows, k, 1, NULL, NULL, f->x8, f->x_si, fp8_block_amax(f, ix));
+    m->be->gemm_fp8_block(m->be, n, k, (int)rows, f->g8t, 1, f->gt_si, f->x8, 1, f->x_si, 1, dw, K_F32);
+    return;
+  }
   fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
   m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), f->scale_inv + ig, f->x8, K_E4M3,
                   f->scale_inv + ix, 1, dw, K_F32, 0);
 }
+
+int model_fp8_count_nonfinite(model *m) {
+  model_fp8 *f = m->fp8;
+  if (!f || !f->recording) return 0;
+  float *amax = XMALLOC((size_t)f->n_act * sizeof(float));
+  m->be->to_host(m->be, amax, f->amax, (size_t)f->n_act * sizeof(float));
+  int n_bad = 0;
+  f->bad_code = -1;
+  for (int64_t i = 0; i < f->n_act; i++) {
+    if (isfinite(amax[i])) continue;
+    int64_t code = (int64_t)f->layer_of[i / FP8_ACT_SLOTS] * FP8_ACT_SLOTS + i % FP8_ACT_SLOTS;
+    if (n_bad++ == 0 || code < f->bad_code) f->bad_code = code, f->bad_amax = amax[i];
+  }
+  free(amax);
+  return n_bad;
+}
+
+void model_fp8_discard_step(model *m) {
+  model_fp8 *f = m->fp8;
+  if (!f) return;
+  m->be->zero(m->be, f->amax, (size_t)f->n_act * sizeof(float));
+}
+
+int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf) {
+  model_fp8 *f = m->fp8;
+  if (!f) return 0;
+  comm *w = m->g->world;
+  // The lowest code over every rank (a max of its negation; -1 where none), then its amax summed
+  // over the ranks that hold it (tp ranks each hold the same slot: Inf + Inf and NaN + NaN stay).
+  double first = f->bad_code >= 0 ? -(double)f->bad_code : -1e300;
+  w->ops->all_reduce(w, &first, 1, COMM_F64, COMM_MAX);
+  if (first < -1e299) return 0;
+  int64_t code = (int64_t)-first;
+  double value = f->bad_code == code ? f->bad_amax : 0.0;
+  w->ops->all_reduce(w, &value, 1, COMM_F64, COMM_SUM);
+  static const char *const proj[FP8_N_PROJ] = {"QKV", "attention output", "gate|up", "down"};
+  int slot = (int)(code % FP8_ACT_SLOTS), p = slot % FP8_N_PROJ;
+  int64_t layer = code / FP8_ACT_SLOTS;
+  const char *what = slot < FP8_G ? "input" : "output gradient", *val = isnan(value) ? "nan" : "inf";
+  if (layer == m->cfg.n_layers) snprintf(buf, n_buf, "the FP8 amax of the LM head's %s is %s", what, val);
+  else snprintf(buf, n_buf, "the FP8 amax of layer %lld's %s projection %s is %s", (long long)layer, proj[p], what, val);
+  return 1;
+}
+
+void model_fp8_test_set_amax(model *m, float value) {
+  model_fp8 *f = m->fp8;
+  if (!f || !f->recording) return;
+  for (int64_t s = 0; s < f->n_layers; s++)
+    if (model_fp8_layer_on(m, f->layer_of[s])) {
+      m->be->from_host(m->be, f->amax + s * FP8_ACT_SLOTS + FP8_X + FP8_QKV, &value, sizeof value);
+      m->be->sync(m->be);
+      return;
+    }
+}
+
+int model_fp8_head_slot(const model *m) { return m->fp8 && m->fp8->head_w ? m->fp8->n_layers : -1; }

@@ -10,7 +10,7 @@
 #include "model/model.h"
 
 // A layer's scaling slots: the inputs of the four projections, their output gradients, and
-// the weights. Inputs and gradients are in the activation group (delayed: an amax history),
+// the weights. With fp8.head one more set of slots, after every layer's, holds the LM head's. Inputs and gradients are in the activation group (delayed: an amax history),
 // weights in the weight group (scaled from their current amax each step).
 enum { FP8_QKV, FP8_O, FP8_UP, FP8_DOWN, FP8_N_PROJ };
 enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
@@ -18,8 +18,8 @@ enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
 typedef struct model_fp8 {
   model_fp8_config cfg;
   int n_layers;              // this rank's layers (over every chunk), each with slots
-  int64_t n_act;             // FP8_ACT_SLOTS * n_layers
-  int64_t n_w;               // FP8_N_PROJ * n_layers
+  int64_t n_act;             // FP8_ACT_SLOTS * (n_layers + 1): the last set is the head's
+  int64_t n_w;               // FP8_N_PROJ * (n_layers + 1)
   // Backend memory. Activation group (n_act): amax since the last update, scale, 1 / scale,
   // amax history (n_act, history), format (k_fp8 per slot). Weight group (n_w) likewise, with a
   // history of one.
@@ -35,14 +35,31 @@ typedef struct model_fp8 {
   int pending;               // activation amaxes recorded since the last update
   int weights_stale;         // the weights changed since their FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
+  int64_t x8_made;           // 1 + the input slot whose codes are in x8 already (model_fp8_fused_cast); 0 = none
   int have_history;          // an update has run (or was loaded): until then delayed scaling
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
   int64_t pos;               // history row the next update writes
+  // fp8.recipe=block (kernels/cpu/fp8_cpu.h's tiles and scale layouts): each weight's tile
+  // scales (n_w), of w8 and w8t; the inverse scales of x8 (an input's 1 x 128 tiles, or its
+  // transpose's), of g8 and of g8t; the input that model_fp8_fwd_rows casts range by range.
+  float **ws, **wst;
+  float *x_si, *g_si, *gt_si;
+  const void *x_src;
+  int *layer_of;             // (n_layers + 1) the global layer of each slot index (model_layer.fp8);
+                             // the last, the head's, is model.n_layers
+  const model_tensor *head_w; // fp8.head, on the rank that holds the LM head: its weight; else NULL
+  int64_t bad_code;          // the first tensor whose amax this step was not finite, as global layer *
+                             // FP8_ACT_SLOTS + slot (model_fp8_count_nonfinite); -1 = none
+  float bad_amax;            // its amax (NaN or Inf)
 } model_fp8;
 
 void model_fp8_init(model *m, const model_fp8_config *fc);
 void model_fp8_free(model *m);
+// The LM head (fp8.head): a slot index like a layer's (model_layer.fp8) after every layer's,
+// whose first projection's slots are the head's (p = 0: input, output gradient, weight), so that
+// the roles below serve it too; -1 where the head is not in FP8 on this rank.
+int model_fp8_head_slot(const model *m);
 // Whether a layer (global index) computes in FP8: not with fp8.bf16_edge_layers for the first
 // and the last block.
 int model_fp8_layer_on(const model *m, int layer);
@@ -56,6 +73,29 @@ void model_fp8_weights_changed(model *m);
 // Collective. Folds pending amaxes into the scales now (before a checkpoint saves them); the
 // next begin_step then has nothing to fold. Same result as leaving it to begin_step.
 void model_fp8_settle(model *m);
+
+// A non-finite amax (an Inf or NaN in a projection's input or output gradient) refuses the
+// step's update, like a non-finite gradient norm (parallel/step/optim.c), and never reaches the
+// scaling state or a checkpoint. Local: how many tensors recorded a NaN or Inf amax in this
+// step's training casts (0 without FP8); remembers the first for model_fp8_describe_nonfinite.
+int model_fp8_count_nonfinite(model *m);
+// This step's recorded amaxes become 0 (its update was refused): the next update folds a row
+// of zeros, so no NaN reaches the history and it keeps one row per step (as resume assumes).
+void model_fp8_discard_step(model *m);
+// Collective over the world (nothing without FP8). Whether some rank's last count saw a
+// non-finite amax: 1, naming the first such tensor over every rank (lowest layer, then slot)
+// and its amax in buf, e.g. "the FP8 amax of layer 0's QKV projection input is inf"; else 0.
+int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf);
+// Test hook (TRAINER_TEST_FP8_AMAX_AT_STEP, app/main.c): the amax that this step recorded for the
+// input of the first FP8 projection on this rank becomes value, as if the input held it.
+void model_fp8_test_set_amax(model *m, float value);
+
+// One pass fewer: where the input of projection p can be cast by the op that makes it (delayed
+// scaling after its first update: the scale is known before the tensor is; not block scaling),
+// returns 1 with the scale, the codes' buffer and the amax that cast uses (the op writes codes
+// and amax as fp8_cast would), and the next model_fp8_cast_input of that slot finds the codes
+// made. 0 where not: cast as usual.
+int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax);
 
 // The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
 // Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows

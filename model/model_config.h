@@ -29,7 +29,9 @@ typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, 
 // gradients. Delayed scaling scales a tensor from the largest amax of its history (or the most
 // recent) of earlier steps; current scaling from its own amax just before the cast. Weights
 // are always scaled from their current amax, once per optimizer step.
-typedef enum model_fp8_recipe { MODEL_FP8_DELAYED, MODEL_FP8_CURRENT } model_fp8_recipe;
+// Block scaling (MODEL_FP8_BLOCK, DeepSeek-V3's) scales each 1 x 128 tile of an input or gradient
+// and each 128 x 128 tile of a weight from its own amax, all E4M3 (kernels/cpu/fp8_cpu.h).
+typedef enum model_fp8_recipe { MODEL_FP8_DELAYED, MODEL_FP8_CURRENT, MODEL_FP8_BLOCK } model_fp8_recipe;
 typedef struct model_fp8_config {
   int enabled;               // bool
   model_fp8_recipe recipe;
@@ -39,6 +41,7 @@ typedef struct model_fp8_config {
   int hybrid;                // bool: gradients in E5M2 (else E4M3)
   int fast_accum;            // bool: the forward GEMMs accumulate in the tensor cores' fast mode
   int edge_layers_bf16;      // bool: the first and last block stay in bf16
+  int head;                  // bool: the LM head's three GEMMs in FP8 too
 } model_fp8_config;
 
 // How a run lays the model out: pipeline stages and their virtual chunks, the last stage's

@@ -3,10 +3,11 @@
 # build tree, `ctest -L gpu` in build/ runs the same): the op suite on the CUDA backend (every
 # op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
-# compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), killing a
-# rank of a dp2 run, sampling on the GPU against the CPU, and the default config on 1 GPU (bf16
-# and FP8). On a host with one GPU, the 2-rank steps run with both ranks on it
-# over the staged MPI communicator (parallel.gpu_comm=mpi) instead of NCCL, which needs a GPU
+# compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), FP8 block
+# scaling's parity, killing a rank of a dp2 run, sampling on the GPU against the CPU, and the
+# default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
+# steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
+# instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
 #   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
 set -uo pipefail
@@ -53,6 +54,8 @@ tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2_distopt parallel.dp=2 parallel.distributed_optimizer=true
 LAYOUTS
+blk="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true $comm_arg"
+step "FP8 block scaling parity tp2_sp on $on vs 1 GPU (20 steps, tile-aligned model)" bash -c "TRAINER_TEST_ARGS='$blk' sh tests/test_parity.sh fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2 model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2 > '$logs/parity_fp8_block_tp2_sp.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_block_tp2_sp.log'; exit \$r"
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
 # int8 DP gradients (docs/compression.md; fp16 and bf16 are in the parity list): against 1 GPU
 # uncompressed to 5e-2 (CPU ranks: 3.0e-2 worst), and a bitwise resume with error feedback.
@@ -69,6 +72,7 @@ step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRA
 unset TRAINER_TEST_ARGS
 step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash -c "sh tests/test_sample_gpu.sh > '$logs/sample_gpu.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/sample_gpu.log'; exit \$r"
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
+step "default config on 1 GPU in FP8 block scaling, head in FP8" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda train.precision=fp8 fp8.recipe=block fp8.head=true checkpoint.dir= log.metrics='$logs/default_gpu_fp8_block.jsonl' > '$logs/default_gpu_fp8_block.log' 2>&1; r=\$?; grep -E 'run report' '$logs/default_gpu_fp8_block.log'; exit \$r"
 step "default config on 1 GPU in FP8" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda train.precision=fp8 checkpoint.dir= log.metrics='$logs/default_gpu_fp8.jsonl' > '$logs/default_gpu_fp8.log' 2>&1; r=\$?; grep -E 'run report' '$logs/default_gpu_fp8.log'; exit \$r"
 echo "$n_pass passed, $n_fail failed"
 [ "$n_fail" = 0 ]

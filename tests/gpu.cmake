@@ -30,6 +30,11 @@ if(TRAINER_HAVE_CUDA)
   trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
   trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
   trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+  # Block scaling with the head in FP8, on a model whose tp2 shards keep the single GPU's tiles.
+  set(block_args "train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true")
+  set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=${block_args}")
+  trainer_add_parity(fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2
+                     model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2)
 
   # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/test_gpu.sh.
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4")

@@ -72,4 +72,14 @@ set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8
 trainer_add_parity(fp8_current_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8 fp8.format=e4m3 fp8.bf16_edge_layers=true")
 trainer_add_parity(fp8_e4m3_edge_dp2 2 parallel.dp=2)
+# The LM head in FP8 too (fp8.head), vocab-parallel under tp.
+set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8 fp8.head=true")
+trainer_add_parity(fp8_head_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
+# Block scaling (fp8.recipe=block), the head in FP8 too. A shard's 128 x 128 and 1 x 128 tiles are
+# the single rank's only where every local width is a multiple of 128: tp2 runs such a model
+# (dim 256, head dim 128, ffn 512, vocab 256); pp2 and the tiny model need no alignment.
+set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8 fp8.recipe=block fp8.head=true")
+trainer_add_parity(fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2
+                   model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2)
+trainer_add_parity(fp8_block_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
 set(PARITY_ENV "")

@@ -254,6 +254,15 @@ static void test_validate(void) {
   INVALID(1, OV("parallel.vpp=2"), "parallel.vpp = 2", "parallel.pp > 1");
   INVALID(2, OV("parallel.pp=2", "model.tie_embeddings=true"), "model.tie_embeddings", "parallel.pp = 2",
           "set model.tie_embeddings=false");
+  // FP8 GEMMs take multiples of 16 only: the dimension and the nearest legal value.
+  INVALID(2, OV("train.precision=fp8", "parallel.tp=2", "model.ffn_dim=824"), "model.ffn_dim / parallel.tp",
+          "= 412 is not a multiple of 16", "nearest legal value is 416");
+  INVALID(2, OV("train.precision=fp8", "parallel.tp=2", "model.ffn_dim=808"), "model.ffn_dim / parallel.tp",
+          "= 404 is not a multiple of 16", "nearest legal value is 400");
+  INVALID(1, OV("train.precision=fp8", "fp8.head=true", "model.vocab_size=1000"), "model.vocab_size / parallel.tp",
+          "fp8.head", "= 1000 is not a multiple of 16", "nearest legal value is 1008");
+  char *fp8_no_head[] = {"train.precision=fp8", "model.vocab_size=1000"};
+  EXPECT(validates(1, 2, fp8_no_head, &c), "fp8 without fp8.head takes a vocabulary of 1000");
   // Rules with no world size are not layout rules.
   char *layout_only[] = {"parallel.tp=3", "parallel.vpp=2"};
   EXPECT(validates(0, 2, layout_only, &c), "world_size 0 skips layout rules");

@@ -2,7 +2,8 @@
 # A non-finite gradient never reaches the weights or a checkpoint: the gradient of one step is
 # made NaN (the TRAINER_TEST_NAN_AT_STEP hook); the run stops at that step with one line, and
 # every checkpoint it wrote holds only finite values. With train.skip_nonfinite=1 the step is
-# skipped with a warning and the run finishes, on one rank and under dp2 with ZeRO.
+# skipped with a warning and the run finishes, on one rank and under dp2 with ZeRO. The same for a
+# non-finite FP8 amax (the TRAINER_TEST_FP8_INF_AT_STEP hook), naming the tensor.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup.sh)"; exit 1; }
@@ -58,5 +59,35 @@ done
   > "$WORK/cmp" 2>&1 && pass "skipped step 4 left the weights of step 3" || { fail "weights changed at step 4"; cat "$WORK/cmp"; }
 grep -q '"step": 4, .*"grad_norm": null.*"skipped": true' "$WORK/skip_np1/metrics.jsonl" \
   && pass "metrics mark step 4 skipped" || fail "metrics of step 4: $(grep '"step": 4' "$WORK/skip_np1/metrics.jsonl")"
+
+# FP8 (train.precision=fp8): an Inf amax (the TRAINER_TEST_FP8_INF_AT_STEP hook; the input of the
+# first FP8 projection, layer 0's fused QKV) refuses the update like a non-finite gradient: the
+# run stops naming the tensor and the step, or (skip_nonfinite, tp2) skips it.
+# Either way every checkpoint, FP8 scaling state and amax histories included, is finite.
+name=fp8_stop
+set +e
+TRAINER_TEST_FP8_INF_AT_STEP=4 run "$name" 1 checkpoint.every=1 checkpoint.keep=0 train.precision=fp8
+status=$?
+set -e
+if [ "$status" != 0 ] && [ "$status" -lt 128 ]; then pass "$name: exit $status"; else fail "$name: exit $status"; fi
+grep -q "error: step 4: the FP8 amax of layer 0's QKV projection input is inf, so the update was refused.*weights of step 3.*train.precision=bf16" \
+  "$WORK/$name/log" && pass "$name: $(grep -m1 'error:' "$WORK/$name/log" | cut -c1-110)..." \
+  || { fail "$name: no error line"; cat "$WORK/$name/log"; }
+[ -f "$WORK/$name/ckpt/ckpt_00000003.h5" ] && [ ! -e "$WORK/$name/ckpt/ckpt_00000004.h5" ] \
+  && pass "$name: checkpoints up to step 3, none of step 4" || fail "$name: checkpoints $(ls "$WORK/$name/ckpt")"
+all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+
+name=fp8_skip_tp2
+if TRAINER_TEST_FP8_INF_AT_STEP=4 run "$name" 2 checkpoint.every=1 checkpoint.keep=0 train.skip_nonfinite=1 \
+  train.precision=fp8 parallel.tp=2; then
+  pass "$name: the run finishes"
+else
+  fail "$name: exit $?"; cat "$WORK/$name/log"
+fi
+grep -q "warning: step 4: the FP8 amax of layer 0's QKV projection input is inf: update skipped (1 of train.skip_nonfinite = 1)" \
+  "$WORK/$name/log" && pass "$name: one warning" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
+all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+"$BUILD/ckpt_compare" "$WORK/$name/ckpt/ckpt_00000003.h5" "$WORK/$name/ckpt/ckpt_00000004.h5" --rtol 0 \
+  > "$WORK/cmp" 2>&1 && pass "$name: skipped step 4 left the weights of step 3" || { fail "$name: weights changed"; cat "$WORK/cmp"; }
 
 summary

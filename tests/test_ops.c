@@ -678,6 +678,14 @@ static void test_fp8_ops(void) {
          "fp8 gemm E5M2 x E5M2 refused: %s", msg);
   EXPECT(k_fp8_gemm_check(64, 64, 64, K_E4M3, K_E4M3, A + 1, B, C, msg, sizeof msg) && strstr(msg, "aligned"),
          "fp8 gemm misaligned A refused: %s", msg);
+  EXPECT(k_fp8_device_check("NVIDIA H100 80GB HBM3", 9, 0, msg, sizeof msg) == 0 &&
+         k_fp8_device_check("NVIDIA L4", 8, 9, msg, sizeof msg) == 0 &&
+         k_fp8_device_check("NVIDIA B200", 10, 0, msg, sizeof msg) == 0, "fp8 on compute capability 8.9, 9.0, 10.0");
+  EXPECT(k_fp8_device_check("NVIDIA A100-SXM4-80GB", 8, 0, msg, sizeof msg) && strstr(msg, "NVIDIA A100-SXM4-80GB") &&
+         strstr(msg, "capability 8.0") && strstr(msg, "train.precision=bf16") && !strchr(msg, '\n'),
+         "fp8 on an A100 (8.0) refused naming the GPU, 8.0 and the fix: %s", msg);
+  EXPECT(k_fp8_device_check("NVIDIA GeForce RTX 3090", 8, 6, msg, sizeof msg) && strstr(msg, "capability 8.6"),
+         "fp8 on compute capability 8.6 refused: %s", msg);
   // Scales: E4M3 history max 8, margin 1 -> 448 / 8 / 2 = 28; then the most recent amax 2,
   // margin 0 -> 224; a NaN or zero amax leaves the scale.
   float hist[4 * 2] = {0, 8, 0, 1, 0, 0, 0, 0}, am[4] = {2.0f, 4.0f, NAN, 0.0f}, sc[4] = {1, 1, 3, 5}, si[4] = {1, 1, 1, 1};
@@ -691,6 +699,71 @@ static void test_fp8_ops(void) {
   k_cpu_fp8_scales(hist, am, sc, si, fm, 1, 2, 1, 0, 0, &n_bad);
   EXPECT(sc[0] == 224.0f && hist[1] == 2.0f, "fp8 scales (most recent, margin 0): %g", sc[0]);
   free(x), free(out), free(out_t), free(A), free(B), free(C), free(C0), free(ref);
+}
+
+// Block scaling against loops written from its definition (kernels/cpu/fp8_cpu.h): each tile's
+// scale 448 / amax, codes encode(x * s), 1 / s at the layout's index; the GEMM's per-block
+// products. Tiles of both kinds, partial ones, an all-zero row (scale 1).
+static float tile_amax(const float *x, int cols, int r0, int r1, int c0, int c1) {
+  float a = 0.0f;
+  for (int r = r0; r < r1; r++)
+    for (int c = c0; c < c1; c++) a = fmaxf(a, fabsf(x[r * cols + c]));
+  return a;
+}
+
+static void test_fp8_block(void) {
+  const int rows = 150, cols = 200;
+  float *x = rand_buf(rows * cols, 1.0), amax = 0.0f;
+  for (int i = 0; i < rows * cols; i++) x[i] *= exp2f((float)((i / cols / 128 * 5 + i % cols / 16) % 12) - 6.0f);
+  for (int c = 0; c < cols; c++) x[3 * cols + c] = 0.0f;
+  uint8_t *out = malloc(rows * cols), *out_t = malloc(rows * cols);
+  float *si = malloc(sizeof(float) * 4 * rows), *si_t = malloc(sizeof(float) * 4 * cols);
+  int bad = 0;
+  for (int tile = 1; tile <= 128; tile += 127) {
+    k_cpu_fp8_cast_block(x, rows, cols, tile, out, si, out_t, si_t, &amax);
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) {
+        // the tile of (r, c) in out, and in out_t (for tile 1: 128 rows of column c)
+        int r0 = tile == 1 ? r : r / 128 * 128, c0 = c / 128 * 128, rt0 = r / 128 * 128, ct0 = tile == 1 ? c : c0;
+        float a = tile_amax(x, cols, r0, r0 + tile < rows ? r0 + tile : rows, c0, c0 + 128 < cols ? c0 + 128 : cols);
+        float at = tile_amax(x, cols, rt0, rt0 + 128 < rows ? rt0 + 128 : rows, ct0,
+                             tile == 1 ? c + 1 : (ct0 + 128 < cols ? ct0 + 128 : cols));
+        float s = a > 0 ? 448.0f / a : 1.0f, st = at > 0 ? 448.0f / at : 1.0f;
+        bad += out[r * cols + c] != k_cpu_fp8_encode(x[r * cols + c] * s, K_E4M3);
+        bad += out_t[c * rows + r] != k_cpu_fp8_encode(x[r * cols + c] * st, K_E4M3);
+        bad += si[k_fp8_block_scale_at(rows, cols, tile, r, c)] != 1.0f / s;
+        bad += si_t[k_fp8_block_scale_at(cols, rows, tile, c, r)] != 1.0f / st;
+      }
+  }
+  EXPECT(bad == 0 && amax == tile_amax(x, cols, 0, rows, 0, cols), "fp8 block cast: %d codes or scales wrong, amax %g",
+         bad, amax);
+  // GEMM: (32, 48, 208), 1x128 by 128x128 and 1x128 by 1x128, beta 1, against double loops.
+  const int M = 32, N = 48, K = 208;
+  uint8_t *A = malloc(M * K), *B = malloc(N * K);
+  for (int i = 0; i < M * K; i++) A[i] = k_cpu_fp8_encode((float)(rng_uniform() * 300.0), K_E4M3);
+  for (int i = 0; i < N * K; i++) B[i] = k_cpu_fp8_encode((float)(rng_uniform() * 300.0), K_E4M3);
+  float sa[2 * 32], sb[2 * 48];
+  for (int i = 0; i < 2 * 32; i++) sa[i] = (float)exp2(4.0 * rng_uniform());
+  for (int i = 0; i < 2 * 48; i++) sb[i] = (float)exp2(4.0 * rng_uniform());
+  for (int bt = 1; bt <= 128; bt += 127) {
+    float *C = rand_buf(M * N, 1.0), *C0 = copy_buf(C, M * N);
+    double *ref = malloc(sizeof(double) * M * N);
+    k_cpu_gemm_fp8_block(M, N, K, A, 1, sa, B, bt, sb, 1.0f, C);
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        double s = C0[i * N + j];
+        for (int k = 0; k < K; k++)
+          s += (double)k_cpu_fp8_decode(A[i * K + k], K_E4M3) * k_cpu_fp8_decode(B[j * K + k], K_E4M3) *
+               sa[k_fp8_block_scale_at(M, K, 1, i, k)] * sb[k_fp8_block_scale_at(N, K, bt, j, k)];
+        ref[i * N + j] = s;
+      }
+    EXPECT(rel_err(C, ref, M * N) < 1e-6, "fp8 block gemm (b tile %d): error %.3g", bt, rel_err(C, ref, M * N));
+    free(C), free(C0), free(ref);
+  }
+  char msg[256];
+  EXPECT(k_fp8_gemm_block_check(64, 64, 128, 128, 128, A, B, sa, msg, sizeof msg) && strstr(msg, "not both 128"),
+         "fp8 block gemm 128x128 by 128x128 refused: %s", msg);
+  free(x), free(out), free(out_t), free(si), free(si_t), free(A), free(B);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -768,5 +841,6 @@ int main(void) {
   test_fp8_codes(K_E4M3);
   test_fp8_codes(K_E5M2);
   test_fp8_ops();
+  test_fp8_block();
   return test_summary();
 }

@@ -119,3 +119,114 @@ void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *sca
   }
   *n_nonfinite += bad;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Block scaling (fp8_cpu.h: K_FP8_BLOCK).
+
+// The scale of a tile from its amax's bits: 448 / amax, clamped; 1 for an amax of 0, NaN or Inf.
+static float block_scale(uint32_t amax_bits) {
+  float a;
+  memcpy(&a, &amax_bits, sizeof a);
+  if (!(a > 0.0f) || !isfinite(a)) return 1.0f;
+  const float s = 448.0f / a;
+  return s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
+}
+
+static uint32_t abs_bits_of(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u & 0x7fffffffu;
+}
+
+// One tile: rows [r0, r1), columns [c0, c1) of x, scaled from the tile's own amax. Codes go to
+// out (rows, cols) and/or out_t (cols, rows); *si / *si_t get 1 / s. Returns the tile's amax bits.
+static uint32_t cast_tile(const float *x, int64_t rows, int cols, int64_t r0, int64_t r1, int c0, int c1, uint8_t *out,
+                          float *si, uint8_t *out_t, float *si_t) {
+  uint32_t m = 0;
+  for (int64_t r = r0; r < r1; r++)
+    for (int c = c0; c < c1; c++) {
+      const uint32_t u = abs_bits_of(x[r * cols + c]);
+      if (u > m) m = u;
+    }
+  const float s = block_scale(m);
+  for (int64_t r = r0; r < r1; r++)
+    for (int c = c0; c < c1; c++) {
+      const uint8_t q = k_cpu_fp8_encode(x[r * cols + c] * s, K_E4M3);
+      if (out) out[r * cols + c] = q;
+      if (out_t) out_t[(int64_t)c * rows + r] = q;
+    }
+  if (si) *si = 1.0f / s;
+  if (si_t) *si_t = 1.0f / s;
+  return m;
+}
+
+void k_cpu_fp8_cast_block(const float *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
+                          uint8_t *out_t, float *scale_inv_t, float *amax) {
+  CHECK(rows >= 0 && cols >= 0 && (tile == 1 || tile == K_FP8_BLOCK),
+        "fp8_cast_block: rows=%lld cols=%d tile=%d (need non-negative sizes, tile 1 or 128)", (long long)rows, cols, tile);
+  CHECK((!out || scale_inv) && (!out_t || scale_inv_t), "fp8_cast_block: an output without its scale array");
+  uint32_t m;
+  memcpy(&m, amax, sizeof m);
+  const int B = K_FP8_BLOCK, ncb = k_fp8_blocks(cols), nrb = k_fp8_blocks(rows);
+  if (tile == B) {
+#pragma omp parallel for schedule(static) reduction(max : m)
+    for (int rb = 0; rb < nrb; rb++)
+      for (int cb = 0; cb < ncb; cb++) {
+        const int64_t r1 = (int64_t)(rb + 1) * B < rows ? (int64_t)(rb + 1) * B : rows;
+        const int c1 = (cb + 1) * B < cols ? (cb + 1) * B : cols;
+        float *si = scale_inv ? scale_inv + (int64_t)rb * k_fp8_block_ld(cols) + cb : NULL;
+        float *si_t = scale_inv_t ? scale_inv_t + (int64_t)cb * k_fp8_block_ld(rows) + rb : NULL;
+        const uint32_t t = cast_tile(x, rows, cols, (int64_t)rb * B, r1, cb * B, c1, out, si, out_t, si_t);
+        if (t > m) m = t;
+      }
+  } else {
+    if (out)  // 1 x 128 tiles along each row
+#pragma omp parallel for schedule(static) reduction(max : m)
+      for (int64_t r = 0; r < rows; r++)
+        for (int cb = 0; cb < ncb; cb++) {
+          const int c1 = (cb + 1) * B < cols ? (cb + 1) * B : cols;
+          const uint32_t t = cast_tile(x, rows, cols, r, r + 1, cb * B, c1, out, scale_inv + (int64_t)cb * rows + r, NULL, NULL);
+          if (t > m) m = t;
+        }
+    if (out_t)  // 128 x 1 tiles down each column: 1 x 128 tiles of the transpose
+#pragma omp parallel for schedule(static) reduction(max : m)
+      for (int c = 0; c < cols; c++)
+        for (int rb = 0; rb < nrb; rb++) {
+          const int64_t r1 = (int64_t)(rb + 1) * B < rows ? (int64_t)(rb + 1) * B : rows;
+          const uint32_t t =
+              cast_tile(x, rows, cols, (int64_t)rb * B, r1, c, c + 1, NULL, NULL, out_t, scale_inv_t + (int64_t)rb * cols + c);
+          if (t > m) m = t;
+        }
+    if (!out && !out_t)
+      for (int64_t i = 0; i < rows * cols; i++) {
+        const uint32_t u = abs_bits_of(x[i]);
+        if (u > m) m = u;
+      }
+  }
+  memcpy(amax, &m, sizeof m);
+}
+
+void k_cpu_gemm_fp8_block(int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv, const uint8_t *B,
+                          int b_tile, const float *b_scale_inv, float beta, float *C) {
+  char msg[256];
+  CHECK(!k_fp8_gemm_block_check(M, N, K, a_tile, b_tile, A, B, C, msg, sizeof msg), "%s", msg);
+  float lut[256];
+  for (int i = 0; i < 256; i++) lut[i] = k_cpu_fp8_decode((uint8_t)i, K_E4M3);
+  const int nkb = k_fp8_blocks(K);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      const uint8_t *a = A + (int64_t)i * K, *b = B + (int64_t)j * K;
+      double acc = 0.0;
+      for (int kb = 0; kb < nkb; kb++) {
+        const int k0 = kb * K_FP8_BLOCK, k1 = k0 + K_FP8_BLOCK < K ? k0 + K_FP8_BLOCK : K;
+        double p = 0.0;
+        for (int k = k0; k < k1; k++) p += (double)lut[a[k]] * (double)lut[b[k]];
+        const float s = a_scale_inv[k_fp8_block_scale_at(M, K, a_tile, i, k0)] *
+                        b_scale_inv[k_fp8_block_scale_at(N, K, b_tile, j, k0)];
+        acc += (double)(float)p * (double)s;
+      }
+      float *c = C + (int64_t)i * N + j;
+      *c = (float)(acc + (beta != 0.0f ? (double)beta * *c : 0.0));
+    }
+}

@@ -56,6 +56,52 @@ static inline int k_fp8_gemm_check(int M, int N, int K, k_fp8 a_fmt, k_fp8 b_fmt
   return 0;
 }
 
+// Whether a GPU can train in FP8: FP8 tensor cores (and cuBLASLt's FP8 GEMMs) need compute
+// capability 8.9 (Ada) or later, Hopper's 9.0 included. Returns 0 when it can, else 1 with a
+// one-line message in msg naming the GPU, its capability and the fix. Pure, so that CPU tests
+// cover it; the CUDA backend calls it with the device's properties (k_cuda_device_fp8_check).
+static inline int k_fp8_device_check(const char *gpu_name, int cc_major, int cc_minor, char *msg, size_t msg_bytes) {
+  if (cc_major > 8 || (cc_major == 8 && cc_minor >= 9)) return 0;
+  snprintf(msg, msg_bytes, "train.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or later: Ada, "
+           "Hopper) and %s has compute capability %d.%d: set train.precision=bf16", gpu_name, cc_major, cc_minor);
+  return 1;
+}
+
+// Block scaling (fp8.recipe=block, as DeepSeek-V3 trained): E4M3 codes with one fp32 scale per
+// tile, 1 x 128 (activations, gradients: 128 consecutive elements of a row, along K) or 128 x 128
+// (weights), each tile scaled from its own amax: s = 448 / amax (fp32 division; clamped to
+// [FLT_MIN, FLT_MAX]; 1 where the amax is 0, NaN or Inf), codes = encode(x * s), and the GEMM
+// reads 1 / s (fp32). Scale arrays are laid out as cuBLASLt's block-scaled GEMMs read them (seen
+// on an H100 with cuBLAS 13: other layouts give wrong products), for an operand of R rows and K
+// columns (K innermost): 1 x 128, [ceil(K / 128)][R] (R contiguous); 128 x 128,
+// [ceil(R / 128)][ld] with ld = ceil(K / 128) rounded up to a multiple of 4 (the padding is
+// neither read nor written).
+enum { K_FP8_BLOCK = 128 };
+static inline int k_fp8_blocks(int64_t n) { return (int)((n + K_FP8_BLOCK - 1) / K_FP8_BLOCK); }
+static inline int k_fp8_block_ld(int64_t k) { return (k_fp8_blocks(k) + 3) / 4 * 4; }
+// Floats of the scale array of an (R, K) operand with tile 1 or 128.
+static inline int64_t k_fp8_block_scales_n(int64_t R, int64_t K, int tile) {
+  return tile == 1 ? (int64_t)k_fp8_blocks(K) * R : (int64_t)k_fp8_blocks(R) * k_fp8_block_ld(K);
+}
+// The index of the scale of element (r, k) of an (R, K) operand.
+static inline int64_t k_fp8_block_scale_at(int64_t R, int64_t K, int tile, int64_t r, int64_t k) {
+  return tile == 1 ? (k / K_FP8_BLOCK) * R + r : (r / K_FP8_BLOCK) * k_fp8_block_ld(K) + k / K_FP8_BLOCK;
+}
+
+// Whether gemm_fp8_block can run (M, N, K) with these tiles: k_fp8_gemm_check's rules (E4M3 both),
+// tiles 1 or 128, not both 128 (cuBLASLt on Hopper multiplies 1x128 by 128x128, 128x128 by 1x128
+// and 1x128 by 1x128). 0 when legal, else 1 with a message.
+static inline int k_fp8_gemm_block_check(int M, int N, int K, int a_tile, int b_tile, const void *A, const void *B,
+                                         const void *C, char *msg, size_t msg_bytes) {
+  if (k_fp8_gemm_check(M, N, K, K_E4M3, K_E4M3, A, B, C, msg, msg_bytes)) return 1;
+  if ((a_tile != 1 && a_tile != 128) || (b_tile != 1 && b_tile != 128) || (a_tile == 128 && b_tile == 128)) {
+    snprintf(msg, msg_bytes, "gemm_fp8_block: tiles %d and %d: each 1 (1 x 128) or 128 (128 x 128), not both 128",
+             a_tile, b_tile);
+    return 1;
+  }
+  return 0;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -75,6 +121,24 @@ void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 f
 // multiplies the fp32 sum, as cuBLASLt applies it. Checks k_fp8_gemm_check.
 void k_cpu_gemm_fp8(k_isa isa, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, float a_scale_inv, const uint8_t *B,
                     k_fp8 b_fmt, float b_scale_inv, float beta, float *C);
+
+// Block-scaled cast of x (rows, cols) (see K_FP8_BLOCK above), E4M3. tile 1: out (rows, cols)
+// in 1 x 128 tiles along cols, scale_inv its (rows, cols) scales; out_t (cols, rows) in 1 x 128
+// tiles along rows (128 x 1 tiles of x: another quantization), scale_inv_t its (cols, rows)
+// scales. tile 128: out and out_t the same codes, transposed, of 128 x 128 tiles, with their
+// scales. Either output (with its scales) may be NULL. *amax as k_cpu_fp8_cast.
+void k_cpu_fp8_cast_block(const float *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
+                          uint8_t *out_t, float *scale_inv_t, float *amax);
+
+// C (M,N) = beta C + A B^T block-scaled: A (M,K), B (N,K) E4M3 codes with tiles a_tile, b_tile
+// and scale arrays in the layouts above. The exact definition, which this computes: for each
+// element, p_j = the dot product of the j-th 128-column blocks of A's row and B's row, summed
+// exactly (in fp64: the products of E4M3 codes are exact and 128 of them fit fp64's mantissa)
+// and rounded to fp32; acc = sum over j ascending, in fp64, of p_j * (sa_j * sb_j) with the
+// scale product rounded to fp32; C = fp32(acc + beta C). A GPU sums in its own order: the op
+// suite bounds the difference. Checks k_fp8_gemm_block_check.
+void k_cpu_gemm_fp8_block(int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv, const uint8_t *B,
+                          int b_tile, const float *b_scale_inv, float beta, float *C);
 
 // The scale update of delayed scaling (kernels/backend.h, fp8_scales), the GPU's rules:
 // history[i][pos] = amax[i]; a = max of the row (a NaN wins) if use_max, else amax[i]; a finite

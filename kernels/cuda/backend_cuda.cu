@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/optim_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cpu/fp8_cpu.h"  // k_fp8_device_check
 #include "kernels/cuda/attn_cudnn.h"
 
 #include <string.h>
@@ -130,6 +131,16 @@ extern "C" int k_cuda_device_count(void) {
     return 0;
   }
   return n;
+}
+
+extern "C" int k_cuda_device_fp8_check(int device, char *err, size_t n_err) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    snprintf(err, n_err, "CUDA device %d: %s (check the driver and CUDA_VISIBLE_DEVICES)", device,
+             cudaGetErrorString(cudaGetLastError()));
+    return -1;
+  }
+  return k_fp8_device_check(prop.name, prop.major, prop.minor, err, n_err) ? -1 : 0;
 }
 
 static int64_t cuda_mem_used(k_backend *b) {
@@ -259,5 +270,8 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->dequant16 = k_cuda_dequant16;
   b->quant_i8 = k_cuda_quant_i8;
   b->dequant_i8 = k_cuda_dequant_i8;
+  b->swiglu_fwd_fp8 = k_cuda_swiglu_fwd_fp8;
+  b->fp8_cast_block = k_cuda_fp8_cast_block;
+  b->gemm_fp8_block = k_cuda_gemm_fp8_block;
   return b;
 }

@@ -13,6 +13,9 @@ extern "C" {
 
 // Number of visible CUDA devices (0 when there is no driver or GPU; never aborts).
 int k_cuda_device_count(void);
+// Whether GPU `device` can train in FP8 (k_fp8_device_check on its name and compute capability):
+// 0, or -1 with a one-line message in err. Never aborts on a missing driver (then -1 too).
+int k_cuda_device_fp8_check(int device, char *err, size_t n_err);
 // Backend on GPU o->device (cudaSetDevice is called) with o->act activations (K_BF16 or K_F32;
 // the caller chooses: a zeroed o, or NULL, means fp32), TF32 for fp32 GEMMs when o->tf32, the
 // own attention kernel instead of cuDNN's when o->attn_own, o->peak_tflops for MFU. Every op of

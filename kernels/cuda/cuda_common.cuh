@@ -111,6 +111,9 @@ static inline bool k_aligned16(uint64_t a) { return a % 16 == 0; }
 
 enum { K_CUDA_THREADS = 256 };
 
+// SwiGLU of one element, silu(g) * u: the one expression of swiglu_fwd and swiglu_fwd_fp8.
+__device__ __forceinline__ float k_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, no more.
 static inline unsigned k_cuda_blocks(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

@@ -183,3 +183,226 @@ extern "C" void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax
                                                                      margin, use_max, n_nonfinite);
   CUDA_LAUNCH_CHECK("k_fp8_scales");
 }
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU with the FP8 codes of its output: k_swiglu_fwd's rows and columns (vectors of 16 bytes
+// where n and the pointers allow), each value stored in the act dtype, then read back from that
+// rounding for its code and the amax, as fp8_cast reading out would.
+
+template <typename E, bool VEC>
+__global__ void __launch_bounds__(T8_THREADS) k_swiglu_fwd_fp8(const E *gu, E *out, int64_t rows, int n,
+                                                               const float *scale, uint8_t *out8, float *amax) {
+  constexpr int W = k_vec<E>::N;  // elements of a 16-byte vector (the vector path)
+  const int nw = VEC ? n / W : n;
+  const float s = *scale;
+  uint32_t m = 0;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nw; j += gridDim.x * blockDim.x) {
+      if (VEC) {
+        float g[W], u[W];
+        const uint4 *row = (const uint4 *)gu + r * 2 * nw;
+        k_unpack<E>(row[j], g);
+        k_unpack<E>(row[nw + j], u);
+#pragma unroll
+        for (int e = 0; e < W; e++) g[e] = k_swiglu(g[e], u[e]);
+        const uint4 p = k_pack<E>(g);
+        ((uint4 *)out)[r * nw + j] = p;
+        k_unpack<E>(p, g);
+        uint32_t w[W / 4];
+#pragma unroll
+        for (int i = 0; i < W; i += 4) {
+          m = max(m, max(max(abs_bits(g[i]), abs_bits(g[i + 1])), max(abs_bits(g[i + 2]), abs_bits(g[i + 3]))));
+          w[i / 4] = fp8x2<K_E4M3>(g[i] * s, g[i + 1] * s) | fp8x2<K_E4M3>(g[i + 2] * s, g[i + 3] * s) << 16;
+        }
+        uint8_t *o = out8 + r * n + (int64_t)j * W;
+        if (W == 8) *(uint2 *)o = make_uint2(w[0], w[W / 4 - 1]);
+        else *(uint32_t *)o = w[0];
+      } else {
+        const E *row = gu + r * 2 * n;
+        const E v = k_st<E>(k_swiglu(k_ld(row[j]), k_ld(row[n + j])));
+        out[r * n + j] = v;
+        const float f = k_ld(v);
+        m = max(m, abs_bits(f));
+        out8[r * n + j] = (uint8_t)fp8x2<K_E4M3>(f * s, 0.0f);
+      }
+    }
+  amax_commit(m, amax);
+}
+
+template <typename E>
+static void swiglu_fwd_fp8_go(const E *gu, E *out, int64_t rows, int n, const float *scale, uint8_t *out8, float *amax,
+                              cudaStream_t st) {
+  constexpr int W = k_vec<E>::N;
+  const bool vec = n % W == 0 && k_aligned16((uintptr_t)gu | (uintptr_t)out) && (uintptr_t)out8 % W == 0;
+  const int64_t bx = ((vec ? n / W : n) + T8_THREADS - 1) / T8_THREADS;
+  const dim3 grid((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(rows < 65535 ? rows : 65535));
+  if (vec) k_swiglu_fwd_fp8<E, true><<<grid, T8_THREADS, 0, st>>>(gu, out, rows, n, scale, out8, amax);
+  else k_swiglu_fwd_fp8<E, false><<<grid, T8_THREADS, 0, st>>>(gu, out, rows, n, scale, out8, amax);
+  CUDA_LAUNCH_CHECK("k_swiglu_fwd_fp8");
+}
+
+extern "C" void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
+                                      uint8_t *out8, float *amax) {
+  CHECK(rows >= 0 && n >= 0, "swiglu_fwd_fp8 shape rows=%lld n=%d must be non-negative", (long long)rows, n);
+  if (rows == 0 || n == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) swiglu_fwd_fp8_go<k_bf16>((const k_bf16 *)gu, (k_bf16 *)out, rows, n, scale, out8, amax, c->stream);
+  else swiglu_fwd_fp8_go<float>((const float *)gu, (float *)out, rows, n, scale, out8, amax, c->stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block scaling (kernels/cpu/fp8_cpu.h: k_cpu_fp8_cast_block, bit for bit): each tile's amax, its
+// scale 448 / amax (IEEE division, the CPU's clamps), E4M3 codes, 1 / scale in cuBLASLt's layout.
+// 256 threads a block, as amax_commit (the whole tensor's amax) expects.
+
+__device__ __forceinline__ float block_scale(uint32_t amax_bits) {
+  const float a = __uint_as_float(amax_bits);
+  if (!(a > 0.0f) || !isfinite(a)) return 1.0f;
+  const float s = 448.0f / a;
+  return s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
+}
+
+// k_fp8_block_ld on the device: the row stride of a 128 x 128 scale array.
+__device__ __forceinline__ int64_t blk_ld(int64_t k) { return ((k + 127) / 128 + 3) / 4 * 4; }
+
+__device__ __forceinline__ uint8_t e4m3(float v) { return (uint8_t)fp8x2<K_E4M3>(v, 0.0f); }
+
+// 1 x 128 tiles along each row: a warp per (row, 128-column block), 4 columns a lane.
+template <typename E>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast_rows128(const E *x, int64_t rows, int cols, uint8_t *out,
+                                                                 float *si, float *amax) {
+  const int ncb = (cols + 127) / 128, lane = threadIdx.x & 31;
+  const int64_t w = (int64_t)blockIdx.x * (T8_THREADS / 32) + (threadIdx.x >> 5);
+  uint32_t m = 0;
+  float f[4];
+  const int64_t r = w / ncb;
+  const int cb = (int)(w % ncb);
+  if (r < rows) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int c = cb * 128 + lane + 32 * i;
+      f[i] = c < cols ? k_ld(x[r * cols + c]) : 0.0f;
+      m = max(m, abs_bits(f[i]));
+    }
+  }
+  const uint32_t tm = __reduce_max_sync(0xffffffffu, m);
+  if (r < rows) {
+    const float s = block_scale(tm);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int c = cb * 128 + lane + 32 * i;
+      if (out && c < cols) out[r * cols + c] = e4m3(f[i] * s);
+    }
+    if (out && lane == 0) si[(int64_t)cb * rows + r] = 1.0f / s;
+  }
+  amax_commit(m, amax);
+}
+
+// 1 x 128 tiles of the transpose (128 x 1 down each column of x): a block per 128 rows x 32
+// columns through shared memory; a warp per 4 columns, each column's 128 codes written along out_t.
+template <typename E>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast_cols128(const E *x, int64_t rows, int cols, uint8_t *out_t,
+                                                                 float *si_t, float *amax) {
+  __shared__ float tile[128][33];
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  const int64_t r0 = (int64_t)blockIdx.x * 128;
+  const int c0 = blockIdx.y * 32;
+  uint32_t m = 0;
+  for (int i = 0; i < 16; i++) {
+    const int tr = wp + 8 * i;
+    const int64_t r = r0 + tr;
+    const int c = c0 + lane;
+    const float v = r < rows && c < cols ? k_ld(x[r * cols + c]) : 0.0f;
+    tile[tr][lane] = v;
+    m = max(m, abs_bits(v));
+  }
+  __syncthreads();
+  for (int j = wp * 4; j < wp * 4 + 4; j++) {
+    const int c = c0 + j;
+    uint32_t cm = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) cm = max(cm, abs_bits(tile[lane + 32 * q][j]));
+    cm = __reduce_max_sync(0xffffffffu, cm);
+    if (c >= cols) continue;
+    const float s = block_scale(cm);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int64_t r = r0 + lane + 32 * q;
+      if (r < rows) out_t[(int64_t)c * rows + r] = e4m3(tile[lane + 32 * q][j] * s);
+    }
+    if (lane == 0) si_t[(int64_t)blockIdx.x * cols + c] = 1.0f / s;
+  }
+  amax_commit(m, amax);
+}
+
+// 128 x 128 tiles: a block per tile; the tile's amax, then the codes row-wise to out and
+// column-wise to out_t (the weights' copies, made once per optimizer step).
+template <typename E>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast_tiles128(const E *x, int64_t rows, int cols, uint8_t *out,
+                                                                  float *si, uint8_t *out_t, float *si_t, float *amax) {
+  __shared__ uint32_t part[T8_THREADS / 32];
+  const int64_t r0 = (int64_t)blockIdx.x * 128;
+  const int c0 = blockIdx.y * 128;
+  uint32_t m = 0;
+  for (int e = threadIdx.x; e < 128 * 128; e += T8_THREADS) {
+    const int64_t r = r0 + e / 128;
+    const int c = c0 + e % 128;
+    if (r < rows && c < cols) m = max(m, abs_bits(k_ld(x[r * cols + c])));
+  }
+  uint32_t v = __reduce_max_sync(0xffffffffu, m);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint32_t tm = 0;
+  for (int i = 0; i < T8_THREADS / 32; i++) tm = max(tm, part[i]);
+  const float s = block_scale(tm);
+  if (out)
+    for (int e = threadIdx.x; e < 128 * 128; e += T8_THREADS) {
+      const int64_t r = r0 + e / 128;
+      const int c = c0 + e % 128;
+      if (r < rows && c < cols) out[r * cols + c] = e4m3(k_ld(x[r * cols + c]) * s);
+    }
+  if (out_t)
+    for (int e = threadIdx.x; e < 128 * 128; e += T8_THREADS) {
+      const int c = c0 + e / 128;
+      const int64_t r = r0 + e % 128;
+      if (r < rows && c < cols) out_t[(int64_t)c * rows + r] = e4m3(k_ld(x[r * cols + c]) * s);
+    }
+  if (threadIdx.x == 0) {
+    if (si) si[(int64_t)blockIdx.x * blk_ld(cols) + blockIdx.y] = 1.0f / s;
+    if (si_t) si_t[(int64_t)blockIdx.y * blk_ld(rows) + blockIdx.x] = 1.0f / s;
+  }
+  amax_commit(m, amax);
+}
+
+template <typename E>
+static void fp8_cast_block_go(const E *x, int64_t rows, int cols, int tile, uint8_t *out, float *si, uint8_t *out_t,
+                              float *si_t, float *amax, cudaStream_t st) {
+  const unsigned nrb = (unsigned)((rows + 127) / 128), ncb = (unsigned)((cols + 127) / 128);
+  if (tile == 128) {
+    k_fp8_cast_tiles128<E><<<dim3(nrb, ncb), T8_THREADS, 0, st>>>(x, rows, cols, out, si, out_t, si_t, amax);
+    CUDA_LAUNCH_CHECK("k_fp8_cast_tiles128");
+    return;
+  }
+  if (out || !out_t) {  // with neither output, this pass alone takes the amax (out NULL: no codes)
+    const int64_t warps = rows * ncb;
+    k_fp8_cast_rows128<E><<<(unsigned)((warps + 7) / 8), T8_THREADS, 0, st>>>(x, rows, cols, out, si, amax);
+    CUDA_LAUNCH_CHECK("k_fp8_cast_rows128");
+  }
+  if (out_t) {
+    k_fp8_cast_cols128<E><<<dim3(nrb, (unsigned)((cols + 31) / 32)), T8_THREADS, 0, st>>>(x, rows, cols, out_t, si_t, amax);
+    CUDA_LAUNCH_CHECK("k_fp8_cast_cols128");
+  }
+}
+
+extern "C" void k_cuda_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out,
+                                      float *scale_inv, uint8_t *out_t, float *scale_inv_t, float *amax) {
+  CHECK(rows >= 0 && cols >= 0 && (tile == 1 || tile == 128),
+        "fp8_cast_block: rows=%lld cols=%d tile=%d (need non-negative sizes, tile 1 or 128)", (long long)rows, cols, tile);
+  CHECK((!out || scale_inv) && (!out_t || scale_inv_t), "fp8_cast_block: an output without its scale array");
+  CHECK((rows + 127) / 128 < 65536 && (cols + 31) / 32 < 65536 && rows * ((cols + 127) / 128) < ((int64_t)1 << 34),
+        "fp8_cast_block: rows=%lld cols=%d too large", (long long)rows, cols);
+  if (rows == 0 || cols == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) fp8_cast_block_go<k_bf16>((const k_bf16 *)x, rows, cols, tile, out, scale_inv, out_t, scale_inv_t, amax, c->stream);
+  else fp8_cast_block_go<float>((const float *)x, rows, cols, tile, out, scale_inv, out_t, scale_inv_t, amax, c->stream);
+}

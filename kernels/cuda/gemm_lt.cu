@@ -30,6 +30,7 @@ typedef struct {
 // operands' alignment (the heuristic may pick kernels that need more than 16 bytes).
 typedef struct {
   int M, N, K, a_fmt, b_fmt, c_type, beta_nz, fast_accum, align;
+  int a_tile, b_tile;  // block scaling (gemm_fp8_block): 1 or 128; 0 = per-tensor scales
 } fp8_key;
 
 typedef struct {
@@ -149,6 +150,12 @@ static fp8_plan *fp8_plan_get(k_cuda_ctx *cx, const fp8_key *k, const float *a_s
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  if (k->a_tile) {  // cuBLASLt's A is our B: its scale mode is b_tile's
+    const int32_t am = k->b_tile == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t bm = k->a_tile == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+  }
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, fp8_type(k->b_fmt), k->K, k->N, k->K));
@@ -171,10 +178,11 @@ static fp8_plan *fp8_plan_get(k_cuda_ctx *cx, const fp8_key *k, const float *a_s
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &n_res);
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
-        "gemm_fp8: cuBLASLt has no FP8 algorithm for M=%d N=%d K=%d A %s B %s C %s beta %s fast_accum %d (status %s): "
-        "FP8 GEMMs need compute capability 8.9 or later and cuBLASLt 12.1 or later",
+        "gemm_fp8: cuBLASLt has no FP8 algorithm for M=%d N=%d K=%d A %s B %s C %s beta %s fast_accum %d tiles %d %d "
+        "(status %s): FP8 GEMMs need compute capability 8.9 or later and cuBLASLt 12.1 or later; block scaling (tiles "
+        "1 / 128) Hopper and cuBLASLt 12.9 or later",
         k->M, k->N, k->K, k_fp8_name((k_fp8)k->a_fmt), k_fp8_name((k_fp8)k->b_fmt), k->c_type == K_BF16 ? "bf16" : "f32",
-        k->beta_nz ? "!= 0" : "0", k->fast_accum, cublasGetStatusName(st));
+        k->beta_nz ? "!= 0" : "0", k->fast_accum, k->a_tile, k->b_tile, cublasGetStatusName(st));
   p->algo = res.algo;
   return p;
 }
@@ -210,6 +218,31 @@ extern "C" void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t
   memset(&k, 0, sizeof k);  // compared with memcmp
   k.M = M, k.N = N, k.K = K, k.a_fmt = a_fmt, k.b_fmt = b_fmt, k.c_type = c_type, k.beta_nz = beta != 0.0f;
   k.fast_accum = fast_accum != 0, k.align = fp8_align(A, B, C);
+  fp8_plan *p = fp8_plan_get(cx, &k, a_scale_inv, b_scale_inv);
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv));
+  const float one = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(cx->lt->h, p->op, &one, B, p->a, A, p->b, &beta, C, p->c, C, p->c, &p->algo, cx->cublas_ws,
+                              cx->cublas_ws_bytes, cx->stream));
+}
+
+// Block-scaled FP8 GEMM: the plan of gemm_fp8 with the operands' scale modes (each tile 1 ->
+// VEC128_32F, 128 -> BLK128x128_32F; the scale arrays in the layouts of kernels/cpu/fp8_cpu.h),
+// E4M3 both, no fast accumulation (cuBLASLt's block-scaled kernels take none).
+extern "C" void k_cuda_gemm_fp8_block(k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile,
+                                      const float *a_scale_inv, const uint8_t *B, int b_tile, const float *b_scale_inv,
+                                      float beta, void *C, k_dtype c_type) {
+  char msg[256];
+  CHECK(!k_fp8_gemm_block_check(M, N, K, a_tile, b_tile, A, B, C, msg, sizeof msg), "%s", msg);
+  k_cuda_ctx *cx = k_cuda_ctx_of(b);
+  CHECK(c_type == cx->act || c_type == K_F32, "gemm_fp8_block: C dtype %d must be the act dtype (%d) or K_F32",
+        (int)c_type, (int)cx->act);
+  CHECK(a_scale_inv != NULL && b_scale_inv != NULL && ((uintptr_t)a_scale_inv | (uintptr_t)b_scale_inv) % 16 == 0,
+        "gemm_fp8_block: the scale arrays must be set and 16-byte aligned (device memory)");
+  fp8_key k;
+  memset(&k, 0, sizeof k);
+  k.M = M, k.N = N, k.K = K, k.a_fmt = K_E4M3, k.b_fmt = K_E4M3, k.c_type = c_type, k.beta_nz = beta != 0.0f;
+  k.align = fp8_align(A, B, C), k.a_tile = a_tile, k.b_tile = b_tile;
   fp8_plan *p = fp8_plan_get(cx, &k, a_scale_inv, b_scale_inv);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv));

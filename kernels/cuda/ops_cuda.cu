@@ -482,8 +482,7 @@ template <typename E>
 __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
   SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
-    const float g = k_ld(row[j]);
-    out[r * n + j] = k_st<E>(g / (1.0f + expf(-g)) * k_ld(row[n + j]));
+    out[r * n + j] = k_st<E>(k_swiglu(k_ld(row[j]), k_ld(row[n + j])));
   }
 }
 
@@ -509,7 +508,7 @@ __global__ void k_swiglu_fwd_vec(const uint4 *gu, uint4 *out, int64_t rows, int 
     k_unpack<E>(gu[r * 2 * nv + j], g);
     k_unpack<E>(gu[r * 2 * nv + nv + j], u);
 #pragma unroll
-    for (int e = 0; e < W; e++) g[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
+    for (int e = 0; e < W; e++) g[e] = k_swiglu(g[e], u[e]);
     out[r * nv + j] = k_pack<E>(g);
   }
 }

@@ -36,6 +36,15 @@ void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const 
                      uint8_t *out_t, float *amax);
 void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                        int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+// SwiGLU writing the FP8 codes of its output too (fp8_cuda.cu; swiglu_fwd then fp8_cast, bit for bit).
+void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale, uint8_t *out8,
+                           float *amax);
+// FP8 block scaling (kernels/cpu/fp8_cpu.h): the cast (fp8_cuda.cu, bit for bit) and the GEMM
+// (gemm_lt.cu, cuBLASLt's VEC128_32F / BLK128x128_32F scale modes).
+void k_cuda_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
+                           uint8_t *out_t, float *scale_inv_t, float *amax);
+void k_cuda_gemm_fp8_block(k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
+                           const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type);
 
 // kernels/cuda/ops_cuda.cu
 // Any dtype pair; fp32 -> bf16 rounds to nearest even. Independent of the activation dtype.

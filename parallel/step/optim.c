@@ -190,14 +190,17 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   trace_pop_range();
   trace_push_range("optimizer");
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
-  double sumsq = be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges);
+  // With the sum of squares, the count of non-finite FP8 amaxes of the step (model/fp8.h).
+  double sums[2] = {be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges), model_fp8_count_nonfinite(m)};
   comm *w = m->g->world;
-  w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
-  double norm = sqrt(sumsq);
+  w->ops->all_reduce(w, sums, 2, COMM_F64, COMM_SUM);
+  double norm = sums[1] > 0 ? NAN : sqrt(sums[0]);
   if (!isfinite(norm)) {
-    // A NaN or Inf anywhere in the gradient: no update, so the weights and moments stay finite
-    // (the caller stops the run or skips the step). The norm is the same on every rank.
+    // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments
+    // and FP8 scaling state stay finite (the caller stops the run or skips the step, and
+    // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
+    model_fp8_discard_step(m);
     trace_pop_range();
     if (o->timing) {
       o->timing->dp_comm += t1 - t0;
