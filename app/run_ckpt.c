@@ -116,8 +116,8 @@ static void alloc_host(const model *m, float *host[3]) {
   for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
 }
 
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
-                  size_t n_err) {
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
+                  const ckpt_faults *faults, char *err, size_t n_err) {
   float *host[3];
   alloc_host(m, host);
   opt_get_params(o, host[0]);
@@ -135,7 +135,7 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   char *yaml = XMALLOC(n_yaml);
   cfg_to_yaml(c, yaml, n_yaml);
   ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = yaml};
-  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
+  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, faults, err, n_err);
   free(yaml);
   free(list);
   fp8_host_free(&h8);
@@ -143,10 +143,12 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   return rc;
 }
 
-// Whether the checkpoint at path was written by an FP8 run (its stored config says so). 0 or -1.
+// Whether the checkpoint at path was written by an FP8 run (its stored config says so). 0, or
+// ckpt_load's error.
 static int ckpt_fp8_state(const char *path, const model *m, int *has, char *err, size_t n_err) {
   ckpt_meta meta = {0};
-  if (ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err) != 0) return -1;
+  int rc = ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err);
+  if (rc != 0) return rc;
   *has = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
   free((void *)meta.config_yaml);
   return 0;
@@ -165,8 +167,8 @@ static void fp8_notice(const char *path, const model *m, int has) {
 
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
-  int has_fp8 = 0;
-  if (ckpt_fp8_state(path, m, &has_fp8, err, n_err) != 0) return -1;
+  int has_fp8 = 0, rc = ckpt_fp8_state(path, m, &has_fp8, err, n_err);
+  if (rc != 0) return rc;
   float *host[3];
   alloc_host(m, host);
   int n = 0;
@@ -177,7 +179,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     fp8_list(m, &h8, list, &n);
   }
   ckpt_meta meta = {0};
-  int rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
+  rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
     m->be->from_host(m->be, m->params, host[0], (size_t)m->n_params * sizeof(float));
     model_sync_compute_weights(m);
