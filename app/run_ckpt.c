@@ -165,6 +165,19 @@ static void fp8_notice(const char *path, const model *m, int has) {
            "an empty amax history\n", path);
 }
 
+// Each step advances the data position by the global batch, so samples_seen is step times the
+// train.global_batch stored with the checkpoint unless the batch changed during the run (legal)
+// or the file is damaged: one line on rank 0 either way.
+static void position_notice(const char *path, const model *m, const ckpt_meta *meta) {
+  const char *at = meta->config_yaml ? strstr(meta->config_yaml, "\n  global_batch: ") : NULL;
+  long long batch = 0;
+  if (m->g->world_rank != 0 || !at || sscanf(at, "\n  global_batch: %lld", &batch) != 1 || batch <= 0) return;
+  if (meta->samples_seen % batch == 0 && meta->samples_seen / batch == meta->step) return;
+  printf("note: checkpoint %s: samples_seen = %lld is not step %lld times its train.global_batch %lld: the global "
+         "batch changed during the run, or the file is damaged (build/ckpt_verify checks it)\n",
+         path, (long long)meta->samples_seen, (long long)meta->step, batch);
+}
+
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
   int has_fp8 = 0, rc = ckpt_fp8_state(path, m, &has_fp8, err, n_err);
@@ -188,6 +201,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     *samples_seen = meta.samples_seen;
     if (h8.scale) fp8_from_host(m, &h8, meta.step);
     fp8_notice(path, m, has_fp8);
+    position_notice(path, m, &meta);
     if (meta.seed != c->train.seed && m->g->world_rank == 0)
       fprintf(stderr, "warning: checkpoint %s was trained with train.seed %llu, the config says %llu\n", path,
               (unsigned long long)meta.seed, (unsigned long long)c->train.seed);

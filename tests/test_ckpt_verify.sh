@@ -89,6 +89,12 @@ grep -q "note: checkpoint .*v2.h5 has format version 2, without checksums" "$WOR
 "$VERIFY" "$WORK/v2.h5" > "$WORK/out" 2>&1 && grep -q "finiteness only" "$WORK/out" &&
   pass "ckpt_verify on a version-2 checkpoint: $(cat "$WORK/out")" || fail "ckpt_verify, version 2: $(cat "$WORK/out")"
 
+# A data position that is not step x global batch: a note (the batch may have changed), training goes on.
+damaged pos attr samples_seen 50
+run pos 1 "checkpoint.resume=$WORK/pos.h5" train.steps=7 || fail "resume with samples_seen off the batch grid"
+grep -q "note: checkpoint .*pos.h5: samples_seen = 50 is not step 6 times its train.global_batch 8" "$WORK/pos/log" &&
+  pass "samples_seen off the batch grid: a note" || fail "no note for samples_seen 50 at step 6: $(cat "$WORK/pos/log")"
+
 # A checkpoint at train.steps: the run is already complete, nothing trained or written.
 run done 1 "checkpoint.resume=$C6" train.steps=6 || fail "resume at train.steps: exit status"
 if grep -q "is at step 6 and train.steps is 6: the run is already complete" "$WORK/done/log" &&
