@@ -133,9 +133,11 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   launch_report(&f.place, env, &f.g, device, a->print_layout, stdout);
   if (rank == 0) print_resolved(&c, a->path);
   // Test-only fault injection (tests/test_resume.sh), read once here.
-  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"),
-             *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");
-  trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1, .nan_at_step = nan_env ? atoll(nan_env) : 0,
+  const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *fail_env = getenv("TRAINER_TEST_FAIL_IN_CKPT"),
+             *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"), *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");
+  trainer_hooks hooks = {.ckpt = {.kill_after = kill_env ? atoi(kill_env) : -1,
+                                  .fail_at = fail_env ? atoi(fail_env) : -1},
+                         .nan_at_step = nan_env ? atoll(nan_env) : 0,
                          .fp8_inf_at_step = inf_env ? atoll(inf_env) : 0};
   int rc = trainer_run(&c, &f.g, f.be, &hooks);
   factory_free(&f);

@@ -152,8 +152,8 @@ static void alloc_host(const model *m, float *host[3]) {
   for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
 }
 
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
-                  size_t n_err) {
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
+                  const ckpt_faults *faults, char *err, size_t n_err) {
   float *host[3];
   alloc_host(m, host);
   opt_get_params(o, host[0]);
@@ -178,7 +178,7 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   char *yaml = XMALLOC(n_yaml);
   cfg_to_yaml(c, yaml, n_yaml);
   ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = yaml};
-  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, kill_after, err, n_err);
+  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, faults, err, n_err);
   free(yaml);
   free(list);
   free(res);
@@ -190,11 +190,12 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
 // What extra state the checkpoint at path holds, from its stored config: FP8 scaling state
 // (*has_fp8), the LM head's FP8 state (*has_head: fp8.head), and error feedback's residual
 // (*res_dp: the dp it was written with; 0 = none, also for a config this build does not read).
-// 0 or -1.
+// 0, or ckpt_load's error.
 static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *has_head, int *res_dp, char *err,
                             size_t n_err) {
   ckpt_meta meta = {0};
-  if (ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err) != 0) return -1;
+  int rc = ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err);
+  if (rc != 0) return rc;
   *has_fp8 = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
   *has_head = *has_fp8 && strstr(meta.config_yaml, "\n  head: true") != NULL;
   cfg stored;
@@ -235,10 +236,24 @@ static void fp8_notice(const char *path, const model *m, int has, int has_head) 
            "an empty amax history\n", path);
 }
 
+// Each step advances the data position by the global batch, so samples_seen is step times the
+// train.global_batch stored with the checkpoint unless the batch changed during the run (legal)
+// or the file is damaged: one line on rank 0 either way.
+static void position_notice(const char *path, const model *m, const ckpt_meta *meta) {
+  const char *at = meta->config_yaml ? strstr(meta->config_yaml, "\n  global_batch: ") : NULL;
+  long long batch = 0;
+  if (m->g->world_rank != 0 || !at || sscanf(at, "\n  global_batch: %lld", &batch) != 1 || batch <= 0) return;
+  if (meta->samples_seen % batch == 0 && meta->samples_seen / batch == meta->step) return;
+  printf("note: checkpoint %s: samples_seen = %lld is not step %lld times its train.global_batch %lld: the global "
+         "batch changed during the run, or the file is damaged (build/ckpt_verify checks it)\n",
+         path, (long long)meta->samples_seen, (long long)meta->step, batch);
+}
+
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
   int has_fp8 = 0, has_head = 0, res_dp = 0;
-  if (ckpt_extra_state(path, m, &has_fp8, &has_head, &res_dp, err, n_err) != 0) return -1;
+  int rc = ckpt_extra_state(path, m, &has_fp8, &has_head, &res_dp, err, n_err);
+  if (rc != 0) return rc;
   float *host[3];
   alloc_host(m, host);
   int n = 0;
@@ -255,7 +270,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     add_section(m, residual_prefix, res, 1, list, &n);
   }
   ckpt_meta meta = {0};
-  int rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
+  rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
     m->be->from_host(m->be, m->params, host[0], (size_t)m->n_params * sizeof(float));
     model_sync_compute_weights(m);
@@ -269,6 +284,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
       m->be->sync(m->be);  // res is freed next
     }
     residual_notice(path, m, o, res_dp);
+    position_notice(path, m, &meta);
     if (meta.seed != c->train.seed && m->g->world_rank == 0)
       fprintf(stderr, "warning: checkpoint %s was trained with train.seed %llu, the config says %llu\n", path,
               (unsigned long long)meta.seed, (unsigned long long)c->train.seed);

@@ -6,13 +6,15 @@
 #define TRAINER_RUN_CKPT_H
 
 #include "app/config.h"
+#include "model/ckpt.h"
 #include "parallel/step/optim.h"
 
-// Collective. Returns 0, or -1 with a message. kill_after: ckpt_save's test hook (-1: off).
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
-                  size_t n_err);
-// Collective. path: a checkpoint file. Fills step and samples_seen. Returns 0, or -1 with a
-// message (model shape differs, missing tensor, unreadable file).
+// Collective. Returns 0, or -1 with a message. faults: ckpt_save's test hooks (NULL: off).
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
+                  const ckpt_faults *faults, char *err, size_t n_err);
+// Collective. path: a checkpoint file. Fills step and samples_seen. Returns 0, -1 with a message
+// (model shape differs, missing tensor, another format version) or CKPT_DAMAGED with a message
+// naming the damage (checksum, non-finite value, unreadable file, root attributes out of range).
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err);
 // Collective. Starts the model from a Hugging Face Llama directory (checkpoint.init_from=hf:DIR):

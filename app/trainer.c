@@ -47,7 +47,7 @@ static int trainer_resume_path(const cfg *c, char *path, size_t n, char *err, si
   if (strcmp(r, "none") == 0) return 0;
   if (strcmp(r, "auto") == 0) {
     if (!c->checkpoint.dir[0]) return 0;
-    int rc = ckpt_find_latest(c->checkpoint.dir, path, n);
+    int rc = ckpt_find_latest(c->checkpoint.dir, INT64_MAX, path, n, NULL);
     if (rc < 0) {
       snprintf(err, n_err, "checkpoint.resume=auto: cannot scan checkpoint.dir '%s'", c->checkpoint.dir);
       return -1;
@@ -113,11 +113,34 @@ static trainer_start trainer_start_point(const trainer *t, char *path, size_t n_
   return from[0] ? TRAINER_START_INIT_FROM : TRAINER_START_FRESH;
 }
 
+// Loads the checkpoint at path; with checkpoint.resume=auto, a damaged one (a checksum or
+// finiteness failure, an unreadable file) is skipped with a warning for the next older one.
+static int trainer_resume(trainer *t, char *path, size_t n_path, char *err, size_t n_err) {
+  const cfg *c = t->c;
+  int rc;
+  while ((rc = run_ckpt_load(path, c, &t->m, &t->o, &t->step, &t->samples_seen, err, n_err)) == CKPT_DAMAGED &&
+         strcmp(c->checkpoint.resume, "auto") == 0) {
+    if (t->g->world_rank == 0)
+      fprintf(stderr, "warning: checkpoint.resume=auto: %s; trying an older checkpoint\n", err);
+    const char *base = strrchr(path, '/');
+    long long step = 0;
+    if (!base || sscanf(base + 1, "ckpt_%lld.h5", &step) != 1 ||
+        ckpt_find_latest(c->checkpoint.dir, step, path, n_path, NULL) != 0)
+      return snprintf(err, n_err, "checkpoint.resume=auto: no undamaged checkpoint left in '%s' (each was skipped "
+                      "with a warning above): resume from a copy, or start a fresh run with checkpoint.resume=none",
+                      c->checkpoint.dir), -1;
+  }
+  return rc == 0 ? 0 : -1;
+}
+
 // Loads the weights the start point names (the random init is done by then when it applies).
-static int trainer_load_start(trainer *t, trainer_start start, const char *path, char *err, size_t n_err) {
+static int trainer_load_start(trainer *t, trainer_start start, char *path, size_t n_path, char *err, size_t n_err) {
   if (start == TRAINER_START_RESUME) {
-    if (run_ckpt_load(path, t->c, &t->m, &t->o, &t->step, &t->samples_seen, err, n_err) != 0) return -1;
+    if (trainer_resume(t, path, n_path, err, n_err) != 0) return -1;
     if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
+    if (t->g->world_rank == 0 && t->step >= t->c->train.steps)
+      printf("checkpoint %s is at step %lld and train.steps is %d: the run is already complete; raise train.steps "
+             "to train further\n", path, (long long)t->step, t->c->train.steps);
   } else if (start == TRAINER_START_INIT_FROM) {
     const char *dir = t->c->checkpoint.init_from + 3;  // after "hf:" (cfg_validate)
     char msg[1536];
@@ -136,7 +159,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->c = c;
   t->g = g;
   t->be = be;
-  t->hooks = hooks ? *hooks : (trainer_hooks){.kill_in_ckpt = -1};
+  t->hooks = hooks ? *hooks : (trainer_hooks){.ckpt = {.kill_after = -1, .fail_at = -1}};
   t->n_micro = cfg_n_micro(c);
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;
@@ -156,7 +179,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->e.timing = &t->stats.tm;
   t->e.comm_bf16 = c->parallel.pp_comm_bf16;
   if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&t->e);
-  if (trainer_load_start(t, start, path, err, n_err) != 0) return -1;
+  if (trainer_load_start(t, start, path, sizeof path, err, n_err) != 0) return -1;
   trainer_alloc_batch(t);
 
   int64_t n_params_no_embed = 0;
@@ -241,7 +264,7 @@ double trainer_evaluate(trainer *t) {
 
 int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
   double t0 = MPI_Wtime();
-  if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, t->hooks.kill_in_ckpt, err, n_err) != 0) return -1;
+  if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, &t->hooks.ckpt, err, n_err) != 0) return -1;
   if (t->g->world_rank == 0)
     printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,
            MPI_Wtime() - t0);
@@ -286,6 +309,10 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
     rc = trainer_fail(&t, "", err);
     trainer_free(&t);
     return rc;
+  }
+  if (t.step >= c->train.steps) {  // resumed from the run's last checkpoint: nothing to do (said above)
+    trainer_free(&t);
+    return 0;
   }
   report_model_line(&t);
   // The initial weights as a checkpoint (checkpoint.at_start), before the first update.

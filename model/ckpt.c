@@ -3,6 +3,7 @@
 // under another tp/pp/dp layout. Atomic: written as dir/.ckpt_<step>.h5.tmp, synced, renamed.
 // Layout and the reasons behind it: docs/checkpoint.md.
 #include "model/ckpt.h"
+#include "model/ckpt_crc.h"
 #include "model/ckpt_internal.h"
 #include "kernels/check.h"
 #include "parallel/comm/mpi_check.h"
@@ -10,6 +11,7 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -17,13 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CKPT_MAGIC "trainer-checkpoint"  // value of the root attribute "format"
-
-// HDF5 calls return a negative value on failure; HDF5 prints its own error stack first.
-#define H5_CHECK(call)                                                                \
-  do {                                                                                \
-    if ((long long)(call) < 0) check_fail(__FILE__, __LINE__, __func__, #call, "HDF5 error (stack above)"); \
-  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
@@ -40,7 +35,7 @@ static void ckpt_copy_err(char *err, size_t n_err, const char *msg) {
 }
 
 // Warnings go to stderr once per job, not once per rank: ckpt_find_latest may run on every rank.
-static int ckpt_is_world_root(void) {
+int ckpt_is_world_root(void) {
   int inited = 0, finalized = 0, rank = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
@@ -48,28 +43,12 @@ static int ckpt_is_world_root(void) {
   return rank == 0;
 }
 
-// Expected failures (missing file, not HDF5, disk full) must not dump HDF5's error stack: the
-// caller gets one clean message instead. Only those calls are wrapped, so a genuine bug caught
-// by H5_CHECK still prints the stack that its message refers to.
-typedef struct ckpt_quiet {
-  H5E_auto2_t func;
-  void *data;
-} ckpt_quiet;
-
-static void ckpt_quiet_begin(ckpt_quiet *q) {
+void ckpt_quiet_begin(ckpt_quiet *q) {
   H5_CHECK(H5Eget_auto2(H5E_DEFAULT, &q->func, &q->data));
   H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL));
 }
 
-static void ckpt_quiet_end(const ckpt_quiet *q) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, q->func, q->data)); }
-
-// Closing after a failure, where a complaint from HDF5 would add nothing to the message.
-static void ckpt_close_quietly(hid_t file) {
-  ckpt_quiet q;
-  ckpt_quiet_begin(&q);
-  H5Fclose(file);
-  ckpt_quiet_end(&q);
-}
+void ckpt_quiet_end(const ckpt_quiet *q) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, q->func, q->data)); }
 
 static herr_t ckpt_reason_cb(unsigned n, const H5E_error2_t *e, void *out) {
   (void)n;
@@ -80,7 +59,7 @@ static herr_t ckpt_reason_cb(unsigned n, const H5E_error2_t *e, void *out) {
 
 // The innermost HDF5 error description (the most specific, e.g. the errno text of an open),
 // read off the stack while printing is off; call it before anything clears the stack.
-static void ckpt_h5_reason(char out[256]) {
+void ckpt_h5_reason(char out[256]) {
   out[0] = '\0';
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, ckpt_reason_cb, out);
   if (out[0] == '\0') snprintf(out, 256, "no detail from HDF5");
@@ -137,8 +116,9 @@ int ckpt_agree(MPI_Comm comm, int rc, char *msg, int n_msg) {
   int first = rc != 0 ? rank : n_ranks;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
   if (first == n_ranks) return 0;
+  MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, first, comm));
   MPI_CHECK(MPI_Bcast(msg, n_msg, MPI_CHAR, first, comm));
-  return -1;
+  return rc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -238,8 +218,9 @@ static hid_t ckpt_fapl(MPI_Comm comm) {
 }
 
 // Writes one entry's block (or nothing, collectively). Returns 0, or -1 with msg on an I/O error.
+// fail: the test hook's injected I/O error on this rank (the write still joins the collective).
 static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_t lcpl, hid_t dcpl, hid_t dxpl,
-                             const char *tmp, const char *dir, char *msg) {
+                             int fail, const char *tmp, const char *dir, char *msg) {
   const ckpt_tensor *t = &tensors[i];
   hsize_t full[CKPT_MAX_DIMS];
   for (int d = 0; d < t->ndim; d++) full[d] = (hsize_t)t->full[d];
@@ -259,12 +240,10 @@ static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_
   int writes = t->write && !ckpt_block_empty(t);
   hid_t mspace = ckpt_select(t, writes, fspace);
   static const float dummy = 0.0f;  // HDF5 rejects a NULL buffer even for an empty selection
-  ckpt_quiet q;
   char reason[256] = "";
-  ckpt_quiet_begin(&q);
   herr_t w = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, writes ? (const void *)t->data : &dummy);
   if (w < 0) ckpt_h5_reason(reason);
-  ckpt_quiet_end(&q);
+  if (fail) w = -1, snprintf(reason, sizeof reason, "injected write error (test hook)");
   H5_CHECK(H5Sclose(mspace));
   H5_CHECK(H5Sclose(fspace));
   H5_CHECK(H5Dclose(dset));
@@ -278,15 +257,65 @@ static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_
   return 0;
 }
 
-int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
-              int keep, int kill_after, char *err, size_t n_err) {
+static int64_t ckpt_n_elem(int ndim, const int64_t *dims) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= dims[d];
+  return n;
+}
+
+// An upper bound of the file's size: the tensors, their 1 MiB alignment, object headers and
+// attributes (4 KiB a tensor is several times what HDF5 needs), the config and slack.
+static int64_t ckpt_file_bytes(const ckpt_tensor *tensors, int n_tensors, long long n_yaml) {
+  int64_t n_bytes = (int64_t)n_yaml + (1 << 20);
+  for (int i = 0; i < n_tensors; i++) {
+    if (ckpt_first_index(tensors, i) != i) continue;
+    int64_t n_elem = ckpt_n_elem(tensors[i].ndim, tensors[i].full);
+    n_bytes += n_elem * (int64_t)sizeof(float) + (n_elem * 4 >= (1 << 20) ? (1 << 20) : 0) + 4096;
+  }
+  return n_bytes;
+}
+
+// Adds this rank's block of entry i to its dataset's checksum contribution (indexed by the
+// dataset's first entry) and the elements it covers.
+static void ckpt_crc_add(const ckpt_tensor *tensors, int i, uint32_t *crc, int64_t *covered) {
+  const ckpt_tensor *t = &tensors[i];
+  if (!t->write || ckpt_block_empty(t)) return;
+  int first = ckpt_first_index(tensors, i);
+  crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count);
+  covered[first] += ckpt_n_elem(t->ndim, t->count);
+}
+
+// Collective: combines every rank's contributions and writes each dataset's crc32c attribute.
+static void ckpt_write_checksums(hid_t file, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, uint32_t *crc,
+                                 int64_t *covered) {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, crc, n_tensors, MPI_UINT32_T, MPI_BXOR, comm));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, covered, n_tensors, MPI_INT64_T, MPI_SUM, comm));
+  for (int i = 0; i < n_tensors; i++) {
+    const ckpt_tensor *t = &tensors[i];
+    if (ckpt_first_index(tensors, i) != i) continue;
+    int64_t n_elem = ckpt_n_elem(t->ndim, t->full);
+    CHECK(covered[i] == n_elem, "ckpt_save: the blocks written of '%s' cover %" PRId64 " of its %" PRId64
+          " elements; exactly one rank must write each element (write = 1)", t->name, covered[i], n_elem);
+    uint32_t value = ckpt_crc_finish(crc[i], (uint64_t)n_elem * sizeof(float));
+    hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
+    H5_CHECK(dset);
+    ckpt_attr_write(dset, "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
+    H5_CHECK(H5Dclose(dset));
+  }
+}
+
+static int ckpt_save_quiet(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
+                           const ckpt_meta *meta, int keep, const ckpt_faults *faults, char *err, size_t n_err) {
   CHECK(dir != NULL && dir[0] != '\0', "ckpt_save: dir is empty");
   CHECK(meta != NULL, "ckpt_save: meta is NULL");
   CHECK(meta->step >= 0, "ckpt_save: step is %" PRId64 ", expected >= 0", meta->step);
   ckpt_check_list(comm, tensors, n_tensors, 1, "ckpt_save");
-  int rank = 0;
+  int rank = 0, n_ranks = 1;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
   char msg[CKPT_MSG] = "";
+  ckpt_faults no_faults = {-1, -1};
+  if (!faults) faults = &no_faults;
 
   // Attributes are collective metadata that every rank writes with identical values, and the
   // file name must agree: take both from rank 0 rather than trust every rank to match.
@@ -311,32 +340,21 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
               dir, CKPT_PATH - 32);
     rc = -1;
   }
-  if (rc == 0 && rank == 0) {
-    int64_t n_bytes = (int64_t)n_yaml + (1 << 20);  // metadata and slack
-    for (int i = 0; i < n_tensors; i++) {
-      if (ckpt_first_index(tensors, i) != i) continue;
-      int64_t n_elem = 1;
-      for (int d = 0; d < tensors[i].ndim; d++) n_elem *= tensors[i].full[d];
-      n_bytes += n_elem * (int64_t)sizeof(float) + (n_elem * 4 >= (1 << 20) ? (1 << 20) : 0);  // + alignment
-    }
-    rc = ckpt_prepare_dir(dir, n_bytes, msg);
-  }
+  if (rc == 0 && rank == 0) rc = ckpt_prepare_dir(dir, tmp, ckpt_file_bytes(tensors, n_tensors, n_yaml), msg);
   if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
 
   hid_t fapl = ckpt_fapl(comm);
-  ckpt_quiet q;
   char reason[256] = "";
-  ckpt_quiet_begin(&q);
   hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) ckpt_h5_reason(reason);
-  ckpt_quiet_end(&q);
   H5_CHECK(H5Pclose(fapl));
   if (file < 0)
     ckpt_msgf(msg, "cannot create checkpoint file %s (HDF5: %s): check that %s is writable and on a file system "
                    "every rank shares",
               tmp, reason, dir);
   if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG)) != 0) {
-    if (file >= 0) ckpt_close_quietly(file);
+    if (file >= 0) H5Fclose(file);
+    if (rank == 0) unlink(tmp);
     goto out;
   }
 
@@ -358,11 +376,18 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
   // whole file first: a second full pass of I/O for data that is overwritten anyway.
   H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
   H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+  uint32_t *crc = XCALLOC((size_t)n_tensors, sizeof *crc);
+  int64_t *covered = XCALLOC((size_t)n_tensors, sizeof *covered);
   for (int i = 0; i < n_tensors && rc == 0; i++) {
-    if (i == kill_after) raise(SIGKILL);
-    int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, tmp, dir, msg);
+    if (i == faults->kill_after) raise(SIGKILL);
+    int fail = i == faults->fail_at && rank == n_ranks - 1;
+    int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, fail, tmp, dir, msg);
     rc = ckpt_agree(comm, w, msg, CKPT_MSG);  // stop every rank at the first failed tensor, together
+    if (rc == 0) ckpt_crc_add(tensors, i, crc, covered);
   }
+  if (rc == 0) ckpt_write_checksums(file, comm, tensors, n_tensors, crc, covered);
+  free(crc);
+  free(covered);
   H5_CHECK(H5Pclose(lcpl));
   H5_CHECK(H5Pclose(dcpl));
   H5_CHECK(H5Pclose(dxpl));
@@ -372,11 +397,9 @@ int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_
   }
   // An explicit flush is where MPI_File_sync happens (HDF5 skips it inside close): it makes every
   // rank's data durable, not only what rank 0's fsync below can reach.
-  ckpt_quiet_begin(&q);
   herr_t f = rc == 0 ? H5Fflush(file, H5F_SCOPE_GLOBAL) : 0;
   herr_t c = H5Fclose(file);
   if (f < 0 || c < 0) ckpt_h5_reason(reason);
-  ckpt_quiet_end(&q);
   if (rc == 0 && (f < 0 || c < 0))
     ckpt_msgf(msg, "finishing checkpoint %s failed (HDF5: %s): the disk may be full or the file system "
                    "unavailable; free space in %s (or lower checkpoint.keep) and retry",
@@ -402,77 +425,92 @@ out:
   return rc;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Load
+int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
+              int keep, const ckpt_faults *faults, char *err, size_t n_err) {
+  ckpt_quiet q;
+  ckpt_quiet_begin(&q);
+  int rc = ckpt_save_quiet(dir, comm, tensors, n_tensors, meta, keep, faults, err, n_err);
+  ckpt_quiet_end(&q);
+  return rc;
+}
 
-// Reads a scalar numeric attribute. 1: read; 0: missing; -1: present but not one readable number.
-static int ckpt_attr_read(hid_t loc, const char *name, hid_t mem_type, void *out) {
+// ---------------------------------------------------------------------------------------------
+// Load. A damaged file can make any HDF5 call fail, so every call on the file's contents is
+// checked softly: the load runs with HDF5's printing off and a failure becomes CKPT_DAMAGED with
+// HDF5's innermost reason in the message.
+
+int ckpt_attr_read(hid_t loc, const char *name, hid_t mem_type, void *out) {
   htri_t e = H5Aexists(loc, name);
-  H5_CHECK(e);
-  if (!e) return 0;
+  if (e <= 0) return e < 0 ? -1 : 0;
   hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  H5_CHECK(a);
+  if (a < 0) return -1;
   hid_t space = H5Aget_space(a);
-  H5_CHECK(space);
-  hssize_t n_points = H5Sget_simple_extent_npoints(space);
-  H5_CHECK(H5Sclose(space));
-  int ok = -1;
-  if (n_points == 1) {  // more points would overflow `out`
-    ckpt_quiet q;
-    ckpt_quiet_begin(&q);
-    ok = H5Aread(a, mem_type, out) < 0 ? -1 : 1;  // a string where a number belongs fails conversion
-    ckpt_quiet_end(&q);
-  }
-  H5_CHECK(H5Aclose(a));
+  hssize_t n_points = space < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  if (space >= 0) H5Sclose(space);
+  // More points would overflow `out`; a string where a number belongs fails conversion.
+  int ok = n_points == 1 && H5Aread(a, mem_type, out) >= 0 ? 1 : -1;
+  H5Aclose(a);
   return ok;
 }
 
-// Reads a string attribute (fixed or variable length) into a malloc'd copy; same returns.
-static int ckpt_attr_read_string(hid_t loc, const char *name, char **out) {
-  *out = NULL;
-  htri_t e = H5Aexists(loc, name);
-  H5_CHECK(e);
-  if (!e) return 0;
-  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  H5_CHECK(a);
+static int ckpt_attr_read_string_open(hid_t a, char **out) {
   hid_t ftype = H5Aget_type(a), space = H5Aget_space(a);
-  H5_CHECK(ftype);
-  H5_CHECK(space);
   int ok = -1;
-  if (H5Tget_class(ftype) == H5T_STRING && H5Sget_simple_extent_npoints(space) == 1) {
+  if (ftype >= 0 && space >= 0 && H5Tget_class(ftype) == H5T_STRING && H5Sget_simple_extent_npoints(space) == 1) {
     htri_t vl = H5Tis_variable_str(ftype);
-    H5_CHECK(vl);
-    hid_t mtype = H5Tcopy(ftype);
-    H5_CHECK(mtype);
-    if (vl) {
+    if (vl > 0) {
       char *s = NULL;
-      H5_CHECK(H5Aread(a, mtype, &s));
-      *out = strdup(s ? s : "");
-      CHECK(*out != NULL, "out of host memory copying attribute %s", name);
+      if (H5Aread(a, ftype, &s) >= 0) {
+        *out = strdup(s ? s : "");
+        CHECK(*out != NULL, "out of host memory copying a string attribute");
+        ok = 1;
+      }
       H5free_memory(s);
-    } else {
+    } else if (vl == 0) {
       size_t n = H5Tget_size(ftype);
       *out = XMALLOC(n + 1);
-      H5_CHECK(H5Aread(a, mtype, *out));
       (*out)[n] = '\0';
+      if (n > 0 && H5Aread(a, ftype, *out) >= 0) ok = 1;
+      else free(*out), *out = NULL;
     }
-    H5_CHECK(H5Tclose(mtype));
-    ok = 1;
   }
-  H5_CHECK(H5Sclose(space));
-  H5_CHECK(H5Tclose(ftype));
-  H5_CHECK(H5Aclose(a));
+  if (space >= 0) H5Sclose(space);
+  if (ftype >= 0) H5Tclose(ftype);
   return ok;
 }
 
-// Root attributes, in the order the format is checked. Returns 0 or -1 with msg.
-static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *msg) {
+int ckpt_attr_read_string(hid_t loc, const char *name, char **out) {
+  *out = NULL;
+  htri_t e = H5Aexists(loc, name);
+  if (e <= 0) return e < 0 ? -1 : 0;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  int ok = ckpt_attr_read_string_open(a, out);
+  H5Aclose(a);
+  return ok;
+}
+
+// step and samples_seen in range: every step consumes at least one window (train.global_batch >= 1).
+static int ckpt_check_position(const char *path, const ckpt_meta *m, char *msg) {
+  if (m->step >= 0 && m->samples_seen >= m->step) return 0;
+  ckpt_msgf(msg, "checkpoint %s: root attributes step = %" PRId64 " and samples_seen = %" PRId64 " are out of range "
+                 "(expected 0 <= step <= samples_seen): the file is damaged; resume from an earlier checkpoint",
+            path, m->step, m->samples_seen);
+  return CKPT_DAMAGED;
+}
+
+int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, int32_t *version_out, char *msg) {
   char *magic = NULL;
   int32_t version = 0;
   int has_magic = ckpt_attr_read_string(file, "format", &magic);
   int good_magic = has_magic == 1 && strcmp(magic, CKPT_MAGIC) == 0;
   free(magic);
   int has_version = ckpt_attr_read(file, "format_version", H5T_NATIVE_INT32, &version);
+  if (has_magic < 0 || has_version < 0) {
+    ckpt_msgf(msg, "checkpoint %s: the root attributes format and format_version cannot be read: the file is "
+                   "damaged; resume from an earlier checkpoint", path);
+    return CKPT_DAMAGED;
+  }
   if (!good_magic || has_version != 1) {
     ckpt_msgf(msg, "%s is an HDF5 file but not a checkpoint of this trainer (expected root attributes "
                    "format = '%s' and format_version): check checkpoint.resume",
@@ -485,14 +523,14 @@ static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *m
               path, (int)version, CKPT_FORMAT_VERSION_MIN, CKPT_FORMAT_VERSION);
     return -1;
   }
+  if (version_out) *version_out = version;
   int32_t complete = 0;
   if (ckpt_attr_read(file, "complete", H5T_NATIVE_INT32, &complete) != 1 || complete != 1) {
     ckpt_msgf(msg, "checkpoint %s is incomplete (root attribute complete is not 1): its write was interrupted; "
                    "resume from an earlier checkpoint",
               path);
-    return -1;
+    return CKPT_DAMAGED;
   }
-  if (!meta) return 0;
   ckpt_meta m = {0};
   char *yaml = NULL;
   const char *bad = NULL;
@@ -505,7 +543,12 @@ static int ckpt_read_root(hid_t file, const char *path, ckpt_meta *meta, char *m
     ckpt_msgf(msg, "checkpoint %s: root attribute '%s' is missing or of the wrong type: the file is damaged; "
                    "resume from an earlier checkpoint",
               path, bad);
-    return -1;
+    return CKPT_DAMAGED;
+  }
+  int rc = ckpt_check_position(path, &m, msg);
+  if (rc != 0 || !meta) {
+    free(yaml);
+    return rc;
   }
   m.config_yaml = yaml;
   *meta = m;
@@ -521,40 +564,48 @@ static int ckpt_path_exists(hid_t file, const char *name) {
     if (*s != '/' && *s != '\0') continue;
     char c = *s;
     *s = '\0';
-    ckpt_quiet q;
-    ckpt_quiet_begin(&q);
-    htri_t e = H5Lexists(file, p, H5P_DEFAULT);  // fails if a component is a dataset, not a group
-    ckpt_quiet_end(&q);
-    if (e <= 0) return 0;
+    if (H5Lexists(file, p, H5P_DEFAULT) <= 0) return 0;  // fails if a component is a dataset, not a group
     *s = c;
     if (c == '\0') return 1;
   }
 }
 
-static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
-  if (!ckpt_path_exists(file, t->name)) {
-    ckpt_msgf(msg, "checkpoint %s has no tensor '%s': it was written by a different model or trainer version",
-              path, t->name);
-    return -1;
+// Chunks of 64 Ki floats, shared by the OpenMP threads; the exponent test (all ones: Inf or NaN)
+// vectorizes where isfinite may not, and isfinite runs only in a chunk that has one.
+int64_t ckpt_first_nonfinite(const float *x, int64_t n) {
+  const int64_t chunk = 1 << 16;
+  int64_t first = INT64_MAX;
+#pragma omp parallel for reduction(min : first) schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    int64_t i1 = i0 + chunk < n ? i0 + chunk : n;
+    uint32_t bad = 0;
+    for (int64_t i = i0; i < i1; i++) {
+      uint32_t b;
+      memcpy(&b, &x[i], sizeof b);
+      bad |= (b & 0x7f800000u) == 0x7f800000u;
+    }
+    for (int64_t i = i0; bad && i < i1; i++)
+      if (!isfinite(x[i])) {
+        first = i < first ? i : first;
+        break;
+      }
   }
-  ckpt_quiet q;
-  ckpt_quiet_begin(&q);
-  hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
-  ckpt_quiet_end(&q);
-  if (dset < 0) {
-    ckpt_msgf(msg, "checkpoint %s: '%s' is a group, not a tensor: it was written by a different model or trainer "
-                   "version",
-              path, t->name);
-    return -1;
-  }
-  int rc = 0;
-  hid_t ftype = H5Dget_type(dset), fspace = H5Dget_space(dset);
-  H5_CHECK(ftype);
-  H5_CHECK(fspace);
+  return first == INT64_MAX ? -1 : first;
+}
+
+static int ckpt_damaged_read(const char *path, const char *name, char *msg) {
+  char reason[256];
+  ckpt_h5_reason(reason);
+  ckpt_msgf(msg, "checkpoint %s is damaged: reading tensor '%s' failed (HDF5: %s); resume from an earlier "
+                 "checkpoint", path, name, reason);
+  return CKPT_DAMAGED;
+}
+
+// Checks the dataset's shape and type against t. 0, or -1 with msg.
+static int ckpt_check_shape(hid_t ftype, hid_t fspace, const char *path, const ckpt_tensor *t, char *msg) {
   int ndim = H5Sget_simple_extent_ndims(fspace);
-  H5_CHECK(ndim);
   hsize_t dims[H5S_MAX_RANK];
-  H5_CHECK(H5Sget_simple_extent_dims(fspace, dims, NULL));
+  if (ndim < 0 || H5Sget_simple_extent_dims(fspace, dims, NULL) < 0) return ckpt_damaged_read(path, t->name, msg);
   int same = ndim == t->ndim;
   for (int d = 0; same && d < ndim; d++) same = dims[d] == (hsize_t)t->full[d];
   if (!same) {
@@ -568,33 +619,155 @@ static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t 
               "differs from the checkpoint's; use the config the checkpoint was written with (stored in its "
               "config_yaml attribute) or start a fresh run",
               path, t->name, fs, cs);
-    rc = -1;
-  } else if (H5Tget_class(ftype) != H5T_FLOAT) {
+    return -1;
+  }
+  if (H5Tget_class(ftype) != H5T_FLOAT) {
     ckpt_msgf(msg, "checkpoint %s: tensor '%s' is not stored as floating point: the file is not a checkpoint of "
                    "this trainer version; start a fresh run",
               path, t->name);
-    rc = -1;
+    return -1;
   }
-  if (rc == 0) {
-    int reads = !ckpt_block_empty(t);
-    hid_t mspace = ckpt_select(t, reads, fspace);
-    float dummy = 0.0f;
-    char reason[256] = "";
-    ckpt_quiet_begin(&q);
-    herr_t r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
-    if (r < 0) ckpt_h5_reason(reason);
-    ckpt_quiet_end(&q);
-    H5_CHECK(H5Sclose(mspace));
-    if (r < 0) {
-      ckpt_msgf(msg, "reading tensor '%s' from checkpoint %s failed (HDF5: %s): the file is damaged or the file "
-                     "system unavailable; resume from an earlier checkpoint",
-                t->name, path, reason);
-      rc = -1;
+  return 0;
+}
+
+static int ckpt_read_block(hid_t dset, hid_t fspace, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
+  int reads = !ckpt_block_empty(t);
+  hid_t mspace = ckpt_select(t, reads, fspace);
+  float dummy = 0.0f;
+  herr_t r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
+  H5Sclose(mspace);
+  if (r < 0) return ckpt_damaged_read(path, t->name, msg);
+  int64_t bad = reads ? ckpt_first_nonfinite(t->data, ckpt_n_elem(t->ndim, t->count)) : -1;
+  if (bad >= 0) {
+    ckpt_msgf(msg, "checkpoint %s: tensor '%s' holds %s (element %" PRId64 " of the block read here): the file is "
+                   "damaged, or was written by a run that had diverged; resume from an earlier checkpoint",
+              path, t->name, isnan(t->data[bad]) ? "NaN" : "Inf", bad);
+    return CKPT_DAMAGED;
+  }
+  return 0;
+}
+
+static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
+  if (!ckpt_path_exists(file, t->name)) {
+    ckpt_msgf(msg, "checkpoint %s has no tensor '%s': it was written by a different model or trainer version",
+              path, t->name);
+    return -1;
+  }
+  hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
+  if (dset < 0) {
+    ckpt_msgf(msg, "checkpoint %s: '%s' is a group, not a tensor: it was written by a different model or trainer "
+                   "version",
+              path, t->name);
+    return -1;
+  }
+  hid_t ftype = H5Dget_type(dset), fspace = H5Dget_space(dset);
+  int rc = ftype < 0 || fspace < 0 ? ckpt_damaged_read(path, t->name, msg)
+                                    : ckpt_check_shape(ftype, fspace, path, t, msg);
+  if (rc == 0) rc = ckpt_read_block(dset, fspace, path, t, dxpl, msg);
+  if (fspace >= 0) H5Sclose(fspace);
+  if (ftype >= 0) H5Tclose(ftype);
+  H5Dclose(dset);
+  return rc;
+}
+
+// Collective: each tensor whose counted blocks cover it exactly is checked against its crc32c.
+static int ckpt_check_checksums(hid_t file, MPI_Comm comm, const char *path, int32_t version,
+                                const ckpt_tensor *tensors, int n_tensors, uint32_t *crc, int64_t *covered, char *msg) {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, crc, n_tensors, MPI_UINT32_T, MPI_BXOR, comm));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, covered, n_tensors, MPI_INT64_T, MPI_SUM, comm));
+  if (version < CKPT_FORMAT_VERSION_CRC) {
+    if (n_tensors > 0 && ckpt_is_world_root())
+      printf("note: checkpoint %s has format version %d, without checksums: its tensors are loaded unverified\n",
+             path, (int)version);
+    return 0;
+  }
+  for (int i = 0; i < n_tensors; i++) {
+    const ckpt_tensor *t = &tensors[i];
+    int64_t n_elem = ckpt_n_elem(t->ndim, t->full);
+    if (ckpt_first_index(tensors, i) != i || covered[i] != n_elem) continue;
+    uint32_t stored = 0, computed = ckpt_crc_finish(crc[i], (uint64_t)n_elem * sizeof(float));
+    hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
+    int has = dset < 0 ? -1 : ckpt_attr_read(dset, "crc32c", H5T_NATIVE_UINT32, &stored);
+    if (dset >= 0) H5Dclose(dset);
+    if (has != 1) {
+      ckpt_msgf(msg, "checkpoint %s: tensor '%s' has no readable crc32c attribute, which format version %d "
+                     "requires: the file is damaged; resume from an earlier checkpoint", path, t->name, (int)version);
+      return CKPT_DAMAGED;
+    }
+    if (stored != computed) {
+      ckpt_msgf(msg, "checkpoint %s: tensor '%s' fails its checksum (crc32c stored %08x, computed %08x): the file "
+                     "is damaged; resume from an earlier checkpoint", path, t->name, stored, computed);
+      return CKPT_DAMAGED;
     }
   }
-  H5_CHECK(H5Sclose(fspace));
-  H5_CHECK(H5Tclose(ftype));
-  H5_CHECK(H5Dclose(dset));
+  return 0;
+}
+
+// Rank 0, before the collective open: tells a missing, non-regular, non-HDF5 or damaged file apart.
+static int ckpt_check_file(const char *path, char *msg) {
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    ckpt_msgf(msg, "checkpoint %s cannot be read (%s): check checkpoint.resume (a checkpoint file, or 'auto' "
+                   "for the newest in checkpoint.dir)",
+              path, strerror(errno));
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ckpt_msgf(msg, "checkpoint %s is not a regular file: checkpoint.resume takes a checkpoint file such as "
+                   "dir/ckpt_00001000.h5, or 'auto'",
+              path);
+    return -1;
+  }
+  if (H5Fis_hdf5(path) <= 0) {
+    ckpt_msgf(msg, "%s is not an HDF5 file, so not a checkpoint of this trainer: check checkpoint.resume "
+                   "(a crashed write leaves only a .tmp file, which is never a checkpoint)",
+              path);
+    return -1;
+  }
+  char reason[256];
+  hid_t file = ckpt_open_serial(path, reason);
+  if (file < 0) {
+    ckpt_msgf(msg, "checkpoint %s is damaged: it does not open as HDF5 (%s), e.g. truncated by a full disk or a "
+                   "copy cut short; resume from an earlier checkpoint", path, reason);
+    return CKPT_DAMAGED;
+  }
+  H5Fclose(file);
+  return 0;
+}
+
+// The open file's part of ckpt_load: root attributes, then each tensor, then the checksums.
+static int ckpt_load_open(hid_t file, const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors,
+                          ckpt_meta *meta, char *msg) {
+  int n_ranks = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
+  int32_t version = 0;
+  // All ranks see the same metadata, so these checks fail alike everywhere; agreeing anyway
+  // keeps every rank on the same collective path if that ever stops being true.
+  int rc = ckpt_agree(comm, ckpt_read_root(file, path, meta, &version, msg), msg, CKPT_MSG);
+  hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5_CHECK(dxpl);
+  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+  uint32_t *crc = XCALLOC((size_t)n_tensors + 1, sizeof *crc);
+  int64_t *covered = XCALLOC((size_t)n_tensors + 1, sizeof *covered);
+  for (int i = 0; i < n_tensors && rc == 0; i++) {
+    ckpt_tensor *t = &tensors[i];
+    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, t, dxpl, msg), msg, CKPT_MSG);
+    if (rc == 0 && (t->write || n_ranks == 1) && !ckpt_block_empty(t)) {
+      int first = ckpt_first_index(tensors, i);
+      crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count);
+      covered[first] += ckpt_n_elem(t->ndim, t->count);
+    }
+  }
+  if (rc == 0)
+    rc = ckpt_agree(comm, ckpt_check_checksums(file, comm, path, version, tensors, n_tensors, crc, covered, msg), msg,
+                    CKPT_MSG);
+  free(crc);
+  free(covered);
+  H5Pclose(dxpl);
+  if (rc != 0 && meta) {
+    free((void *)meta->config_yaml);
+    meta->config_yaml = NULL;
+  }
   return rc;
 }
 
@@ -606,126 +779,24 @@ int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tenso
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   char msg[CKPT_MSG] = "";
   if (meta) meta->config_yaml = NULL;
-  int rc = 0;
-
-  // One rank tells a missing file from a non-HDF5 one, so the message says which.
-  if (rank == 0) {
-    struct stat st;
-    ckpt_quiet q;
-    if (stat(path, &st) != 0) {
-      ckpt_msgf(msg, "checkpoint %s cannot be read (%s): check checkpoint.resume (a checkpoint file, or 'auto' "
-                     "for the newest in checkpoint.dir)",
-                path, strerror(errno));
-      rc = -1;
-    } else if (!S_ISREG(st.st_mode)) {
-      ckpt_msgf(msg, "checkpoint %s is not a regular file: checkpoint.resume takes a checkpoint file such as "
-                     "dir/ckpt_00001000.h5, or 'auto'",
-                path);
-      rc = -1;
-    } else {
-      ckpt_quiet_begin(&q);
-      htri_t is_h5 = H5Fis_hdf5(path);
-      ckpt_quiet_end(&q);
-      if (is_h5 <= 0) {
-        ckpt_msgf(msg, "%s is not an HDF5 file, so not a checkpoint of this trainer: check checkpoint.resume "
-                       "(a crashed write leaves only a .tmp file, which is never a checkpoint)",
-                  path);
-        rc = -1;
-      }
-    }
-  }
-  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
-
-  hid_t fapl = ckpt_fapl(comm);
   ckpt_quiet q;
-  char reason[256] = "";
   ckpt_quiet_begin(&q);
-  hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-  if (file < 0) ckpt_h5_reason(reason);
+  int rc = ckpt_agree(comm, rank == 0 ? ckpt_check_file(path, msg) : 0, msg, CKPT_MSG);
+  if (rc == 0) {
+    hid_t fapl = ckpt_fapl(comm);
+    char reason[256] = "";
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (file < 0) ckpt_h5_reason(reason);
+    H5Pclose(fapl);
+    if (file < 0)
+      ckpt_msgf(msg, "cannot open checkpoint %s on every rank (HDF5: %s), though rank 0 can: it must be on a file "
+                     "system all ranks share",
+                path, reason);
+    rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG);
+    if (rc == 0) rc = ckpt_load_open(file, path, comm, tensors, n_tensors, meta, msg);
+    if (file >= 0) H5Fclose(file);  // read-only: nothing to lose if closing complains
+  }
   ckpt_quiet_end(&q);
-  H5_CHECK(H5Pclose(fapl));
-  if (file < 0)
-    ckpt_msgf(msg, "cannot open checkpoint %s on every rank (HDF5: %s): it must be on a file system all ranks "
-                   "share",
-              path, reason);
-  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG)) != 0) {
-    if (file >= 0) ckpt_close_quietly(file);
-    goto out;
-  }
-
-  // All ranks see the same metadata, so these checks fail alike everywhere; agreeing anyway
-  // keeps every rank on the same collective path if that ever stops being true.
-  rc = ckpt_agree(comm, ckpt_read_root(file, path, meta, msg), msg, CKPT_MSG);
-  hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5_CHECK(dxpl);
-  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
-  for (int i = 0; i < n_tensors && rc == 0; i++)
-    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, &tensors[i], dxpl, msg), msg, CKPT_MSG);
-  H5_CHECK(H5Pclose(dxpl));
-  ckpt_close_quietly(file);  // read-only: nothing to lose if closing complains
-  if (rc != 0 && meta) {
-    free((void *)meta->config_yaml);
-    meta->config_yaml = NULL;
-  }
-
-out:
   ckpt_copy_err(err, n_err, rc == 0 ? "" : msg);
   return rc;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Find latest
-
-// Serial read-only open: safe from every rank at once (shared lock, or no lock where the file
-// system has none). Returns 1 if the file has complete == 1, else 0 with the reason in why.
-static int ckpt_is_complete(const char *path, char *why, size_t n_why) {
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  H5_CHECK(fapl);
-  H5_CHECK(H5Pset_file_locking(fapl, 1, 1));  // lock where supported; Lustre without flock still opens
-  ckpt_quiet q;
-  ckpt_quiet_begin(&q);
-  hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-  ckpt_quiet_end(&q);
-  H5_CHECK(H5Pclose(fapl));
-  if (file < 0) {
-    snprintf(why, n_why, "not a readable HDF5 file");
-    return 0;
-  }
-  int32_t complete = 0;
-  int ok = ckpt_attr_read(file, "complete", H5T_NATIVE_INT32, &complete) == 1 && complete == 1;
-  if (!ok) snprintf(why, n_why, "root attribute complete is not 1 (its write was interrupted)");
-  H5_CHECK(H5Fclose(file));
-  return ok;
-}
-
-int ckpt_find_latest(const char *dir, char *path_out, size_t n_path) {
-  CHECK(dir != NULL && path_out != NULL && n_path > 0, "ckpt_find_latest: dir or path_out is NULL");
-  path_out[0] = '\0';
-  ckpt_entry *v = NULL;
-  int n = ckpt_list(dir, "ckpt_", ".h5", &v);
-  if (n < 0) {
-    if (errno == ENOENT) return 1;  // a fresh run with resume=auto: nothing written yet
-    snprintf(path_out, n_path, "cannot list checkpoint directory %s (%s): check checkpoint.dir and its permissions",
-             dir, strerror(errno));
-    return -1;
-  }
-  int found = 1;
-  for (int i = 0; i < n && found == 1; i++) {
-    char path[CKPT_PATH], why[128];
-    snprintf(path, sizeof path, "%s/%s", dir, v[i].name);
-    if (!ckpt_is_complete(path, why, sizeof why)) {
-      if (ckpt_is_world_root())
-        fprintf(stderr, "warning: skipping checkpoint %s: %s; trying an older one\n", path, why);
-      continue;
-    }
-    if (strlen(path) >= n_path) {
-      snprintf(path_out, n_path, "checkpoint path too long for the caller's buffer");
-      found = -1;
-    } else {
-      snprintf(path_out, n_path, "%s", path);
-      found = 0;
-    }
-  }
-  free(v);
-  return found;
 }

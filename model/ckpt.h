@@ -7,12 +7,16 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <mpi.h>
 
 // Version written. 2 dropped the root attribute rng_counter (always 0: nothing in a run draws
 // from an RNG whose state a resume needs); version 1 files still load, their rng_counter ignored.
-#define CKPT_FORMAT_VERSION 2
+// 3 added the attribute crc32c to every tensor (the CRC-32C of its full logical contents); files
+// of versions 1 and 2 still load, unverified, with a notice.
+#define CKPT_FORMAT_VERSION 3
 #define CKPT_FORMAT_VERSION_MIN 1  // oldest version read
+#define CKPT_FORMAT_VERSION_CRC 3  // first version whose tensors carry crc32c
 #define CKPT_MAX_DIMS 4
 
 // One tensor as this rank sees it: the full logical shape in the file, and the block
@@ -24,8 +28,22 @@ typedef struct ckpt_tensor {
   int64_t start[CKPT_MAX_DIMS];
   int64_t count[CKPT_MAX_DIMS];
   float *data;
-  int write;             // on save: 1 if this rank writes its block (one replica writes)
+  int write;             // save: 1 if this rank writes its block (one replica writes); load: 1 if this
+                         // rank's block counts toward verifying the tensor's checksum (see ckpt_load)
 } ckpt_tensor;
+
+// ckpt_load's result besides 0: -1, the file cannot serve this run (missing, another model or
+// format version); CKPT_DAMAGED, its contents are damaged (unreadable, a checksum that does not
+// match, a non-finite value, root attributes out of range), so an older checkpoint should be used.
+#define CKPT_DAMAGED -2
+
+// Test hooks, {-1, -1} in a run (or pass NULL): after writing kill_after tensors the process
+// SIGKILLs itself, mid-write; the write of tensor fail_at on the communicator's last rank reports
+// an I/O error, as a failing disk would, so a test can show every rank ends cleanly.
+typedef struct ckpt_faults {
+  int kill_after;
+  int fail_at;
+} ckpt_faults;
 
 // Everything but tensors. Stored as attributes of the root group.
 typedef struct ckpt_meta {
@@ -48,16 +66,24 @@ typedef struct ckpt_meta {
 // never rotated away, even when dir holds higher steps (a warning names them); leftover
 // .ckpt_*.h5.tmp files of crashed writes are removed. Rotation runs on rank 0 after the result is
 // agreed, so other ranks may return before old files are gone; its failures are warnings.
-// kill_after: a test hook, -1 in a run: the process SIGKILLs itself after writing that many
-// tensors, mid-write, so a test can show that a crash leaves the previous checkpoint intact.
+// Each tensor gets the attribute crc32c, the CRC-32C of its full logical contents, from the blocks
+// of the ranks that write them (ckpt_crc.h); those blocks must tile each tensor exactly once
+// (checked; a gap or overlap aborts). The file's space is reserved before anything is written, so
+// a full disk is reported before HDF5 touches the file. faults: test hooks, NULL in a run.
 int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
-              int keep, int kill_after, char *err, size_t n_err);
+              int keep, const ckpt_faults *faults, char *err, size_t n_err);
 // Collective. Reads into each tensor's block. A missing tensor, or a full shape different
 // from the file's, is an error naming the tensor and both shapes and saying what to do.
-// Same list precondition as ckpt_save (names and full shapes equal on every rank); `write` is
-// ignored, a zero count reads nothing. n_tensors 0 reads only meta (e.g. the stored config before
-// the model is built). meta may be NULL; on success meta->config_yaml is malloc'd (free it with
-// free((void *)meta->config_yaml)); on failure it is NULL. Every rank gets the same result.
+// Same list precondition as ckpt_save (names and full shapes equal on every rank); a zero count
+// reads nothing. n_tensors 0 reads only meta (e.g. the stored config before the model is built).
+// Verified, not trusted: the root attributes are range-checked (step >= 0, samples_seen >= step);
+// every block read is checked finite; a tensor whose blocks with write = 1 (on a one-rank
+// communicator: all blocks) cover it exactly is checked against its crc32c (files of version 3 on;
+// older ones load with a notice). A tensor read only in part is not checksummed. A failure names
+// the tensor. HDF5 prints nothing: its error stack goes into the message.
+// meta may be NULL; on success meta->config_yaml is malloc'd (free it with
+// free((void *)meta->config_yaml)); on failure it is NULL. Every rank gets the same result:
+// 0, -1 or CKPT_DAMAGED.
 int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tensors, ckpt_meta *meta, char *err,
               size_t n_err);
 // Collective, at start-up: rank 0 creates dir (with its parents) and a file in it, which it
@@ -65,15 +91,20 @@ int ckpt_load(const char *path, MPI_Comm comm, ckpt_tensor *tensors, int n_tenso
 // first save. 0, or -1 with a message naming the directory (the same on every rank).
 int ckpt_check_dir(const char *dir, MPI_Comm comm, char *err, size_t n_err);
 // Collective: every rank ends a collective step with the same result, the first failing rank's
-// message (msg holds n_msg bytes on every rank). rc: this rank's (0 = success). Returns 0 if no
-// rank failed, else -1.
+// rc and message (msg holds n_msg bytes on every rank). rc: this rank's (0 = success). Returns 0
+// if no rank failed, else the first failing rank's rc.
 int ckpt_agree(MPI_Comm comm, int rc, char *msg, int n_msg);
-// Newest complete checkpoint in dir (path_out), 0 if found, 1 if none, -1 on error.
+// Newest complete checkpoint in dir whose step is below before_step (INT64_MAX: any) in
+// path_out and its step in *step_out (may be NULL); 0 if found, 1 if none, -1 on error.
 // Not collective: serial read-only opens, safe from every rank at once (cheaper at scale: call it
 // on rank 0 and broadcast). A missing dir means none (1). Files that do not open or lack
 // complete == 1 are skipped with a warning on stderr (printed by world rank 0 only). The format
 // version is not checked here, so ckpt_load reports a version mismatch instead of an older file
 // being picked silently. On -1 (dir unreadable) path_out holds the error message.
-int ckpt_find_latest(const char *dir, char *path_out, size_t n_path);
+int ckpt_find_latest(const char *dir, int64_t before_step, char *path_out, size_t n_path, int64_t *step_out);
+// Not collective: checks the checkpoint at path on its own (structure, root attributes, every
+// tensor's checksum and finiteness, reading each tensor in slices), printing one line per problem
+// to out. Returns the number of problems (0: the checkpoint is sound).
+int ckpt_verify(const char *path, FILE *out);
 
 #endif

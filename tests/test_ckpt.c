@@ -95,18 +95,21 @@ static int save_step(const char *dir, int64_t step, int keep, float bump, char *
   make_saved(&s, bump);
   ckpt_meta m = {.step = step, .samples_seen = 1000 * step + 7, .seed = 0xDEADBEEFCAFEF00Dull,
                  .config_yaml = yaml_text};
-  return ckpt_save(dir, MPI_COMM_WORLD, s.t, 4, &m, keep, -1, err, n_err);
+  return ckpt_save(dir, MPI_COMM_WORLD, s.t, 4, &m, keep, NULL, err, n_err);
 }
 
-// Loads A split on dim 0 (rows), B and C whole on each rank; compares exactly with `bump`.
+// Loads A split on dim 0 (rows), B and C whole on each rank, verifying their checksums; compares
+// exactly with `bump`.
 static void check_load(const char *path, int64_t step, float bump) {
   float a[D0 / 2 * D1 * D2], b[D2], c[10];
   memset(a, 0, sizeof a);
   ckpt_tensor t[3];
   int64_t fa[3] = {D0, D1, D2}, sa[3] = {rank * (D0 / 2), 0, 0}, ca[3] = {D0 / 2, D1, D2};
-  tensor(&t[0], "model/layers.wq", 3, fa, sa, ca, a, 0);
-  tensor(&t[1], "optim/exp_avg/final_norm", 1, (int64_t[]){D2}, (int64_t[]){0}, (int64_t[]){D2}, b, 0);
-  tensor(&t[2], "optim/flat", 2, (int64_t[]){2, 5}, (int64_t[]){0, 0}, (int64_t[]){2, 5}, c, 0);
+  // write = 1 marks the blocks whose checksums are verified: each tensor covered once, in another
+  // split than the save's, so the crc32c written from dim-1 blocks is checked from dim-0 blocks.
+  tensor(&t[0], "model/layers.wq", 3, fa, sa, ca, a, 1);
+  tensor(&t[1], "optim/exp_avg/final_norm", 1, (int64_t[]){D2}, (int64_t[]){0}, (int64_t[]){D2}, b, rank == 0);
+  tensor(&t[2], "optim/flat", 2, (int64_t[]){2, 5}, (int64_t[]){0, 0}, (int64_t[]){2, 5}, c, rank == 0);
   ckpt_meta m;
   char err[2048];
   int rc = ckpt_load(path, MPI_COMM_WORLD, t, 3, &m, err, sizeof err);
@@ -130,15 +133,37 @@ static void check_load(const char *path, int64_t step, float bump) {
   free((void *)m.config_yaml);
 }
 
-// A load expected to fail: same failure and message on every rank, containing each of want[].
+// A load expected to fail (-1 or CKPT_DAMAGED): same failure and message on every rank, containing
+// each of want[].
 static void expect_load_fails(const char *path, ckpt_tensor *t, int n, const char *const *want, int n_want) {
   char err[2048] = "";
   ckpt_meta m = {.config_yaml = (const char *)1};
   int rc = ckpt_load(path, MPI_COMM_WORLD, t, n, &m, err, sizeof err);
-  EXPECT(rc == -1, "load of %s should fail", path);
+  EXPECT(rc == -1 || rc == CKPT_DAMAGED, "load of %s should fail, gave %d", path, rc);
   EXPECT(m.config_yaml == NULL, "config_yaml must be NULL after a failed load");
   EXPECT(same_everywhere(err), "ranks disagree on the message: '%s'", err);
   for (int i = 0; i < n_want; i++) EXPECT(strstr(err, want[i]) != NULL, "message lacks '%s': %s", want[i], err);
+}
+
+// Rank 0 writes value into element 5 of model/layers.wq (the crc32c untouched); then every rank
+// loads the file, which must fail as damaged with a message containing want.
+static void expect_damaged(const char *path, float value, const char *want) {
+  if (rank == 0) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT), d = H5Dopen2(f, "model/layers.wq", H5P_DEFAULT);
+    hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, (hsize_t[]){1}, NULL);
+    H5Sselect_elements(fs, H5S_SELECT_SET, 1, (hsize_t[]){0, 0, 5});
+    H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &value);
+    H5Sclose(ms), H5Sclose(fs), H5Dclose(d), H5Fclose(f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  float a[D0 / 2 * D1 * D2];
+  ckpt_tensor t;
+  tensor(&t, "model/layers.wq", 3, (int64_t[]){D0, D1, D2}, (int64_t[]){rank * (D0 / 2), 0, 0},
+         (int64_t[]){D0 / 2, D1, D2}, a, 1);
+  char err[2048] = "";
+  int rc = ckpt_load(path, MPI_COMM_WORLD, &t, 1, NULL, err, sizeof err);
+  EXPECT(rc == CKPT_DAMAGED && strstr(err, want), "damaged load gave %d: %s", rc, err);
+  EXPECT(same_everywhere(err), "ranks disagree on the damage: '%s'", err);
 }
 
 // Serial HDF5 file with a chosen format_version and optional complete flag (rank 0 only).
@@ -250,13 +275,13 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   char latest[1024] = "";
-  int fl = ckpt_find_latest(dir, latest, sizeof latest);  // every rank at once
+  int fl = ckpt_find_latest(dir, INT64_MAX, latest, sizeof latest, NULL);  // every rank at once
   snprintf(path, sizeof path, "%s/ckpt_00000030.h5", dir);
   EXPECT(fl == 0 && strcmp(latest, path) == 0, "find_latest gave %d '%s', expected %s", fl, latest, path);
   snprintf(path, sizeof path, "%s/none", root);
-  EXPECT(ckpt_find_latest(path, latest, sizeof latest) == 1, "missing dir should mean no checkpoint");
+  EXPECT(ckpt_find_latest(path, INT64_MAX, latest, sizeof latest, NULL) == 1, "missing dir should mean no checkpoint");
   snprintf(path, sizeof path, "%s/run", root);
-  EXPECT(ckpt_find_latest(path, latest, sizeof latest) == 1, "dir without checkpoints should give 1");
+  EXPECT(ckpt_find_latest(path, INT64_MAX, latest, sizeof latest, NULL) == 1, "dir without checkpoints should give 1");
 
   // Clean failures, same on every rank.
   float a[D0 * D1 * D2];
@@ -278,7 +303,7 @@ int main(int argc, char **argv) {
   expect_load_fails(path, NULL, 0, (const char *[]){path, "No such file"}, 2);
   expect_load_fails(junk, NULL, 0, (const char *[]){junk, "not an HDF5 file"}, 2);
   expect_load_fails(incomplete, NULL, 0, (const char *[]){incomplete, "incomplete"}, 2);
-  expect_load_fails(v2, NULL, 0, (const char *[]){"has format version 3, this trainer reads versions 1 to 2"}, 1);
+  expect_load_fails(v2, NULL, 0, (const char *[]){"has format version 4, this trainer reads versions 1 to 3"}, 1);
   expect_load_fails(dir, NULL, 0, (const char *[]){"not a regular file"}, 1);
 
   // Saving into a path under a regular file fails cleanly on every rank.
@@ -302,10 +327,19 @@ int main(int argc, char **argv) {
   EXPECT(exists(path), "keep=0 should keep %s", path);
   EXPECT(!exists(tmp1), "stale temporary %s should be removed", tmp1);
   EXPECT(exists(tmp2), "%s does not match the temporary pattern and must stay", tmp2);
-  fl = ckpt_find_latest(dir, latest, sizeof latest);
+  fl = ckpt_find_latest(dir, INT64_MAX, latest, sizeof latest, NULL);
   snprintf(path, sizeof path, "%s/ckpt_00000040.h5", dir);
   EXPECT(fl == 0 && strcmp(latest, path) == 0, "find_latest gave %d '%s', expected %s", fl, latest, path);
   check_load(path, 40, 1.0f);
+  fl = ckpt_find_latest(dir, 40, latest, sizeof latest, NULL);
+  snprintf(path, sizeof path, "%s/ckpt_00000030.h5", dir);
+  EXPECT(fl == 0 && strcmp(latest, path) == 0, "find_latest below 40 gave %d '%s', expected %s", fl, latest, path);
+
+  // Damage is named, and reported as CKPT_DAMAGED on every rank: one element changed behind the
+  // checksum's back, then a NaN.
+  snprintf(path, sizeof path, "%s/ckpt_00000040.h5", dir);
+  expect_damaged(path, 123.0f, "tensor 'model/layers.wq' fails its checksum");
+  expect_damaged(path, NAN, "tensor 'model/layers.wq' holds NaN");
 
   // Every path above, failures included, must have closed what it opened.
   ssize_t n_open = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
