@@ -1236,9 +1236,8 @@ static const struct op_slot {
            OP_SLOT(embed_bwd),       OP_SLOT(ce_local_stats),  OP_SLOT(ce_bwd),         OP_SLOT(ce_rescale),
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
            OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(grad_amax),
-           OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8)};
-           OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(swiglu_fwd_fp8),
-           OP_SLOT(fp8_cast_block),  OP_SLOT(gemm_fp8_block)};
+           OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8),
+           OP_SLOT(swiglu_fwd_fp8),  OP_SLOT(fp8_cast_block),  OP_SLOT(gemm_fp8_block)};
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {
