@@ -425,7 +425,7 @@ static const char *cfg_event_name(const yaml_event_t *ev) {
     case YAML_SCALAR_EVENT: return "a scalar";
     case YAML_SEQUENCE_START_EVENT: return "a list";
     case YAML_MAPPING_START_EVENT: return "a mapping";
-    case YAML_ALIAS_EVENT: return "an alias (aliases are not supported)";
+    case YAML_ALIAS_EVENT: return "an alias";
     default: return "the end of a block";
   }
 }
@@ -452,8 +452,8 @@ static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *
     if (!k) return cfg_unknown_key(r->err, r->n_err, &r->site, section, key);
     size_t *seen = &seen_line[k - cfg_keys];
     if (*seen)
-      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (first at line %zu): keep one", section, key,
-                      *seen);
+      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (lines %zu and %zu): keep one", section, key,
+                      *seen, r->site.line);
     *seen = r->site.line;
     if (cfg_next(r)) return -1;
     if (r->ev.type != YAML_SCALAR_EVENT)
@@ -507,6 +507,35 @@ static int cfg_read_document(cfg_reader *r, cfg *c) {
   return 0;
 }
 
+// A config is plain YAML: anchors (&name), aliases (*name, so merge keys `<<: *name` too) and
+// tags (!!str, !custom) are refused at the line that uses them, so a value is always the text
+// at its key. -1 with the message, else 0.
+static int cfg_refuse_yaml_extras(cfg_reader *r) {
+  const yaml_event_t *ev = &r->ev;
+  const yaml_char_t *anchor = NULL, *tag = NULL;
+  if (ev->type == YAML_ALIAS_EVENT)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML alias '*%s' is not supported: write the value out at each "
+                    "key", (const char *)ev->data.alias.anchor);
+  if (ev->type == YAML_SCALAR_EVENT) {
+    anchor = ev->data.scalar.anchor;
+    tag = ev->data.scalar.tag;
+  } else if (ev->type == YAML_MAPPING_START_EVENT) {
+    anchor = ev->data.mapping_start.anchor;
+    tag = ev->data.mapping_start.tag;
+  } else if (ev->type == YAML_SEQUENCE_START_EVENT) {
+    anchor = ev->data.sequence_start.anchor;
+    tag = ev->data.sequence_start.tag;
+  }
+  char shortbuf[72];
+  if (anchor)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML anchor '&%s' is not supported: write the value out at each "
+                    "key", cfg_shorten((const char *)anchor, shortbuf, sizeof shortbuf));
+  if (tag)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML tag '%s' is not supported: write the plain value (each key's "
+                    "type is fixed, docs/config.md)", cfg_shorten((const char *)tag, shortbuf, sizeof shortbuf));
+  return 0;
+}
+
 // Runs cfg_read_document (or, with c NULL, only the parser to the end of the stream) over
 // n_text bytes of text; name is what messages call it.
 static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *name, char *err, size_t n_err) {
@@ -525,7 +554,7 @@ static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *n
     rc = cfg_read_document(&r, c);
   else
     do {
-      rc = cfg_next(&r);
+      rc = cfg_next(&r) || cfg_refuse_yaml_extras(&r) ? -1 : 0;
       if (rc) break;
       if (r.ev.type == YAML_MAPPING_START_EVENT || r.ev.type == YAML_SEQUENCE_START_EVENT) {
         if (++depth > CFG_MAX_DEPTH)

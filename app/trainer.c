@@ -16,14 +16,26 @@
 static volatile sig_atomic_t trainer_signal_received;
 static void trainer_on_stop_signal(int sig) { trainer_signal_received = sig; }
 
+// A shard that changed under the run (data_get_window's error) ends the job from the rank that
+// read it, with the message naming the shard: the other ranks are already in the step's
+// collectives and cannot be told, and no checkpoint is written, so the newest one on disk holds
+// only steps trained on the data as it was.
+static void trainer_data_changed(const trainer *t, const data_loader *dl, const char *msg) {
+  fprintf(stderr, "error: %s: %s\n", dl == &t->train ? "data.train" : "data.val", msg);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 // Fills micro-batches with consecutive samples from `first`, sequence-major: token t of
 // sequence b of micro-batch j at [j][t][b].
 static void trainer_fill_batch(trainer *t, data_loader *dl, int64_t first, int n_micro) {
   trainer_batch *rb = &t->batch;
   int B = t->c->train.micro_batch, T = t->c->model.seq_len;
+  char msg[1024];
   for (int j = 0; j < n_micro; j++)
     for (int b = 0; b < B; b++) {
-      data_get_window(dl, first + (int64_t)j * B + b, rb->window);
+      if (data_get_window(dl, first + (int64_t)j * B + b, rb->window, msg, sizeof msg) != 0)
+        trainer_data_changed(t, dl, msg);
       int64_t base = (int64_t)j * T * B;
       for (int i = 0; i < T; i++) {
         rb->tokens_h[base + (int64_t)i * B + b] = rb->window[i];

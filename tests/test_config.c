@@ -138,7 +138,23 @@ static void test_load_errors(void) {
   LOAD_ERR("range_f.yaml", "train:\n  beta2: 1.5\n", 0, NULL, "train.beta2 = 1.5 is out of range");
   LOAD_ERR("range_big.yaml", "model:\n  dim: 99999999999999999999\n", 0, NULL, "model.dim", "out of range");
   LOAD_ERR("dup.yaml", "model:\n  dim: 64\n  dim: 32\n", 0, NULL, "dup.yaml:3:", "model.dim is set twice",
-           "line 2");
+           "(lines 2 and 3)");
+  LOAD_ERR("dup_flow.yaml", "model: {dim: 64,\n  dim: 32}\n", 0, NULL, "dup_flow.yaml:2:", "model.dim is set twice",
+           "(lines 1 and 2)");
+  LOAD_ERR("dup_quoted.yaml", "model:\n  dim: 64\n  \"dim\": 32\n", 0, NULL, "dup_quoted.yaml:3:",
+           "model.dim is set twice");
+  // Anchors, aliases and tags are refused at their line, wherever they are.
+  LOAD_ERR("anchor.yaml", "model:\n  dim: &w 64\n  ffn_dim: *w\n", 0, NULL, "anchor.yaml:2:",
+           "YAML anchor '&w' is not supported");
+  LOAD_ERR("alias.yaml", "model:\n  dim: 64\ntrain:\n  steps: *w\n", 0, NULL, "alias.yaml:4:",
+           "YAML alias '*w' is not supported");
+  LOAD_ERR("anchor_section.yaml", "model: &m\n  dim: 64\n", 0, NULL, "anchor_section.yaml:1:",
+           "YAML anchor '&m' is not supported");
+  LOAD_ERR("merge.yaml", "model: &m {dim: 64}\ntrain:\n  <<: *m\n", 0, NULL, "merge.yaml:1:", "YAML anchor '&m'");
+  LOAD_ERR("tag.yaml", "model:\n  n_layers: 2\n  dim: !!int 64\n", 0, NULL, "tag.yaml:3:",
+           "YAML tag 'tag:yaml.org,2002:int' is not supported");
+  LOAD_ERR("tag_local.yaml", "data: !paths\n  train: a.bin\n", 0, NULL, "tag_local.yaml:1:", "YAML tag '!paths'");
+  LOAD_ERR("tag_top.yaml", "--- !cfg\nmodel:\n  dim: 64\n", 0, NULL, "tag_top.yaml:1:", "YAML tag '!cfg'");
   LOAD_ERR("top.yaml", "- model\n", 0, NULL, "top.yaml:1:", "expected a mapping of sections");
   LOAD_ERR("flat.yaml", "model: 3\n", 0, NULL, "flat.yaml:1:", "section 'model' must be a mapping");
   LOAD_ERR("malformed.yaml", "model:\n  dim: 64\n  n_layers: 'abc\n", 0, NULL, "malformed.yaml:", "malformed YAML");
