@@ -191,11 +191,29 @@ static int cfg_fail(char *err, size_t n_err, const cfg_site *s, const char *fmt,
   return -1;
 }
 
-// Values echoed in messages are cut, so one stray line cannot flood the terminal.
+// Values echoed in messages are cut, and their control characters (a newline in a quoted
+// value) shown as '?', so one stray value can neither flood the terminal nor split the line.
 static const char *cfg_shorten(const char *s, char *buf, size_t n_buf) {
-  if (strlen(s) < n_buf) return s;
-  snprintf(buf, n_buf, "%.*s...", (int)(n_buf - 4), s);
+  size_t n = strlen(s), keep = n < n_buf ? n : n_buf - 4;
+  for (size_t i = 0; i < keep; i++) buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  snprintf(buf + keep, n_buf - keep, "%s", keep < n ? "..." : "");
   return buf;
+}
+
+// Length of the UTF-8 sequence at s (1 to 4) with its code point in *cp, or 0 when the bytes
+// are not UTF-8 (overlong forms, surrogates and values past U+10FFFF included) or s is at its end.
+static int cfg_utf8_next(const unsigned char *s, uint32_t *cp) {
+  int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || s[0] == 0) return 0;
+  uint32_t v = n == 1 ? s[0] : s[0] & (0x7Fu >> n);
+  for (int i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    v = v << 6 | (s[i] & 0x3Fu);
+  }
+  static const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < smallest[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+  *cp = v;
+  return n;
 }
 
 // Edit distance counting insertions, deletions, substitutions and swaps of neighbours
@@ -359,6 +377,13 @@ static int cfg_set_value(cfg *c, const cfg_key *k, const char *text, int plain, 
       if (n >= CFG_STR)
         return cfg_fail(err, n_err, s, "%s.%s: value is %zu bytes long, the limit is %d bytes ('%s')", k->section,
                         k->key, n, CFG_STR - 1, shown);
+      // YAML text is UTF-8 (libyaml checks a file); an override must be too, or the config that
+      // checkpoints store would not read back.
+      uint32_t cp;
+      for (size_t i = 0, len; i < n; i += len)
+        if ((len = (size_t)cfg_utf8_next((const unsigned char *)text + i, &cp)) == 0)
+          return cfg_fail(err, n_err, s, "%s.%s: byte %zu (0x%02x) is not UTF-8 text; config strings are UTF-8",
+                          k->section, k->key, i, (unsigned char)text[i]);
       memcpy(p, text, n + 1);
       return 0;
     }
@@ -715,16 +740,26 @@ static void cfg_put(cfg_out *o, const char *fmt, ...) {
 }
 
 // Strings are always double-quoted, so values like "yes", "123", "" or "a: b" come back as the
-// same string; bytes >= 0x80 pass through (YAML text is UTF-8).
+// same string. UTF-8 characters pass through, except those YAML does not allow in a file or
+// reads as line breaks (controls, U+0085, U+2028, U+2029, U+FEFF, U+FFFE, U+FFFF), which are
+// written as escapes of the same code point. Bytes
+// that are not UTF-8 (a struct filled by code; loading refuses them) become \xNN escapes.
 static void cfg_put_string(cfg_out *o, const char *s) {
   cfg_put(o, "\"");
-  for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
-    if (*q == '"' || *q == '\\')
-      cfg_put(o, "\\%c", *q);
-    else if (*q < 0x20 || *q == 0x7f)
-      cfg_put(o, "\\x%02x", *q);
+  for (const unsigned char *q = (const unsigned char *)s; *q;) {
+    uint32_t cp = 0;
+    int n = cfg_utf8_next(q, &cp);
+    if (n == 0)
+      cfg_put(o, "\\x%02x", *q), n = 1;
+    else if (cp == '"' || cp == '\\')
+      cfg_put(o, "\\%c", (int)cp);
+    else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f))
+      cfg_put(o, "\\x%02x", (unsigned)cp);
+    else if (cp == 0x2028 || cp == 0x2029 || cp == 0xfeff || cp == 0xfffe || cp == 0xffff)
+      cfg_put(o, "\\u%04x", (unsigned)cp);
     else
-      cfg_put(o, "%c", *q);
+      cfg_put(o, "%.*s", n, (const char *)q);
+    q += n;
   }
   cfg_put(o, "\"");
 }

@@ -154,6 +154,9 @@ static void test_load_errors(void) {
   LOAD_ERR("tag.yaml", "model:\n  n_layers: 2\n  dim: !!int 64\n", 0, NULL, "tag.yaml:3:",
            "YAML tag 'tag:yaml.org,2002:int' is not supported");
   LOAD_ERR("tag_local.yaml", "data: !paths\n  train: a.bin\n", 0, NULL, "tag_local.yaml:1:", "YAML tag '!paths'");
+  char *not_utf8[] = {"data.train=a\xff.bin"};
+  LOAD_ERR("not_utf8", "", 1, not_utf8, "override 'data.train=a", "data.train: byte 1 (0xff) is not UTF-8 text");
+  LOAD_ERR("newline.yaml", "model:\n  dim: \"6\\n4\"\n", 0, NULL, "newline.yaml:2:", "found '6?4'");
   LOAD_ERR("tag_top.yaml", "--- !cfg\nmodel:\n  dim: 64\n", 0, NULL, "tag_top.yaml:1:", "YAML tag '!cfg'");
   LOAD_ERR("top.yaml", "- model\n", 0, NULL, "top.yaml:1:", "expected a mapping of sections");
   LOAD_ERR("flat.yaml", "model: 3\n", 0, NULL, "flat.yaml:1:", "section 'model' must be a mapping");
@@ -277,7 +280,9 @@ static void test_round_trip(void) {
   char *ov[] = {"model.dim=96", "model.norm_eps=1.2345678e-6", "model.rope_theta=500000", "model.init_std=0.0123",
                 "train.lr=0.1", "train.min_lr=1e-7", "train.beta2=0.999", "train.seed=18446744073709551615",
                 "model.tie_embeddings=true", "parallel.dp=3", "data.train=a \"quoted\" path\\with: colon #x",
-                "data.val=", "checkpoint.resume=yes", "log.metrics=123", "checkpoint.dir=tab\there"};
+                "data.val=", "checkpoint.resume=yes", "log.metrics=123", "checkpoint.dir=tab\there",
+                // UTF-8 that YAML takes only escaped (U+0085, U+FEFF, U+2028 a line break) beside é
+                "checkpoint.init_from=\xc2\x85 \xef\xbb\xbf \xc3\xa9 \xe2\x80\xa8 \xe2\x80\xa9."};
   int n_ov = (int)(sizeof ov / sizeof ov[0]);
   EXPECT(cfg_load(&a, NULL, n_ov, ov, err, sizeof err) == 0, "%s", err);
   size_t need = cfg_to_yaml(&a, NULL, 0);
