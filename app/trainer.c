@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 // SIGTERM (a scheduler's notice before it kills a job) or SIGINT: finish the step in flight,
 // checkpoint it, and stop, so a preempted run loses nothing. The product's one file-scope
@@ -251,6 +252,8 @@ double trainer_evaluate(trainer *t) {
 
 int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
   double t0 = MPI_Wtime();
+  // The test hook TRAINER_TEST_CKPT_DELAY_S: a slow write, which a signal does not cut short.
+  while (MPI_Wtime() - t0 < t->hooks.ckpt_delay_s) usleep(10000);
   if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, t->hooks.kill_in_ckpt, err, n_err) != 0) return -1;
   if (t->g->world_rank == 0)
     printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,

@@ -17,10 +17,13 @@
 
 // Test-only fault injection, read once at start-up (main.c): the process SIGKILLs itself after
 // writing this many tensors of a checkpoint (TRAINER_TEST_KILL_IN_CKPT); -1 = never. The
-// gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never.
+// gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never. Every
+// checkpoint write takes ckpt_delay_s seconds longer, signals or not, as a slow file system
+// would (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay.
 typedef struct trainer_hooks {
   int kill_in_ckpt;
   int64_t nan_at_step;
+  double ckpt_delay_s;
 } trainer_hooks;
 
 // One step's token ids, host and backend copies.
