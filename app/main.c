@@ -134,9 +134,9 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   if (rank == 0) print_resolved(&c, a->path);
   // Test-only fault injection (tests/test_resume.sh), read once here.
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP");
-  const char *delay_env = getenv("TRAINER_TEST_CKPT_DELAY_S");
+  const char *delay_env = getenv("TRAINER_TEST_CKPT_DELAY_S"), *huge_env = getenv("TRAINER_TEST_HUGE_GRAD_AT_STEP");
   trainer_hooks hooks = {.kill_in_ckpt = kill_env ? atoi(kill_env) : -1, .nan_at_step = nan_env ? atoll(nan_env) : 0,
-                         .ckpt_delay_s = delay_env ? atof(delay_env) : 0};
+                         .ckpt_delay_s = delay_env ? atof(delay_env) : 0, .huge_at_step = huge_env ? atoll(huge_env) : 0};
   int rc = trainer_run(&c, &f.g, f.be, &hooks);
   factory_free(&f);
   return rc;

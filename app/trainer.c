@@ -217,6 +217,7 @@ trainer_step_result trainer_step(trainer *t) {
   s->tm.data = t_data - t0;
   // The test hook TRAINER_TEST_NAN_AT_STEP: a NaN loss scale makes every gradient NaN, the loss not.
   float loss_scale = t->step + 1 == t->hooks.nan_at_step ? NAN : (float)(1.0 / t->tokens_per_step);
+  if (t->step + 1 == t->hooks.huge_at_step) loss_scale *= 1e30f;  // TRAINER_TEST_HUGE_GRAD_AT_STEP
   double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, loss_scale);
   s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm;
   r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);

@@ -19,11 +19,13 @@
 // writing this many tensors of a checkpoint (TRAINER_TEST_KILL_IN_CKPT); -1 = never. The
 // gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never. Every
 // checkpoint write takes ckpt_delay_s seconds longer, signals or not, as a slow file system
-// would (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay.
+// would (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay. The gradient of step huge_at_step is 1e30
+// times larger, finite (TRAINER_TEST_HUGE_GRAD_AT_STEP); 0 = never.
 typedef struct trainer_hooks {
   int kill_in_ckpt;
   int64_t nan_at_step;
   double ckpt_delay_s;
+  int64_t huge_at_step;
 } trainer_hooks;
 
 // One step's token ids, host and backend copies.

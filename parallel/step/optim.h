@@ -70,7 +70,9 @@ float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // Synchronises gradients, clips, updates parameters with learning rate lr as step t (1-based,
 // for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
 // When that norm is NaN or Inf (the same on every rank) nothing is updated: the gradients are
-// zeroed and the non-finite norm is returned.
+// zeroed and the non-finite norm is returned. So too when the norm after clipping exceeds 1e19
+// (without train.grad_clip): an element's square would overflow Adam's fp32 second moment; Inf
+// is returned.
 double opt_step(opt_state *o, float lr, int64_t t);
 // Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
 // into host arrays of m->n_params elements; and the moments back.
