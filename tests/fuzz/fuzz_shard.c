@@ -16,7 +16,12 @@ const char *const fuzz_dict[] = {
 };
 const int fuzz_n_dict = (int)(sizeof fuzz_dict / sizeof fuzz_dict[0]);
 
-static char fuzz_path[256];
+static char fuzz_dir[64], fuzz_path[256];
+
+static void fuzz_cleanup(void) {
+  unlink(fuzz_path);
+  rmdir(fuzz_dir);
+}
 
 static void fuzz_fail(const char *what, const char *detail) {
   fprintf(stderr, "fuzz_shard: %s: %s\n", what, detail);
@@ -25,9 +30,10 @@ static void fuzz_fail(const char *what, const char *detail) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!fuzz_path[0]) {
-    char dir[] = "/tmp/fuzz_shard_XXXXXX";
-    if (!mkdtemp(dir)) fuzz_fail("mkdtemp", "cannot create a temporary folder");
-    snprintf(fuzz_path, sizeof fuzz_path, "%s/shard.bin", dir);
+    snprintf(fuzz_dir, sizeof fuzz_dir, "/tmp/fuzz_shard_XXXXXX");
+    if (!mkdtemp(fuzz_dir)) fuzz_fail("mkdtemp", "cannot create a temporary folder");
+    snprintf(fuzz_path, sizeof fuzz_path, "%s/shard.bin", fuzz_dir);
+    atexit(fuzz_cleanup);
   }
   FILE *f = fopen(fuzz_path, "wb");
   if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0) fuzz_fail("write", fuzz_path);
