@@ -238,7 +238,8 @@ static int data_shard_read(const data_shard *s, int64_t first, int64_t n, int32_
                       (long long)first, (long long)(first + n - 1), s->path,
                       read_errno ? strerror(read_errno) : "the file ends early");
   if (s->token_bytes == 2) {
-    // Widen in place from the end: token i's 2 bytes lie at or after its int32 slot's start.
+    // Widen in place from the last token: token i's int32 slot (bytes 4i..4i+3) overwrites the
+    // uint16 tokens 2i and 2i+1, which are widened already (i = 0: read before the write).
     const unsigned char *b = (const unsigned char *)out;
     for (int64_t i = n - 1; i >= 0; i--) out[i] = (int32_t)(b[2 * i] | b[2 * i + 1] << 8);
   }
