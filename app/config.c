@@ -204,11 +204,29 @@ static int cfg_fail(char *err, size_t n_err, const cfg_site *s, const char *fmt,
   return -1;
 }
 
-// Values echoed in messages are cut, so one stray line cannot flood the terminal.
+// Values echoed in messages are cut, and their control characters (a newline in a quoted
+// value) shown as '?', so one stray value can neither flood the terminal nor split the line.
 static const char *cfg_shorten(const char *s, char *buf, size_t n_buf) {
-  if (strlen(s) < n_buf) return s;
-  snprintf(buf, n_buf, "%.*s...", (int)(n_buf - 4), s);
+  size_t n = strlen(s), keep = n < n_buf ? n : n_buf - 4;
+  for (size_t i = 0; i < keep; i++) buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  snprintf(buf + keep, n_buf - keep, "%s", keep < n ? "..." : "");
   return buf;
+}
+
+// Length of the UTF-8 sequence at s (1 to 4) with its code point in *cp, or 0 when the bytes
+// are not UTF-8 (overlong forms, surrogates and values past U+10FFFF included) or s is at its end.
+static int cfg_utf8_next(const unsigned char *s, uint32_t *cp) {
+  int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || s[0] == 0) return 0;
+  uint32_t v = n == 1 ? s[0] : s[0] & (0x7Fu >> n);
+  for (int i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    v = v << 6 | (s[i] & 0x3Fu);
+  }
+  static const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < smallest[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+  *cp = v;
+  return n;
 }
 
 // Edit distance counting insertions, deletions, substitutions and swaps of neighbours
@@ -385,6 +403,13 @@ static int cfg_set_value(cfg *c, const cfg_key *k, const char *text, int plain, 
       if (n >= CFG_STR)
         return cfg_fail(err, n_err, s, "%s.%s: value is %zu bytes long, the limit is %d bytes ('%s')", k->section,
                         k->key, n, CFG_STR - 1, shown);
+      // YAML text is UTF-8 (libyaml checks a file); an override must be too, or the config that
+      // checkpoints store would not read back.
+      uint32_t cp;
+      for (size_t i = 0, len; i < n; i += len)
+        if ((len = (size_t)cfg_utf8_next((const unsigned char *)text + i, &cp)) == 0)
+          return cfg_fail(err, n_err, s, "%s.%s: byte %zu (0x%02x) is not UTF-8 text; config strings are UTF-8",
+                          k->section, k->key, i, (unsigned char)text[i]);
       memcpy(p, text, n + 1);
       return 0;
     }
@@ -452,7 +477,7 @@ static const char *cfg_event_name(const yaml_event_t *ev) {
     case YAML_SCALAR_EVENT: return "a scalar";
     case YAML_SEQUENCE_START_EVENT: return "a list";
     case YAML_MAPPING_START_EVENT: return "a mapping";
-    case YAML_ALIAS_EVENT: return "an alias (aliases are not supported)";
+    case YAML_ALIAS_EVENT: return "an alias";
     default: return "the end of a block";
   }
 }
@@ -479,8 +504,8 @@ static int cfg_read_section(cfg_reader *r, cfg *c, const char *section, size_t *
     if (!k) return cfg_unknown_key(r->err, r->n_err, &r->site, section, key);
     size_t *seen = &seen_line[k - cfg_keys];
     if (*seen)
-      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (first at line %zu): keep one", section, key,
-                      *seen);
+      return cfg_fail(r->err, r->n_err, &r->site, "%s.%s is set twice (lines %zu and %zu): keep one", section, key,
+                      *seen, r->site.line);
     *seen = r->site.line;
     if (r->key_set) r->key_set[k - cfg_keys] = 1;
     if (cfg_next(r)) return -1;
@@ -535,6 +560,35 @@ static int cfg_read_document(cfg_reader *r, cfg *c) {
   return 0;
 }
 
+// A config is plain YAML: anchors (&name), aliases (*name, so merge keys `<<: *name` too) and
+// tags (!!str, !custom) are refused at the line that uses them, so a value is always the text
+// at its key. -1 with the message, else 0.
+static int cfg_refuse_yaml_extras(cfg_reader *r) {
+  const yaml_event_t *ev = &r->ev;
+  const yaml_char_t *anchor = NULL, *tag = NULL;
+  if (ev->type == YAML_ALIAS_EVENT)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML alias '*%s' is not supported: write the value out at each "
+                    "key", (const char *)ev->data.alias.anchor);
+  if (ev->type == YAML_SCALAR_EVENT) {
+    anchor = ev->data.scalar.anchor;
+    tag = ev->data.scalar.tag;
+  } else if (ev->type == YAML_MAPPING_START_EVENT) {
+    anchor = ev->data.mapping_start.anchor;
+    tag = ev->data.mapping_start.tag;
+  } else if (ev->type == YAML_SEQUENCE_START_EVENT) {
+    anchor = ev->data.sequence_start.anchor;
+    tag = ev->data.sequence_start.tag;
+  }
+  char shortbuf[72];
+  if (anchor)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML anchor '&%s' is not supported: write the value out at each "
+                    "key", cfg_shorten((const char *)anchor, shortbuf, sizeof shortbuf));
+  if (tag)
+    return cfg_fail(r->err, r->n_err, &r->site, "YAML tag '%s' is not supported: write the plain value (each key's "
+                    "type is fixed, docs/config.md)", cfg_shorten((const char *)tag, shortbuf, sizeof shortbuf));
+  return 0;
+}
+
 // Runs cfg_read_document (or, with c NULL, only the parser to the end of the stream) over
 // n_text bytes of text; name is what messages call it.
 static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *name, unsigned char *key_set, char *err,
@@ -555,7 +609,7 @@ static int cfg_parse_pass(cfg *c, const char *text, size_t n_text, const char *n
     rc = cfg_read_document(&r, c);
   else
     do {
-      rc = cfg_next(&r);
+      rc = cfg_next(&r) || cfg_refuse_yaml_extras(&r) ? -1 : 0;
       if (rc) break;
       if (r.ev.type == YAML_MAPPING_START_EVENT || r.ev.type == YAML_SEQUENCE_START_EVENT) {
         if (++depth > CFG_MAX_DEPTH)
@@ -759,16 +813,26 @@ static void cfg_put(cfg_out *o, const char *fmt, ...) {
 }
 
 // Strings are always double-quoted, so values like "yes", "123", "" or "a: b" come back as the
-// same string; bytes >= 0x80 pass through (YAML text is UTF-8).
+// same string. UTF-8 characters pass through, except those YAML does not allow in a file or
+// reads as line breaks (controls, U+0085, U+2028, U+2029, U+FEFF, U+FFFE, U+FFFF), which are
+// written as escapes of the same code point. Bytes
+// that are not UTF-8 (a struct filled by code; loading refuses them) become \xNN escapes.
 static void cfg_put_string(cfg_out *o, const char *s) {
   cfg_put(o, "\"");
-  for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
-    if (*q == '"' || *q == '\\')
-      cfg_put(o, "\\%c", *q);
-    else if (*q < 0x20 || *q == 0x7f)
-      cfg_put(o, "\\x%02x", *q);
+  for (const unsigned char *q = (const unsigned char *)s; *q;) {
+    uint32_t cp = 0;
+    int n = cfg_utf8_next(q, &cp);
+    if (n == 0)
+      cfg_put(o, "\\x%02x", *q), n = 1;
+    else if (cp == '"' || cp == '\\')
+      cfg_put(o, "\\%c", (int)cp);
+    else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f))
+      cfg_put(o, "\\x%02x", (unsigned)cp);
+    else if (cp == 0x2028 || cp == 0x2029 || cp == 0xfeff || cp == 0xfffe || cp == 0xffff)
+      cfg_put(o, "\\u%04x", (unsigned)cp);
     else
-      cfg_put(o, "%c", *q);
+      cfg_put(o, "%.*s", n, (const char *)q);
+    q += n;
   }
   cfg_put(o, "\"");
 }

@@ -201,7 +201,10 @@ static int stream_loss(const sample_args *a, decode_model *m, const cfg *c, int6
   int32_t *w = XMALLOC((size_t)(T + 1) * sizeof(int32_t));
   double sum = 0.0;
   for (int s = 0; s < G; s++) {
-    data_get_window(&dl, first + s, w);
+    if (data_get_window(&dl, first + s, w, err, n_err) != 0) {
+      free(w);
+      return data_close(&dl), -1;
+    }
     decode_reset(m);
     for (int t = 0; t < T; t++) {
       const float *lg = decode_step(m, w[t]);

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 // SIGTERM (a scheduler's notice before it kills a job) or SIGINT: finish the step in flight,
 // checkpoint it, and stop, so a preempted run loses nothing. The product's one file-scope
@@ -17,14 +18,26 @@
 static volatile sig_atomic_t trainer_signal_received;
 static void trainer_on_stop_signal(int sig) { trainer_signal_received = sig; }
 
+// A shard that changed under the run (data_get_window's error) ends the job from the rank that
+// read it, with the message naming the shard: the other ranks are already in the step's
+// collectives and cannot be told, and no checkpoint is written, so the newest one on disk holds
+// only steps trained on the data as it was.
+static void trainer_data_changed(const trainer *t, const data_loader *dl, const char *msg) {
+  fprintf(stderr, "error: %s: %s\n", dl == &t->train ? "data.train" : "data.val", msg);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 // Fills micro-batches with consecutive samples from `first`, sequence-major: token t of
 // sequence b of micro-batch j at [j][t][b].
 static void trainer_fill_batch(trainer *t, data_loader *dl, int64_t first, int n_micro) {
   trainer_batch *rb = &t->batch;
   int B = t->c->train.micro_batch, T = t->c->model.seq_len;
+  char msg[1024];
   for (int j = 0; j < n_micro; j++)
     for (int b = 0; b < B; b++) {
-      data_get_window(dl, first + (int64_t)j * B + b, rb->window);
+      if (data_get_window(dl, first + (int64_t)j * B + b, rb->window, msg, sizeof msg) != 0)
+        trainer_data_changed(t, dl, msg);
       int64_t base = (int64_t)j * T * B;
       for (int i = 0; i < T; i++) {
         rb->tokens_h[base + (int64_t)i * B + b] = rb->window[i];
@@ -228,6 +241,7 @@ trainer_step_result trainer_step(trainer *t) {
   s->tm.data = t_data - t0;
   // The test hook TRAINER_TEST_NAN_AT_STEP: a NaN loss scale makes every gradient NaN, the loss not.
   float loss_scale = t->step + 1 == t->hooks.nan_at_step ? NAN : (float)(1.0 / t->tokens_per_step);
+  if (t->step + 1 == t->hooks.huge_at_step) loss_scale *= 1e30f;  // TRAINER_TEST_HUGE_GRAD_AT_STEP
   double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, loss_scale);
   if (t->step + 1 == t->hooks.fp8_inf_at_step) model_fp8_test_set_amax(&t->m, INFINITY);
   s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm;
@@ -264,6 +278,8 @@ double trainer_evaluate(trainer *t) {
 
 int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
   double t0 = MPI_Wtime();
+  // The test hook TRAINER_TEST_CKPT_DELAY_S: a slow write, which a signal does not cut short.
+  while (MPI_Wtime() - t0 < t->hooks.ckpt_delay_s) usleep(10000);
   if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, &t->hooks.ckpt, err, n_err) != 0) return -1;
   if (t->g->world_rank == 0)
     printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,

@@ -21,11 +21,16 @@
 // of that tensor fails as on a failing disk (TRAINER_TEST_FAIL_IN_CKPT); -1 = never. The
 // gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never. The
 // amax recorded for the first FP8 projection input of step fp8_inf_at_step is Inf
-// (TRAINER_TEST_FP8_INF_AT_STEP, train.precision=fp8); 0 = never.
+// (TRAINER_TEST_FP8_INF_AT_STEP, train.precision=fp8); 0 = never. Every checkpoint write takes
+// ckpt_delay_s seconds longer, signals or not, as a slow file system would
+// (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay. The gradient of step huge_at_step is 1e30 times
+// larger, finite (TRAINER_TEST_HUGE_GRAD_AT_STEP); 0 = never.
 typedef struct trainer_hooks {
   ckpt_faults ckpt;
   int64_t nan_at_step;
   int64_t fp8_inf_at_step;
+  double ckpt_delay_s;
+  int64_t huge_at_step;
 } trainer_hooks;
 
 // One step's token ids, host and backend copies.

@@ -1,7 +1,10 @@
-// Token-shard reader and writer. Shards are memory-mapped read-only, so every rank on a node
-// shares one page-cache copy and opening a 100M-token shard costs no copy. The window order is
-// a pure function of (seed, sample): any rank, any call order, any resume point sees the same
-// tokens. Both formats are documented byte by byte in docs/data.md.
+// Token-shard reader and writer. Each shard stays open and a window is one pread of its
+// seq_len + 1 tokens (through the page cache, which every rank on a node shares). Not mmap: a
+// shard truncated or rewritten in place under a mapping kills the process with SIGBUS, while a
+// pread comes back short, and the size and modification time checked after each read name the
+// shard that changed. The window order is a pure function of (seed, sample): any rank, any call
+// order, any resume point sees the same tokens. Both formats are documented byte by byte in
+// docs/data.md.
 #include "data/data.h"
 #include "kernels/check.h"
 
@@ -11,13 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-// Tokens are read straight from the mapping in host byte order; the formats are little-endian.
+// int32 tokens are read straight into the window in host byte order; the formats are
+// little-endian.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "data.c reads little-endian token shards in place and needs a little-endian host"
+#error "data.c reads little-endian int32 tokens in place and needs a little-endian host"
 #endif
 
 #define DATA_TRN_MAGIC "TRNTOK\0\0"       // 8 bytes, this project's shards
@@ -52,11 +55,46 @@ static void data_put_le64(unsigned char *p, uint64_t v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Reading
+
+// Exactly n_bytes at offset: 0, or -1 when the file ends first (it shrank) or a read fails.
+static int data_read_at(int fd, void *buf, size_t n_bytes, int64_t offset) {
+  size_t done = 0;
+  while (done < n_bytes) {
+    ssize_t n = pread(fd, (char *)buf + done, n_bytes - done, (off_t)(offset + (int64_t)done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;  // end of file: no error code to report
+    if (n <= 0) return -1;
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+static int64_t data_mtime_ns(const struct stat *st) {
+  return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+// Whether the open shard still has the size and modification time it had at open: -1 with a
+// message naming it when not (or when fstat fails), else 0.
+static int data_shard_check_unchanged(const data_shard *s, char *err, size_t n_err) {
+  struct stat st;
+  if (fstat(s->fd, &st) != 0)
+    return check_errf(err, n_err, "cannot stat data shard %s while reading it: %s; expected the file opened at "
+                      "start-up: check the file system", s->path, strerror(errno));
+  if ((int64_t)st.st_size == s->n_file_bytes && data_mtime_ns(&st) == s->mtime_ns) return 0;
+  return check_errf(err, n_err, "data shard %s changed while the run reads it (%lld bytes at start-up, %lld now%s): "
+                    "a shard must not be rewritten during a run; restore it (write new shards to another "
+                    "directory) and resume with checkpoint.resume=auto", s->path, (long long)s->n_file_bytes,
+                    (long long)st.st_size, data_mtime_ns(&st) != s->mtime_ns ? ", modified since" : "");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Opening one shard
 
-// Maps path and fills s from its header. Returns 0, or -1 with a message in err.
+// Opens path and fills s from its header. Returns 0, or -1 with a message in err.
 static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_err) {
   memset(s, 0, sizeof *s);
+  s->fd = -1;
   if (strlen(path) >= sizeof s->path) {
     snprintf(err, n_err, "data shard path '%s' is %zu characters; at most %zu are supported: "
              "move the shards to a shorter path", path, strlen(path), sizeof s->path - 1);
@@ -86,17 +124,18 @@ static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_
     close(fd);
     return -1;
   }
-  void *map = mmap(NULL, (size_t)n_file, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);  // the mapping keeps the file alive
-  if (map == MAP_FAILED) {
-    snprintf(err, n_err, "cannot memory-map data shard %s (%lld bytes): %s; expected a "
-             "mappable regular file: check free address space and the file system",
-             path, (long long)n_file, strerror(errno));
+  s->fd = fd;
+  s->n_file_bytes = n_file;
+  s->mtime_ns = data_mtime_ns(&st);
+  // The largest header there is, or the whole file when shorter; the checks below never look
+  // past n_file.
+  unsigned char h[DATA_LLMC_HEADER_BYTES] = {0};
+  size_t n_head = n_file < DATA_LLMC_HEADER_BYTES ? (size_t)n_file : DATA_LLMC_HEADER_BYTES;
+  if (data_read_at(fd, h, n_head, 0) != 0) {
+    snprintf(err, n_err, "cannot read the header of data shard %s (%lld bytes): %s; expected a readable "
+             "regular file: check the file system", path, (long long)n_file, errno ? strerror(errno) : "short read");
     return -1;
   }
-  s->map = map;
-  s->n_map_bytes = (size_t)n_file;
-  const unsigned char *h = map;
 
   int64_t header_bytes;
   uint32_t magic32 = data_le32(h);
@@ -179,39 +218,54 @@ static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_
              path, (long long)s->n_tokens, (long long)n_expect, (long long)n_file);
     return -1;
   }
-  s->tokens = h + header_bytes;
+  s->header_bytes = header_bytes;
   return 0;
 }
 
 static void data_shard_close(data_shard *s) {
-  if (s->map) munmap((void *)s->map, s->n_map_bytes);
-  s->map = NULL;
-  s->tokens = NULL;
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+// n tokens of the shard from token `first` into out, widened to int32. 0, or -1 with a message
+// when the read comes back short or the shard changed since open.
+static int data_shard_read(const data_shard *s, int64_t first, int64_t n, int32_t *out, char *err, size_t n_err) {
+  int rc = data_read_at(s->fd, out, (size_t)n * (size_t)s->token_bytes, s->header_bytes + first * s->token_bytes);
+  int read_errno = errno;
+  if (data_shard_check_unchanged(s, err, n_err) != 0) return -1;
+  if (rc != 0)
+    return check_errf(err, n_err, "cannot read tokens %lld..%lld of data shard %s: %s; check the file system",
+                      (long long)first, (long long)(first + n - 1), s->path,
+                      read_errno ? strerror(read_errno) : "the file ends early");
+  if (s->token_bytes == 2) {
+    // Widen in place from the last token: token i's int32 slot (bytes 4i..4i+3) overwrites the
+    // uint16 tokens 2i and 2i+1, which are widened already (i = 0: read before the write).
+    const unsigned char *b = (const unsigned char *)out;
+    for (int64_t i = n - 1; i >= 0; i--) out[i] = (int32_t)(b[2 * i] | b[2 * i + 1] << 8);
+  }
+  return 0;
 }
 
 // Largest token of a shard, or -1 with a message when an int32 shard holds a negative token
-// (an id the embedding table cannot index).
+// (an id the embedding table cannot index), or the read fails.
 static int data_shard_max_token(const data_shard *s, int32_t *max_token, char *err, size_t n_err) {
-  int32_t m = 0;
-  if (s->token_bytes == 2) {
-    const uint16_t *t = s->tokens;
-    uint16_t m16 = 0;
-    for (int64_t i = 0; i < s->n_tokens; i++) m16 = t[i] > m16 ? t[i] : m16;
-    m = m16;
-  } else {
-    const int32_t *t = s->tokens;
-    int32_t lo = 0;
-    for (int64_t i = 0; i < s->n_tokens; i++) {
-      m = t[i] > m ? t[i] : m;
-      lo = t[i] < lo ? t[i] : lo;
-    }
-    if (lo < 0) {
-      snprintf(err, n_err, "data shard %s holds token id %d; expected ids >= 0: the shard is "
-               "damaged or was written by another tool, re-create it with build/prepare",
-               s->path, lo);
-      return -1;
+  enum { CHUNK = 1 << 16 };
+  int32_t *buf = XMALLOC(CHUNK * sizeof *buf);
+  int32_t m = 0, lo = 0;
+  int rc = 0;
+  for (int64_t i = 0; rc == 0 && i < s->n_tokens; i += CHUNK) {
+    int64_t n = s->n_tokens - i < CHUNK ? s->n_tokens - i : CHUNK;
+    rc = data_shard_read(s, i, n, buf, err, n_err);
+    for (int64_t k = 0; rc == 0 && k < n; k++) {
+      m = buf[k] > m ? buf[k] : m;
+      lo = buf[k] < lo ? buf[k] : lo;
     }
   }
+  free(buf);
+  if (rc != 0) return -1;
+  if (lo < 0)
+    return check_errf(err, n_err, "data shard %s holds token id %d; expected ids >= 0: the shard is damaged or was "
+                      "written by another tool, re-create it with build/prepare", s->path, lo);
   *max_token = m;
   return 0;
 }
@@ -265,7 +319,7 @@ int data_open(data_loader *d, const char *pattern, int seq_len, uint64_t seed, c
       goto fail;
     }
     d->n_shards++;
-    int32_t m;
+    int32_t m = 0;
     if (data_shard_max_token(s, &m, err, n_err) != 0) goto fail;
     d->max_token = m > d->max_token ? m : d->max_token;
     if (s->n_tokens > 0) n_windows += (s->n_tokens - 1) / seq_len;
@@ -342,7 +396,7 @@ static void data_build_perm(data_loader *d, int64_t epoch) {
   d->perm_epoch = epoch;
 }
 
-void data_get_window(data_loader *d, int64_t sample, int32_t *out) {
+int data_get_window(data_loader *d, int64_t sample, int32_t *out, char *err, size_t n_err) {
   CHECK(d->n_windows > 0, "data_get_window on a loader with no windows; expected data_open to "
         "have succeeded first");
   CHECK(sample >= 0, "data_get_window: sample %lld is negative; expected >= 0 (a bug in the "
@@ -358,12 +412,15 @@ void data_get_window(data_loader *d, int64_t sample, int32_t *out) {
   const data_shard *s = &d->shards[shard];
   int64_t off = d->window_start[w] - base;
   int n = d->seq_len + 1;
-  if (s->token_bytes == 2) {
-    const uint16_t *t = (const uint16_t *)s->tokens + off;
-    for (int i = 0; i < n; i++) out[i] = t[i];
-  } else {
-    memcpy(out, (const int32_t *)s->tokens + off, (size_t)n * sizeof *out);
-  }
+  if (data_shard_read(s, off, n, out, err, n_err) != 0) return -1;
+  // Every id was checked against the vocabulary at open; one beyond max_token means the bytes
+  // changed within the same size and modification time (a write in the same clock tick).
+  for (int i = 0; i < n; i++)
+    if (out[i] < 0 || out[i] > d->max_token)
+      return check_errf(err, n_err, "data shard %s changed while the run reads it: token %lld is %d, outside the "
+                        "0..%d found at start-up; restore the shard and resume with checkpoint.resume=auto",
+                        s->path, (long long)(off + i), out[i], d->max_token);
+  return 0;
 }
 
 void data_close(data_loader *d) {

@@ -1,4 +1,4 @@
-// Token shards and the reader that feeds training: memory-mapped shards, windows of
+// Token shards and the reader that feeds training: shards read with pread, windows of
 // seq_len + 1 tokens in an order fixed by the seed and independent of the number of ranks.
 // Format (docs/data.md): this project's shards ("TRNTOK" header, version, dtype, count) and
 // llm.c shards (256 int32 header, magic 20240520, version 1, uint16 tokens).
@@ -10,9 +10,10 @@
 
 typedef struct data_shard {
   char path[512];
-  const void *map;      // whole file, memory-mapped
-  size_t n_map_bytes;
-  const void *tokens;   // first token
+  int fd;               // open read-only for the whole run; -1 = closed
+  int64_t n_file_bytes; // size at open: a window read checks the file still has it
+  int64_t mtime_ns;     // modification time at open, likewise
+  int64_t header_bytes; // offset of the first token
   int token_bytes;      // 2 or 4
   int64_t n_tokens;
 } data_shard;
@@ -37,7 +38,10 @@ typedef struct data_loader {
 int data_open(data_loader *d, const char *pattern, int seq_len, uint64_t seed, char *err, size_t n_err);
 // Window number `sample` of the infinite stream (epoch = sample / n_windows, reshuffled each
 // epoch from (seed, epoch)): writes seq_len + 1 tokens to out. Same answer on every rank.
-void data_get_window(data_loader *d, int64_t sample, int32_t *out);
+// Returns 0, or -1 with a message naming the shard when it changed since data_open (another
+// size or modification time, a read that comes back short, or a token above max_token): a
+// shard rewritten under a running job is reported, never read as garbage or faulted on.
+int data_get_window(data_loader *d, int64_t sample, int32_t *out, char *err, size_t n_err);
 // Safe to call twice.
 void data_close(data_loader *d);
 

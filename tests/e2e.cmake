@@ -2,8 +2,8 @@
 # crash safety, bad input, checkpoints moved between layouts, the dry-run plans, bitwise
 # activation recomputation, the 8-GPU validation script on CPU ranks, and the 16-rank headline
 # command on two nodes simulated on this machine.
-foreach(t resume bad_input nonfinite layout_resume dry_run recompute validate_8gpu two_nodes fp8_eval
-        compress_resume)
+foreach(t resume bad_input data_change preempt huge_grad nonfinite layout_resume dry_run recompute validate_8gpu
+        two_nodes fp8_eval compress_resume)
   add_test(NAME e2e_${t} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_${t}.sh)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")

@@ -14,6 +14,12 @@ expect_error "section twice" "twice.yaml:5: section 'model' appears twice (lines
 printf 'model:\nlog:\n  every: 1\nmodel: {dim: 64}\n' > "$WORK/twice_empty.yaml"
 expect_error "empty section, then the same section" "section 'model' appears twice (lines 1 and 4)" 1 \
   "$WORK/twice_empty.yaml"
+printf 'model:\n  dim: 64\n  n_layers: 2\n  dim: 32\n' > "$WORK/key_twice.yaml"
+expect_error "key twice" "key_twice.yaml:4: model.dim is set twice (lines 2 and 4)" 1 "$WORK/key_twice.yaml"
+printf 'model:\n  dim: &width 64\n  ffn_dim: *width\n' > "$WORK/anchor.yaml"
+expect_error "YAML anchor" "anchor.yaml:2: YAML anchor '&width' is not supported" 1 "$WORK/anchor.yaml"
+printf 'train:\n  lr: !!float 1e-3\n' > "$WORK/tag.yaml"
+expect_error "YAML tag" "tag.yaml:2: YAML tag 'tag:yaml.org,2002:float' is not supported" 1 "$WORK/tag.yaml"
 for n in -4 0 abc 3x "" " 4" +4 1048577 99999999999999999999; do
   expect_error "--world-size '$n'" "--world-size needs a whole number of ranks from 1 to 1048576, found '$n'" 1 \
     "$T" --dry-run --world-size "$n"

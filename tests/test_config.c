@@ -138,7 +138,26 @@ static void test_load_errors(void) {
   LOAD_ERR("range_f.yaml", "train:\n  beta2: 1.5\n", 0, NULL, "train.beta2 = 1.5 is out of range");
   LOAD_ERR("range_big.yaml", "model:\n  dim: 99999999999999999999\n", 0, NULL, "model.dim", "out of range");
   LOAD_ERR("dup.yaml", "model:\n  dim: 64\n  dim: 32\n", 0, NULL, "dup.yaml:3:", "model.dim is set twice",
-           "line 2");
+           "(lines 2 and 3)");
+  LOAD_ERR("dup_flow.yaml", "model: {dim: 64,\n  dim: 32}\n", 0, NULL, "dup_flow.yaml:2:", "model.dim is set twice",
+           "(lines 1 and 2)");
+  LOAD_ERR("dup_quoted.yaml", "model:\n  dim: 64\n  \"dim\": 32\n", 0, NULL, "dup_quoted.yaml:3:",
+           "model.dim is set twice");
+  // Anchors, aliases and tags are refused at their line, wherever they are.
+  LOAD_ERR("anchor.yaml", "model:\n  dim: &w 64\n  ffn_dim: *w\n", 0, NULL, "anchor.yaml:2:",
+           "YAML anchor '&w' is not supported");
+  LOAD_ERR("alias.yaml", "model:\n  dim: 64\ntrain:\n  steps: *w\n", 0, NULL, "alias.yaml:4:",
+           "YAML alias '*w' is not supported");
+  LOAD_ERR("anchor_section.yaml", "model: &m\n  dim: 64\n", 0, NULL, "anchor_section.yaml:1:",
+           "YAML anchor '&m' is not supported");
+  LOAD_ERR("merge.yaml", "model: &m {dim: 64}\ntrain:\n  <<: *m\n", 0, NULL, "merge.yaml:1:", "YAML anchor '&m'");
+  LOAD_ERR("tag.yaml", "model:\n  n_layers: 2\n  dim: !!int 64\n", 0, NULL, "tag.yaml:3:",
+           "YAML tag 'tag:yaml.org,2002:int' is not supported");
+  LOAD_ERR("tag_local.yaml", "data: !paths\n  train: a.bin\n", 0, NULL, "tag_local.yaml:1:", "YAML tag '!paths'");
+  char *not_utf8[] = {"data.train=a\xff.bin"};
+  LOAD_ERR("not_utf8", "", 1, not_utf8, "override 'data.train=a", "data.train: byte 1 (0xff) is not UTF-8 text");
+  LOAD_ERR("newline.yaml", "model:\n  dim: \"6\\n4\"\n", 0, NULL, "newline.yaml:2:", "found '6?4'");
+  LOAD_ERR("tag_top.yaml", "--- !cfg\nmodel:\n  dim: 64\n", 0, NULL, "tag_top.yaml:1:", "YAML tag '!cfg'");
   LOAD_ERR("top.yaml", "- model\n", 0, NULL, "top.yaml:1:", "expected a mapping of sections");
   LOAD_ERR("flat.yaml", "model: 3\n", 0, NULL, "flat.yaml:1:", "section 'model' must be a mapping");
   LOAD_ERR("malformed.yaml", "model:\n  dim: 64\n  n_layers: 'abc\n", 0, NULL, "malformed.yaml:", "malformed YAML");
@@ -294,7 +313,9 @@ static void test_round_trip(void) {
   char *ov[] = {"model.dim=96", "model.norm_eps=1.2345678e-6", "model.rope_theta=500000", "model.init_std=0.0123",
                 "train.lr=0.1", "train.min_lr=1e-7", "train.beta2=0.999", "train.seed=18446744073709551615",
                 "model.tie_embeddings=true", "parallel.dp=3", "data.train=a \"quoted\" path\\with: colon #x",
-                "data.val=", "checkpoint.resume=yes", "log.metrics=123", "checkpoint.dir=tab\there"};
+                "data.val=", "checkpoint.resume=yes", "log.metrics=123", "checkpoint.dir=tab\there",
+                // UTF-8 that YAML takes only escaped (U+0085, U+FEFF, U+2028 a line break) beside é
+                "checkpoint.init_from=\xc2\x85 \xef\xbb\xbf \xc3\xa9 \xe2\x80\xa8 \xe2\x80\xa9."};
   int n_ov = (int)(sizeof ov / sizeof ov[0]);
   EXPECT(cfg_load(&a, NULL, n_ov, ov, err, sizeof err) == 0, "%s", err);
   size_t need = cfg_to_yaml(&a, NULL, 0);

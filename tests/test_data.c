@@ -5,6 +5,7 @@
 #include "data/data.h"
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -51,6 +52,13 @@ static int32_t *seq_tokens(int64_t n, int32_t first) {
   return t;
 }
 
+// A window that must read: a failure is a test failure with the reader's message.
+static void get_window(data_loader *d, int64_t sample, int32_t *out) {
+  char err[1024] = "";
+  int rc = data_get_window(d, sample, out, err, sizeof err);
+  EXPECT(rc == 0, "window %lld: %s", (long long)sample, err);
+}
+
 // Opens pattern expecting failure; returns whether the message holds every needle.
 static int open_fails_with(const char *pattern, int seq_len, const char *needle1, const char *needle2) {
   data_loader d;
@@ -86,7 +94,7 @@ static void test_roundtrip_uint16(void) {
   int32_t out[17];
   int bad = 0;
   for (int64_t s = 0; s < d.n_windows; s++) {
-    data_get_window(&d, s, out);
+    get_window(&d, s, out);
     int64_t start = d.window_start[d.perm[s]];
     bad += start % seq != 0 || memcmp(out, src + start, sizeof out) != 0;
   }
@@ -112,7 +120,7 @@ static void test_roundtrip_int32(void) {
   int32_t out[11];
   int bad = 0;
   for (int64_t s = 0; s < d.n_windows; s++) {
-    data_get_window(&d, s, out);
+    get_window(&d, s, out);
     int64_t start = out[0] - 70000;
     bad += start % 10 != 0 || memcmp(out, src + start, sizeof out) != 0;
   }
@@ -145,7 +153,7 @@ static void test_llmc(void) {
   int32_t out[9];
   int bad = 0;
   for (int64_t s = 0; s < d.n_windows; s++) {
-    data_get_window(&d, s, out);
+    get_window(&d, s, out);
     int64_t start = out[0] - 50000;
     for (int k = 0; k < 9; k++) bad += out[k] != src[start + k];
     bad += start % 8 != 0;
@@ -201,7 +209,7 @@ static void test_glob(void) {
   int bad_content = 0, bad_align = 0, bad_cross = 0;
   char *seen = calloc((size_t)b, 1);
   for (int64_t s = 0; s < d.n_windows; s++) {
-    data_get_window(&d, s, out);
+    get_window(&d, s, out);
     for (int k = 0; k < 9; k++) bad_content += out[k] != out[0] + k;
     int sh = 0;
     while (sh < 4 && out[0] >= base[sh + 1]) sh++;
@@ -295,7 +303,7 @@ static int is_permutation(data_loader *d, int64_t epoch, int32_t first_token) {
   int32_t *out = malloc((size_t)(d->seq_len + 1) * sizeof *out);
   int ok = 1;
   for (int64_t j = 0; j < n; j++) {
-    data_get_window(d, epoch * n + j, out);
+    get_window(d, epoch * n + j, out);
     int64_t w = (out[0] - first_token) / d->seq_len;
     if (w < 0 || w >= n || seen[w]++) ok = 0;
   }
@@ -322,9 +330,9 @@ static void test_order(void) {
   int32_t wa[5], wb[5], wc[5];
   int same_ab = 1, same_ac = 0, same_epochs = 0;
   for (int64_t s = 0; s < n_samples; s++) {
-    data_get_window(&a, s, wa);
-    data_get_window(&b, s, wb);
-    data_get_window(&c, s, wc);
+    get_window(&a, s, wa);
+    get_window(&b, s, wb);
+    get_window(&c, s, wc);
     same_ab &= memcmp(wa, wb, sizeof wa) == 0;
     same_ac += memcmp(wa, wc, sizeof wa) == 0;
     first_a[s] = wa[0];
@@ -348,11 +356,11 @@ static void test_order(void) {
   for (int i = 0; i < 2000; i++) {
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;
     int64_t s = (int64_t)(x % (uint64_t)n_samples);
-    data_get_window(&b, s, wb);
+    get_window(&b, s, wb);
     bad += wb[0] != first_a[s];
   }
   for (int64_t s = n_samples - 1; s >= 0; s--) {
-    data_get_window(&b, s, wb);
+    get_window(&b, s, wb);
     bad += wb[0] != first_a[s];
   }
   EXPECT(bad == 0, "%d random-access samples differ from the sequential ones", bad);
@@ -361,7 +369,7 @@ static void test_order(void) {
   // If this fails the window order changed, and a resumed run would see other data.
   int64_t pinned[8] = {0};
   for (int s = 0; s < 8; s++) {
-    data_get_window(&a, s, wa);
+    get_window(&a, s, wa);
     pinned[s] = wa[0] / seq;
   }
   printf("seed 1234 epoch 0 first windows: %lld %lld %lld %lld %lld %lld %lld %lld\n",
@@ -380,6 +388,41 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
   return remove(p);
 }
 
+// A shard written by data_write_shard with an old modification time, so that a rewrite within
+// the same clock tick still changes it.
+static void write_old_shard(const char *path, const int32_t *src, int64_t n) {
+  char err[1024];
+  EXPECT(data_write_shard(path, src, n, err, sizeof err) == 0, "write: %s", err);
+  struct timespec old[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+  EXPECT(utimensat(AT_FDCWD, path, old, 0) == 0, "set mtime");
+}
+
+// A shard changed under an open loader (truncated, or rewritten in place with the same size) is
+// reported by the next window read, naming the shard: never SIGBUS, never other tokens.
+static void test_changed_under_reader(void) {
+  char path[512], err[1024];
+  path_in(path, sizeof path, "changing.bin");
+  int32_t *src = seq_tokens(1000, 0);
+  int32_t out[11];
+  for (int rewrite = 0; rewrite < 2; rewrite++) {
+    write_old_shard(path, src, 1000);
+    data_loader d;
+    EXPECT(data_open(&d, path, 10, 5, err, sizeof err) == 0, "open: %s", err);
+    get_window(&d, 0, out);
+    if (rewrite) {  // the same size, one byte different (as `cp other.bin shard` leaves it)
+      FILE *f = fopen(path, "r+b");
+      EXPECT(f && fseek(f, 100, SEEK_SET) == 0 && fputc(0x7f, f) != EOF && fclose(f) == 0, "overwrite in place");
+    } else {
+      EXPECT(truncate(path, 200) == 0, "truncate");
+    }
+    int rc = data_get_window(&d, 1, out, err, sizeof err);
+    EXPECT(rc == -1 && strstr(err, path) && strstr(err, "changed while the run reads it"), "%s: %s",
+           rewrite ? "rewritten" : "truncated", err);
+    data_close(&d);
+  }
+  free(src);
+}
+
 int main(void) {
   const char *base = getenv("TMPDIR");
   snprintf(tmpdir, sizeof tmpdir, "%s/test_data_XXXXXX", base && base[0] ? base : "/tmp");
@@ -390,6 +433,7 @@ int main(void) {
   test_glob();
   test_errors();
   test_order();
+  test_changed_under_reader();
   nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   return test_summary();
 }

@@ -195,6 +195,12 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   comm *w = m->g->world;
   w->ops->all_reduce(w, sums, 2, COMM_F64, COMM_SUM);
   double norm = sums[1] > 0 ? NAN : sqrt(sums[0]);
+  const opt_config *hp = &o->cfg;
+  float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
+  // Adam squares each scaled gradient element in fp32: one past sqrt(FLT_MAX) ~ 1.8e19 would put
+  // Inf into exp_avg_sq for good (its weight would never move again). No element exceeds the
+  // norm, so a scaled norm past 1e19 (only without clipping) counts as non-finite: reported Inf.
+  if (isfinite(norm) && norm * g_scale > 1e19) norm = INFINITY;
   if (!isfinite(norm)) {
     // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments
     // and FP8 scaling state stay finite (the caller stops the run or skips the step, and
@@ -208,8 +214,6 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     }
     return norm;
   }
-  const opt_config *hp = &o->cfg;
-  float g_scale = hp->grad_clip > 0 && norm > hp->grad_clip ? (float)(hp->grad_clip / (norm + 1e-6)) : 1.0f;
   float bc1 = 1.0f - powf(hp->beta1, (float)t), bc2 = 1.0f - powf(hp->beta2, (float)t);
   // The update also writes the compute copy of this rank's elements (when the copy is not the
   // master itself). With ZeRO the other ranks' parts of the copy are then all-gathered, bucket by

@@ -67,7 +67,9 @@ float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // for bias correction), zeroes the gradients. Returns the global gradient norm before clipping.
 // When that norm is NaN or Inf (the same on every rank) nothing is updated: the gradients are
 // zeroed and the non-finite norm is returned. So too (NaN) when any rank's FP8 casts saw a
-// non-finite amax this step (model_fp8_count_nonfinite), whose amaxes are then dropped.
+// non-finite amax this step (model_fp8_count_nonfinite), whose amaxes are then dropped. So too (Inf)
+// when the norm after clipping exceeds 1e19 (without train.grad_clip): an element's square would
+// overflow Adam's fp32 second moment.
 double opt_step(opt_state *o, float lr, int64_t t);
 // Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
 // into host arrays of m->n_params elements; and the moments back.
