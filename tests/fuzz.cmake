@@ -20,8 +20,10 @@ function(trainer_add_fuzz name)
   cmake_parse_arguments(F "" "RUNS;SECONDS" "SOURCES;LIBS;ENV" ${ARGN})
   string(REGEX REPLACE "^fuzz_" "" corpus ${name})
   add_executable(${name} tests/fuzz/fuzz_driver.c tests/fuzz/${name}.c ${F_SOURCES})
-  target_compile_options(${name} PRIVATE ${FUZZ_FLAGS})
-  target_link_options(${name} PRIVATE ${FUZZ_FLAGS})
+  # Only the readers' code is linked: functions of those files that the target never reaches
+  # (and what they would call) are dropped by section instead of pulling in the rest of the tree.
+  target_compile_options(${name} PRIVATE ${FUZZ_FLAGS} -ffunction-sections -fdata-sections)
+  target_link_options(${name} PRIVATE ${FUZZ_FLAGS} -Wl,--gc-sections)
   target_link_libraries(${name} PRIVATE MPI::MPI_C m ${F_LIBS})
   add_test(NAME ${name} COMMAND ${name} --corpus ${CMAKE_SOURCE_DIR}/tests/fuzz/${corpus} --runs ${F_RUNS}
            --max-seconds ${F_SECONDS} --seed 1 --timeout-ms 10000 --crash-dir ${CMAKE_BINARY_DIR})
@@ -30,7 +32,7 @@ function(trainer_add_fuzz name)
 endfunction()
 
 if(TRAINER_FUZZ AND TRAINER_HAVE_SANITIZERS)
-  set(FUZZ_CONFIG_SOURCES app/config.c app/config_rules.c model/json.c kernels/check.c)
+  set(FUZZ_CONFIG_SOURCES app/config.c app/config_rules.c app/config_from.c model/hf_config.c model/json.c kernels/check.c)
   trainer_add_fuzz(fuzz_config RUNS 60000 SECONDS 15 SOURCES ${FUZZ_CONFIG_SOURCES} LIBS ${YAML_LIBRARY})
   target_include_directories(fuzz_config PRIVATE ${YAML_INCLUDE_DIR})
   trainer_add_fuzz(fuzz_shard RUNS 20000 SECONDS 15 SOURCES data/data.c kernels/check.c)

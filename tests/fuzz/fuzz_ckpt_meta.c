@@ -127,7 +127,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fflush(stderr);
   int saved = dup(2), null_fd = open("/dev/null", O_WRONLY);
   dup2(null_fd, 2);
-  int found = ckpt_find_latest(fuzz_dir, latest, sizeof latest);
+  int found = ckpt_find_latest(fuzz_dir, INT64_MAX, latest, sizeof latest, NULL);
   dup2(saved, 2);
   close(saved);
   close(null_fd);
