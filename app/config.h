@@ -51,6 +51,11 @@ typedef struct cfg_fp8 {
   int bf16_edge_layers;        // bool
 } cfg_fp8;
 
+typedef struct cfg_optimizer {
+  char offload[CFG_STR];         // none | host
+  char offload_update[CFG_STR];  // gpu | cpu
+} cfg_optimizer;
+
 typedef struct cfg_data {
   char train[CFG_STR];  // shard path or glob
   char val[CFG_STR];    // shard path or glob; empty = no evaluation
@@ -80,7 +85,8 @@ typedef struct cfg {
   cfg_train train;
   cfg_fp8 fp8;
   opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
-                         // parallel.bucket_mb, parallel.grad_reduce_bf16
+                         // parallel.bucket_mb, parallel.grad_reduce_bf16, optimizer.offload_*
+  cfg_optimizer optimizer;  // the optimizer section's strings (cfg_validate resolves them into optim)
   cfg_data data;
   cfg_checkpoint checkpoint;
   cfg_log log;

@@ -101,6 +101,14 @@ void model_stage_layers(const model_config *mc, const model_layout *ml, int vsta
   *n_layers = vstage == n_vstages - 1 ? last : other;
 }
 
+void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what) {
+  void *p = be->host_alloc(be, n_bytes);
+  CHECK(p, "cannot pin %.2f GiB of host memory for %s (optimizer.offload=host): lower optimizer.offload_fraction, "
+        "shard over more dp ranks (parallel.distributed_optimizer) or run fewer ranks per node",
+        n_bytes / 1073741824.0, what);
+  return p;
+}
+
 void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be) {
   CHECK(ml->pp == g->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, g->pp);
   memset(m, 0, sizeof *m);
@@ -162,10 +170,14 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
   int64_t unit = (int64_t)g->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
-  m->params = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->master_on_host = ml->master_on_host;
+  m->params = m->master_on_host ? model_host_alloc(be, (size_t)m->n_params * sizeof(float), "the fp32 master weights")
+                                : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
-  m->params_c = be->act == K_F32 ? (void *)m->params : be->alloc(be, (size_t)m->n_params * m->act_bytes);
+  // Master weights in host memory: the compute copy stays in backend memory even in fp32.
+  m->params_c = be->act == K_F32 && !m->master_on_host ? (void *)m->params
+                                                        : be->alloc(be, (size_t)m->n_params * m->act_bytes);
   for (int i = 0; i < n; i++) {
     m->tensors[i].p = m->params + m->tensors[i].offset;
     m->tensors[i].g = m->grads + m->tensors[i].offset;
@@ -180,7 +192,8 @@ void model_free(model *m) {
   model_fp8_free(m);
   model_work_free(m);
   if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
-  m->be->free(m->be, m->params);
+  if (m->master_on_host) m->be->host_free(m->be, m->params);
+  else m->be->free(m->be, m->params);
   m->be->free(m->be, m->grads);
   for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
   free(m->chunks);

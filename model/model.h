@@ -88,7 +88,8 @@ typedef struct model {
   model_tensor *tensors;  // (n_tensors), in flat-buffer order
   int n_tensors;
   model_chunk *chunks;    // (vpp)
-  float *params, *grads;  // (n_params) flat, in backend memory
+  float *params, *grads;  // (n_params) flat, in backend memory (params: host memory when master_on_host)
+  int master_on_host;     // params in the backend's host memory (host_alloc; optimizer.offload)
   void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32
   size_t act_bytes;       // element size of the backend's activation dtype
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
@@ -116,6 +117,9 @@ void model_stage_layers(const model_config *mc, const model_layout *ml, int vsta
 // the activation sizes. dp pads the flat buffer to a multiple of dp.
 void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be);
 void model_free(model *m);
+// n_bytes of the backend's host memory (host_alloc) for `what`; a refusal ends the job with a
+// message naming the bytes and the fix.
+void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what);
 // Deterministic init, independent of the layout: element (i) of a full tensor gets a value
 // from (seed, tensor name, i), so every layout starts from the same weights.
 void model_init_weights(model *m, uint64_t seed);

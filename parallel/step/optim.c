@@ -28,8 +28,6 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
   // With ZeRO the update runs piece by piece, each piece's all-gathers starting as soon as it is
   // updated, so that they overlap the update of the next pieces.
   o->n_pieces = o->zero ? OPT_PIECES : 1;
-  o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   o->reduce_bf16 = oc->grad_reduce_bf16 && m->g->dp > 1;
   if (o->reduce_bf16) {
@@ -37,6 +35,9 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
     if (o->zero) o->grad_shard_bf16 = be->alloc(be, (size_t)o->shard_n * k_dtype_bytes(K_BF16));
   }
   opt_layout_build(o);
+  opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
+  o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
+  o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   if (o->zero && m->params_c != (void *)m->params)
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
 
@@ -74,6 +75,7 @@ void opt_free(opt_state *o) {
   if (o->grads_bf16) be->free(be, o->grads_bf16);
   if (o->grad_shard_bf16) be->free(be, o->grad_shard_bf16);
   if (o->norm_pack) be->free(be, o->norm_pack);
+  opt_offload_free(o);
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->piece_first);
@@ -201,6 +203,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     if (o->zero) be->cast(be, o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
     else be->cast(be, m->grads, K_F32, o->grads_bf16, K_BF16, m->n_params);
   }
+  opt_offload_copy_grads(o, grad);  // the cpu engine's copies run beside the norm
   double sumsq = be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges);
   comm *w = m->g->world;
   w->ops->all_reduce(w, &sumsq, 1, COMM_F64, COMM_SUM);
@@ -208,6 +211,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   if (!isfinite(norm)) {
     // A NaN or Inf anywhere in the gradient: no update, so the weights and moments stay finite
     // (the caller stops the run or skips the step). The norm is the same on every rank.
+    be->copy_join(be);  // the cpu engine's gradient copies read m->grads
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     trace_pop_range();
     if (o->timing) {
@@ -225,12 +229,15 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // (opt_get_params gathers them) except the norms, which forward reads in fp32
   // (opt_share_norms).
   void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
+  // With offload, the piece's device share updates first (queued), then its host buckets.
   for (int k = 0; k < o->n_pieces; k++) {
-    int r0 = o->piece_first[k];
-    be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
-                     o->piece_first[k + 1] - r0, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2,
-                     g_scale);
+    int r0 = o->piece_first[k], r1 = o->piece_first[k + 1] < o->n_dev_ranges ? o->piece_first[k + 1] : o->n_dev_ranges;
+    if (r1 > r0)
+      be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0, r1 - r0, lr,
+                       hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
     int b0 = o->piece_bucket[k], nb = o->piece_bucket[k + 1] - b0;
+    opt_offload_update(o, b0, b0 + nb, grad, lr, bc1, bc2, g_scale);
+    be->copy_join(be);  // the cpu engine's new weights are in place before they are gathered or read
     if (o->zero && nb > 0)
       dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb,
                                         be->act == K_BF16 ? COMM_BF16 : COMM_F32);

@@ -3,7 +3,8 @@
 // backward (with the distributed optimizer, ZeRO-1, each bucket reduce-scattered: every rank
 // updates its part of every bucket), the global gradient norm, clipping, the update, and (ZeRO-1)
 // the all-gather of the updated compute weights.
-// Parameters are fp32 and are the master weights; moments are fp32.
+// Parameters are fp32 and are the master weights; moments are fp32. With optimizer.offload=host
+// the master weights and a share of the moments live in host memory (optim_offload.c).
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
 
@@ -55,6 +56,23 @@ typedef struct opt_state {
   k_range *norm_all;        // every norm tensor: offset in norm_pack, p_offset flat
   k_range *norm_own;        // the norm elements this rank updates, the same way
   int n_norm_all, n_norm_own;
+  // optimizer.offload (optim_offload.c). The master weights (m->params) are in host memory; the
+  // moments of buckets [0, n_host) (the highest, which backward finishes first) too: in shard
+  // order these buckets are [dev_n, shard_n), and host_m / host_v are indexed from dev_n. The
+  // moments of the other buckets (shard [0, dev_n)) are exp_avg / exp_avg_sq, in backend
+  // memory, updated by upd_ranges[0, n_dev_ranges). Without offload n_host is 0, dev_n shard_n.
+  int n_host;
+  int64_t dev_n;
+  int n_dev_ranges;
+  float *host_m, *host_v;   // (shard_n - dev_n) backend host memory
+  k_range *host_ranges;     // host bucket b's update ranges from host_first[b], offsets from its part's start
+  int *host_first;          // (n_host + 1)
+  // The cpu engine (offload_update=cpu): each host bucket's gradient part is copied into host_g
+  // (ticket grad_ticket[b]), the host's cores update it and write the new compute weights into
+  // host_pc, which is copied back into the compute copy.
+  float *host_g;            // (shard_n - dev_n)
+  void *host_pc;            // (shard_n - dev_n) in the backend's activation dtype
+  int64_t *grad_ticket;     // (n_host)
 } opt_state;
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
@@ -62,6 +80,19 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
 // Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);
+// optimizer.offload (optim_offload.c): after opt_layout_build, splits the buckets into the host
+// share and the device share and allocates the host state.
+void opt_offload_init(opt_state *o);
+void opt_offload_free(opt_state *o);
+// The cpu engine: copies the host share's gradient (grad: m->grads, or the ZeRO shard) to host.
+void opt_offload_copy_grads(opt_state *o, const float *grad);
+// Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece).
+void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
+                        float g_scale);
+// This rank's shard of the first (which 0) or second (1) moment, device share then host share,
+// into host memory (shard_n elements); and back.
+void opt_moment_to_host(opt_state *o, int which, float *shard_host);
+void opt_moment_from_host(opt_state *o, int which, const float *shard_host);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);

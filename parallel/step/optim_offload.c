@@ -1,0 +1,130 @@
+// The optimizer's state in host memory (optimizer.offload=host; see optim.h). The fp32 master
+// weights (m->params, allocated in the backend's host memory by model_init) and the moments of
+// the host share of the buckets live there; the gradients and the compute copy stay in backend
+// memory. Two engines update the host share:
+//   gpu: the multi-tensor AdamW kernel reads the gradient in device memory and reads and writes
+//        the master weights and moments in host memory in place (mapped memory, zero-copy);
+//   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
+//        AdamW on it (k_cpu_adamw_ranges, the reference arithmetic) and the new compute weights
+//        go back per bucket while the next bucket updates.
+// Every call is made per bucket part, with pointers moved to the part's start, so the
+// gradient (shard order), the host moments (host order), the master and the compute copy (flat
+// order) each keep their own indexing and no pointer leaves its array.
+#include <math.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/cpu/optim_cpu.h"
+#include "parallel/step/optim.h"
+
+// This rank's part of bucket k, in flat elements.
+static int64_t part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+// The host buckets' update ranges, bucket by bucket, with offset and p_offset counted from the
+// start of the bucket's part (the two agree: a part is contiguous in the shard and flat).
+static void build_host_ranges(opt_state *o) {
+  int cap = 1;
+  for (int b = 0; b < o->n_host; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->host_ranges = XCALLOC(cap, sizeof(k_range));
+  o->host_first = XCALLOC(o->n_host + 1, sizeof(int));
+  int n = 0;
+  for (int b = 0; b < o->n_host; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    o->host_first[b] = n;
+    for (int i = 0; i < o->n_upd_ranges; i++) {
+      const k_range *r = &o->upd_ranges[i];
+      if (r->offset < k->shard_off || r->offset >= k->shard_off + k->len) continue;
+      o->host_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - part_lo(o, k)};
+    }
+  }
+  o->host_first[o->n_host] = n;
+}
+
+static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
+  return model_host_alloc(o->m->be, (size_t)(n_elem ? n_elem : 1) * elem_bytes, what);
+}
+
+void opt_offload_init(opt_state *o) {
+  const opt_config *c = &o->cfg;
+  o->n_host = c->offload ? (int)lround(c->offload_fraction * o->n_buckets) : 0;
+  if (o->n_host > o->n_buckets) o->n_host = o->n_buckets;
+  o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
+  o->n_dev_ranges = 0;
+  while (o->n_dev_ranges < o->n_upd_ranges && o->upd_ranges[o->n_dev_ranges].offset < o->dev_n) o->n_dev_ranges++;
+  if (!c->offload) return;
+  int64_t n_host_elem = o->shard_n - o->dev_n;
+  o->host_m = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
+  o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
+  build_host_ranges(o);
+  if (!c->offload_cpu) return;
+  o->host_g = host_state(o, n_host_elem, sizeof(float), "the gradients' host copy");
+  o->host_pc = host_state(o, n_host_elem, o->m->act_bytes, "the compute weights' host copy");
+  o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
+}
+
+void opt_offload_free(opt_state *o) {
+  k_backend *be = o->m->be;
+  void *host[] = {o->host_m, o->host_v, o->host_g, o->host_pc};
+  for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+    if (host[i]) be->host_free(be, host[i]);
+  o->host_m = o->host_v = o->host_g = NULL;
+  o->host_pc = NULL;
+  free(o->host_ranges);
+  free(o->host_first);
+  free(o->grad_ticket);
+  o->host_ranges = NULL;
+  o->host_first = NULL;
+  o->grad_ticket = NULL;
+}
+
+void opt_offload_copy_grads(opt_state *o, const float *grad) {
+  if (!o->host_g) return;
+  k_backend *be = o->m->be;
+  for (int b = 0; b < o->n_host; b++) {  // in the order backward finished them
+    const opt_bucket *k = &o->buckets[b];
+    o->grad_ticket[b] = be->copy_async(be, o->host_g + (k->shard_off - o->dev_n), grad + k->shard_off,
+                                       (size_t)k->len * sizeof(float));
+  }
+}
+
+void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
+                        float g_scale) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  const opt_config *hp = &o->cfg;
+  const size_t ab = m->act_bytes;
+  for (int asc = asc_lo; asc < asc_hi; asc++) {
+    const int b = o->n_buckets - 1 - asc;
+    if (b >= o->n_host) continue;
+    const opt_bucket *k = &o->buckets[b];
+    const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
+    const k_range *r = o->host_ranges + o->host_first[b];
+    const int n = o->host_first[b + 1] - o->host_first[b];
+    char *pc = (char *)m->params_c + plo * ab;
+    if (!hp->offload_cpu) {
+      be->adamw_ranges(be, m->params + plo, pc, be->act, grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n,
+                       lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+      continue;
+    }
+    char *host_pc = (char *)o->host_pc + hoff * ab;
+    be->copy_wait(be, o->grad_ticket[b]);
+    k_cpu_adamw_ranges(m->params + plo, host_pc, be->act, o->host_g + hoff, o->host_m + hoff, o->host_v + hoff, r, n, lr,
+                       hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+    be->copy_async(be, pc, host_pc, (size_t)k->len * ab);
+  }
+}
+
+void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
+  k_backend *be = o->m->be;
+  be->to_host(be, shard_host, which ? o->exp_avg_sq : o->exp_avg, (size_t)o->dev_n * sizeof(float));
+  if (o->n_host)  // after to_host's sync: the gpu engine's kernels have written it
+    memcpy(shard_host + o->dev_n, which ? o->host_v : o->host_m, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
+}
+
+void opt_moment_from_host(opt_state *o, int which, const float *shard_host) {
+  k_backend *be = o->m->be;
+  be->sync(be);  // no update in flight reads the host share
+  be->from_host(be, which ? o->exp_avg_sq : o->exp_avg, shard_host, (size_t)o->dev_n * sizeof(float));
+  if (o->n_host)
+    memcpy(which ? o->host_v : o->host_m, shard_host + o->dev_n, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
+}

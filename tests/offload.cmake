@@ -1,0 +1,12 @@
+# Optimizer state in host memory (optimizer.offload=host) on CPU ranks: both engines at fraction
+# 1 and 0.5 against the run without offload (bitwise), bitwise resume with offload, and resume
+# switching offload off and on (tests/test_offload.sh), on one rank and on dp2 with the
+# distributed optimizer (the host share sharded over dp).
+set(OFFLOAD_ONE 1)
+set(OFFLOAD_DP2_DISTOPT 2 parallel.dp=2 parallel.distributed_optimizer=true)
+foreach(t ONE DP2_DISTOPT)
+  string(TOLOWER ${t} name)
+  add_test(NAME offload_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_offload.sh ${name} ${OFFLOAD_${t}})
+  set_tests_properties(offload_${name} PROPERTIES LABELS "e2e" ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
+endforeach()

@@ -1,0 +1,55 @@
+#!/bin/sh
+# Optimizer state in host memory (optimizer.offload=host): test_offload.sh NAME NP [key=value ...]
+# trains the tiny config for 20 steps on NP ranks with the given layout, without offload and
+# with each engine (offload_update cpu and gpu) at offload_fraction 1 and 0.5 (20 KiB buckets,
+# so the half is several buckets on each side), and checks that every loss and every final
+# parameter and moment agree with the run without offload to TRAINER_OFFLOAD_RTOL (default 0:
+# on CPU ranks both engines run the reference AdamW on the same values, so the runs are bitwise
+# equal; the GPU variant, scripts/test_gpu.sh, states its own). Then bitwise resume with
+# offload, and a resume that switches offload off (and on) at the checkpoint.
+. "$(dirname "$0")/lib.sh"
+name=$1; np=$2; shift 2
+make_corpus
+rtol=${TRAINER_OFFLOAD_RTOL:-0}
+base="train.steps=20 train.warmup_steps=4 parallel.bucket_mb=0.02 checkpoint.every=10"
+# shellcheck disable=SC2086
+run reference "$np" $base "$@" || fail "run without offload: $(tail -5 "$WORK/reference/log")"
+for engine in cpu gpu; do
+  for fraction in 1 0.5; do
+    run="${engine}_$(echo "$fraction" | tr . _)"
+    # shellcheck disable=SC2086
+    if run "$run" "$np" $base "$@" optimizer.offload=host optimizer.offload_update=$engine \
+      optimizer.offload_fraction=$fraction; then
+      pass "$name: offload_update=$engine offload_fraction=$fraction trains on $np ranks"
+    else
+      fail "$name: offload_update=$engine fraction $fraction: $(tail -5 "$WORK/$run/log")"
+    fi
+    same_losses reference "$run" "$rtol" && pass "$run losses equal the run without offload (rtol $rtol)" \
+      || fail "$run losses differ"
+    "$BUILD/ckpt_compare" "$WORK/reference/ckpt/ckpt_00000020.h5" "$WORK/$run/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
+      --prefix "" && pass "$run weights and moments equal the run without offload" || fail "$run checkpoints differ"
+  done
+done
+# Bitwise resume with offload (the host share's moments saved and loaded), and from a
+# checkpoint of the run with offload into one without it, and the other way round.
+off="optimizer.offload=host optimizer.offload_fraction=0.5"
+# shellcheck disable=SC2086
+run split "$np" $base "$@" $off train.stop_at=10 || fail "first half: $(tail -5 "$WORK/split/log")"
+mv "$WORK/split/metrics.jsonl" "$WORK/split/first.jsonl"
+cp -r "$WORK/split" "$WORK/to_none"
+# shellcheck disable=SC2086
+run split "$np" $base "$@" $off checkpoint.resume=auto || fail "second half: $(tail -5 "$WORK/split/log")"
+# shellcheck disable=SC2086
+run to_none "$np" $base "$@" checkpoint.resume=auto || fail "second half without offload"
+# shellcheck disable=SC2086
+run from_none "$np" $base "$@" "checkpoint.resume=$WORK/reference/ckpt/ckpt_00000010.h5" $off \
+  || fail "second half with offload from a run without"
+for r in split to_none from_none; do
+  grep -q "resumed from .*ckpt_00000010.h5 at step 10" "$WORK/$r/log" && pass "$r resumed at step 10" \
+    || fail "$r did not resume"
+  same_losses cpu_0_5 "$r" "$rtol" && pass "$r: losses after resume equal the uninterrupted run" \
+    || fail "$r: losses after resume differ"
+  "$BUILD/ckpt_compare" "$WORK/cpu_0_5/ckpt/ckpt_00000020.h5" "$WORK/$r/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
+    --prefix "" && pass "$r: final checkpoint equals the uninterrupted run" || fail "$r: final checkpoints differ"
+done
+summary
