@@ -72,6 +72,40 @@ static void plan_print_launch(const cfg *c, int world, const plan_launch *l) {
   if (n_nodes > 1) printf("(HOSTFILE: one line per node, `name slots=%d`; docs/multinode.md)\n", rpn);
 }
 
+// Local parameters of one layer kind summed over virtual stage vs's chunk (embedding, layers,
+// head): what model_init lays out on that rank for that chunk.
+static int64_t plan_chunk_params(const cfg *c, const model_layout *ml, int vs) {
+  const model_config *mc = &c->model;
+  int tp = c->parallel.tp, l0, per_chunk, n_vstages = c->parallel.pp * c->parallel.vpp;
+  model_stage_layers(mc, ml, vs, &l0, &per_chunk);
+  int64_t n = vs == 0 ? local_elems(mc, tp, MODEL_EMBED) : 0;
+  for (int k = 0; k < MODEL_N_KINDS; k++)
+    if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+  if (vs == n_vstages - 1)
+    n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
+  return n;
+}
+
+int64_t plan_rank_params(const cfg *c, int pp_rank) {
+  const model_layout ml = cfg_model_layout(c);
+  int64_t n = 0;
+  for (int ci = 0; ci < c->parallel.vpp; ci++) n += plan_chunk_params(c, &ml, ci * c->parallel.pp + pp_rank);
+  return n;
+}
+
+double plan_host_bytes(const cfg *c, int64_t n) {
+  const opt_config *o = &c->optim;
+  if (!o->offload) return 0;
+  int dp = c->parallel.dp, zero = o->distributed_optimizer && dp > 1;
+  double share = (double)o->offload_fraction * n / (zero ? dp : 1);
+  int act_bytes = strcmp(c->train.device, "cpu") != 0 && cfg_act_bf16(c) ? 2 : 4;
+  // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
+  // and new weights.
+  double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
+  double slots = 4.0 * part < share ? 4.0 * part : share;
+  return 4.0 * n + 8.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
+}
+
 int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   const model_config *mc = &c->model;
   const cfg_parallel *pc = &c->parallel;
@@ -94,8 +128,9 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   printf("memory per rank, as train.device=%s holds it (fp32 master weights%s, fp32 grads, %s activations; Adam "
          "moments %s):\n", gpu ? "cuda" : c->train.device, bf16_act ? " + bf16 compute copy" : "",
          bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
-  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
-         "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
+  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %8s %9s\n", "pp_rank", "tp_rank", "layers",
+         "heads", "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "host", "total");
+  double host_max = 0;  // pinned host memory of the rank that needs most
   model_dims dm;
   for (int pr = 0; pr < pp; pr++) {
     pp_schedule s = {0};
@@ -109,17 +144,14 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
-        int vs = ci * pp + pr, l0, per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
+        int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
         model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
         len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
-        if (first) n += local_elems(mc, tp, MODEL_EMBED);
-        for (int k = 0; k < MODEL_N_KINDS; k++)
-          if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+        n += plan_chunk_params(c, &ml, vs);
         for (int l = l0; l < l0 + per_chunk; l++)
           if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
             for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
               if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
-        if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
       }
@@ -127,7 +159,13 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       // a bf16 reduction adds bf16 copies of both.
       int zero = c->optim.distributed_optimizer && dp > 1, bf16 = c->optim.grad_reduce_bf16 && dp > 1;
       double gr = (4.0 + (bf16 ? 2.0 : 0.0)) * n * (zero ? 1.0 + 1.0 / dp : 1.0);
-      double w = (bf16_act ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
+      // optimizer.offload=host: the master weights and the host share of the moments move to
+      // pinned host memory (plan_host_bytes); the compute copy is then separate even in fp32.
+      const opt_config *oc = &c->optim;
+      double w = oc->offload ? (bf16_act ? 2.0 : 4.0) * n : (bf16_act ? 6.0 : 4.0) * n;
+      double adam = 8.0 * n / (zero ? dp : 1) * (oc->offload ? 1.0 - oc->offload_fraction : 1.0);
+      double host = plan_host_bytes(c, n);
+      if (host > host_max) host_max = host;
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
       // two per activation set in flight (parallel/step/pp_exec.c).
       double n_stage = pc->pp_overlap ? 2.0 * max_in_flight : (double)max_group;
@@ -148,8 +186,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
       snprintf(kv, sizeof kv, "%d-%d", tr * dm.nkv, (tr + 1) * dm.nkv - 1);
       snprintf(vocab, sizeof vocab, "%d-%d", dm.v0, dm.v0 + dm.vocab - 1);
-      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, layers,
-             heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight,
+      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %7.2fG %8.2fG\n", pr, tr,
+             layers, heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight, gib(host),
              gib(w + gr + adam + acts));
     }
   }
@@ -157,6 +195,13 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
          ml.fp8.enabled ? "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers" : "");
+  printf("(host: pinned host memory of optimizer.offload=host; total: device memory, host excluded)\n");
+  if (c->optim.offload) {
+    int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
+    printf("offload: optimizer state in pinned host memory (offload_update=%s, offload_fraction %g): up to %.2f GiB "
+           "per rank, up to %.2f GiB per node of %d ranks\n", c->optimizer.offload_update,
+           (double)c->optim.offload_fraction, gib(host_max), gib(host_max * rpn), rpn);
+  }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;
 }

@@ -67,12 +67,17 @@ typedef struct opt_state {
   float *host_m, *host_v;   // (shard_n - dev_n) backend host memory
   k_range *host_ranges;     // host bucket b's update ranges from host_first[b], offsets from its part's start
   int *host_first;          // (n_host + 1)
-  // The cpu engine (offload_update=cpu): each host bucket's gradient part is copied into host_g
-  // (ticket grad_ticket[b]), the host's cores update it and write the new compute weights into
-  // host_pc, which is copied back into the compute copy.
-  float *host_g;            // (shard_n - dev_n)
-  void *host_pc;            // (shard_n - dev_n) in the backend's activation dtype
+  // The cpu engine (offload_update=cpu) takes the host buckets from the lowest (j = 0 is bucket
+  // n_host - 1): bucket j's gradient part is copied into slot j % n_slots of host_g (ticket
+  // grad_ticket[j]), the host's cores update it and write the new compute weights into the same
+  // slot of host_pc, which is copied back into the compute copy; then the copy of bucket
+  // j + n_slots starts into the freed slot.
+  int n_slots;
+  int64_t slot_elem;        // elements of a slot: the longest bucket part
+  float *host_g;            // (n_slots, slot_elem)
+  void *host_pc;            // (n_slots, slot_elem) in the backend's activation dtype
   int64_t *grad_ticket;     // (n_host)
+  const float *grad_src;    // the gradient the copies read (this step's)
 } opt_state;
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).

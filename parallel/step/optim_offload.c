@@ -40,6 +40,10 @@ static void build_host_ranges(opt_state *o) {
   o->host_first[o->n_host] = n;
 }
 
+// Buckets of the cpu engine in flight at once: copied to host, updating, copied back. Enough to
+// keep the copy engines and the cores busy together; the host memory they take is a few buckets.
+enum { OFFLOAD_SLOTS = 4 };
+
 static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
   return model_host_alloc(o->m->be, (size_t)(n_elem ? n_elem : 1) * elem_bytes, what);
 }
@@ -57,8 +61,11 @@ void opt_offload_init(opt_state *o) {
   o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   build_host_ranges(o);
   if (!c->offload_cpu) return;
-  o->host_g = host_state(o, n_host_elem, sizeof(float), "the gradients' host copy");
-  o->host_pc = host_state(o, n_host_elem, o->m->act_bytes, "the compute weights' host copy");
+  o->n_slots = o->n_host < OFFLOAD_SLOTS ? o->n_host : OFFLOAD_SLOTS;
+  for (int b = 0; b < o->n_host; b++)
+    if (o->buckets[b].len > o->slot_elem) o->slot_elem = o->buckets[b].len;
+  o->host_g = host_state(o, o->n_slots * o->slot_elem, sizeof(float), "the gradients' host copy");
+  o->host_pc = host_state(o, o->n_slots * o->slot_elem, o->m->act_bytes, "the compute weights' host copy");
   o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
 }
 
@@ -77,14 +84,38 @@ void opt_offload_free(opt_state *o) {
   o->grad_ticket = NULL;
 }
 
+// Starts the copy of the cpu engine's host bucket j (counted from the lowest) into its slot.
+static void copy_grad(opt_state *o, int j) {
+  k_backend *be = o->m->be;
+  const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
+  o->grad_ticket[j] = be->copy_async(be, o->host_g + (j % o->n_slots) * o->slot_elem, o->grad_src + k->shard_off,
+                                     (size_t)k->len * sizeof(float));
+}
+
 void opt_offload_copy_grads(opt_state *o, const float *grad) {
   if (!o->host_g) return;
-  k_backend *be = o->m->be;
-  for (int b = 0; b < o->n_host; b++) {  // in the order backward finished them
-    const opt_bucket *k = &o->buckets[b];
-    o->grad_ticket[b] = be->copy_async(be, o->host_g + (k->shard_off - o->dev_n), grad + k->shard_off,
-                                       (size_t)k->len * sizeof(float));
-  }
+  o->grad_src = grad;
+  for (int j = 0; j < o->n_slots; j++) copy_grad(o, j);
+}
+
+// The cpu engine's update of host bucket b: its gradient's host copy, AdamW on the host's cores
+// into the master weights, the moments and the slot's new compute weights, which go back while
+// the next bucket updates; its slot then takes the gradient of bucket j + n_slots.
+static void update_on_host(opt_state *o, int b, const k_range *r, int n, float lr, float bc1, float bc2,
+                           float g_scale) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  const opt_config *hp = &o->cfg;
+  const opt_bucket *k = &o->buckets[b];
+  const int j = o->n_host - 1 - b;
+  const int64_t hoff = k->shard_off - o->dev_n, slot = (j % o->n_slots) * o->slot_elem;
+  char *host_pc = (char *)o->host_pc + slot * (int64_t)m->act_bytes;
+  be->copy_wait(be, o->grad_ticket[j]);
+  k_cpu_adamw_ranges(m->params + part_lo(o, k), host_pc, be->act, o->host_g + slot, o->host_m + hoff, o->host_v + hoff,
+                     r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+  be->copy_async(be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes, host_pc, (size_t)k->len * m->act_bytes);
+  // The copy stream runs in order: this slot's copy back ends before the next gradient lands in it.
+  if (j + o->n_slots < o->n_host) copy_grad(o, j + o->n_slots);
 }
 
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
@@ -92,25 +123,20 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
   model *m = o->m;
   k_backend *be = m->be;
   const opt_config *hp = &o->cfg;
-  const size_t ab = m->act_bytes;
   for (int asc = asc_lo; asc < asc_hi; asc++) {
     const int b = o->n_buckets - 1 - asc;
     if (b >= o->n_host) continue;
     const opt_bucket *k = &o->buckets[b];
-    const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
     const k_range *r = o->host_ranges + o->host_first[b];
     const int n = o->host_first[b + 1] - o->host_first[b];
-    char *pc = (char *)m->params_c + plo * ab;
-    if (!hp->offload_cpu) {
-      be->adamw_ranges(be, m->params + plo, pc, be->act, grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n,
-                       lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+    if (hp->offload_cpu) {
+      update_on_host(o, b, r, n, lr, bc1, bc2, g_scale);
       continue;
     }
-    char *host_pc = (char *)o->host_pc + hoff * ab;
-    be->copy_wait(be, o->grad_ticket[b]);
-    k_cpu_adamw_ranges(m->params + plo, host_pc, be->act, o->host_g + hoff, o->host_m + hoff, o->host_v + hoff, r, n, lr,
-                       hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
-    be->copy_async(be, pc, host_pc, (size_t)k->len * ab);
+    const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
+    be->adamw_ranges(be, m->params + plo, (char *)m->params_c + plo * (int64_t)m->act_bytes, be->act,
+                     grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n, lr, hp->beta1, hp->beta2, hp->eps,
+                     hp->weight_decay, bc1, bc2, g_scale);
   }
 }
 
