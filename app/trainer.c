@@ -3,6 +3,7 @@
 #include "app/trainer.h"
 #include "app/report.h"
 #include "app/run_ckpt.h"
+#include "app/run_offload.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
 #include <math.h>
@@ -144,6 +145,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   trainer_start start = trainer_start_point(t, path, sizeof path, err, n_err);
   if (start == TRAINER_START_ERROR) return -1;
 
+  if (run_offload_check(c, g, be, err, n_err) != 0) return -1;  // before the host state is pinned
   const model_layout ml = cfg_model_layout(c);
   model_init(&t->m, &c->model, &ml, g, be);
   if (start != TRAINER_START_INIT_FROM) model_init_weights(&t->m, c->train.seed);

@@ -10,3 +10,7 @@ foreach(t ONE DP2_DISTOPT)
   set_tests_properties(offload_${name} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
 endforeach()
+# Bad values and combinations of the optimizer section, and a node without the memory.
+add_test(NAME offload_bad_input COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_offload_bad_input.sh)
+set_tests_properties(offload_bad_input PROPERTIES LABELS "e2e" ENVIRONMENT
+                     "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
