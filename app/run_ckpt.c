@@ -118,6 +118,7 @@ static void alloc_host(const model *m, float *host[3]) {
 
 int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen, int kill_after, char *err,
                   size_t n_err) {
+  opt_flush(o);  // offload_delay: the update in flight is part of the checkpoint's step
   float *host[3];
   alloc_host(m, host);
   opt_get_params(o, host[0]);

@@ -6,7 +6,8 @@
 # parameter and moment agree with the run without offload to TRAINER_OFFLOAD_RTOL (default 0:
 # on CPU ranks both engines run the reference AdamW on the same values, so the runs are bitwise
 # equal; the GPU variant, scripts/test_gpu.sh, states its own). Then bitwise resume with
-# offload, and a resume that switches offload off (and on) at the checkpoint.
+# offload, and a resume that switches offload off (and on) at the checkpoint; then the delayed
+# update (offload_delay=1).
 . "$(dirname "$0")/lib.sh"
 name=$1; np=$2; shift 2
 make_corpus
@@ -52,4 +53,26 @@ for r in split to_none from_none; do
   "$BUILD/ckpt_compare" "$WORK/cpu_0_5/ckpt/ckpt_00000020.h5" "$WORK/$r/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
     --prefix "" && pass "$r: final checkpoint equals the uninterrupted run" || fail "$r: final checkpoints differ"
 done
+# The one-step delayed update (offload_delay=1): step 2 is the first whose weights lack an update
+# (step 1's runs beside it), so the losses of step 1 agree with the reference and later ones
+# differ; the run still learns; a checkpoint completes the update in flight, so a run resumed
+# from it continues bitwise.
+delay="optimizer.offload=host optimizer.offload_delay=1"
+# shellcheck disable=SC2086
+run delay "$np" $base "$@" $delay || fail "delayed update: $(tail -5 "$WORK/delay/log")"
+python3 - "$WORK/reference/metrics.jsonl" "$WORK/delay/metrics.jsonl" <<'PY' && pass "delayed update: step 1 as without delay, then other losses, and it learns" || fail "delayed update: unexpected losses"
+import json, sys
+a, b = ({o["step"]: o["loss"] for o in map(json.loads, open(p)) if "step" in o} for p in sys.argv[1:])
+print("without delay", [round(a[s], 4) for s in (1, 2, 20)], "with delay", [round(b[s], 4) for s in (1, 2, 20)])
+sys.exit(0 if a[1] == b[1] and a[3] != b[3] and b[20] < b[1] - 0.5 else 1)
+PY
+# shellcheck disable=SC2086
+run delay_split "$np" $base "$@" $delay train.stop_at=10 || fail "delayed update, first half"
+mv "$WORK/delay_split/metrics.jsonl" "$WORK/delay_split/first.jsonl"
+# shellcheck disable=SC2086
+run delay_split "$np" $base "$@" $delay checkpoint.resume=auto || fail "delayed update, second half"
+same_losses delay delay_split 0 && pass "delayed update: losses after resume are bitwise equal" \
+  || fail "delayed update: losses after resume differ"
+"$BUILD/ckpt_compare" "$WORK/delay/ckpt/ckpt_00000020.h5" "$WORK/delay_split/ckpt/ckpt_00000020.h5" --rtol 0 --prefix "" \
+  && pass "delayed update: final checkpoints bitwise equal" || fail "delayed update: final checkpoints differ"
 summary

@@ -178,6 +178,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
   // bucket has arrived.
   double t0 = o->timing ? timing_now(be) : 0;
+  opt_offload_join(o);  // offload_delay: the previous step's host update, before its slots are reused
   trace_push_range("dp sync");
   // Whatever backward did not report (a caller driving model_chunk_bwd itself) is final now.
   for (int i = m->n_tensors - 1; i >= 0; i--)
@@ -246,11 +247,32 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
   if (o->norm_pack) opt_unpack_norms(o);
+  model_sync_norms(m);
   model_fp8_weights_changed(m);
+  opt_offload_start_delayed(o, lr, bc1, bc2, g_scale);  // after the norms: it writes master weights
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;
     o->timing->optimizer += timing_now(be) - t1;
   }
   return norm;
+}
+
+void opt_flush(opt_state *o) {
+  opt_offload_join(o);
+  if (!o->upload_pending) return;
+  model *m = o->m;
+  k_backend *be = m->be;
+  comm *dc = m->g->dp_c;
+  opt_offload_update(o, 0, o->n_buckets, NULL, 0, 0, 0, 0);  // the copies back
+  o->upload_pending = 0;
+  be->copy_join(be);
+  if (o->zero)
+    dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo, o->bucket_len, o->n_buckets,
+                                      be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+  if (o->norm_pack) opt_share_norms(o);
+  if (o->zero) dc->ops->wait(dc);
+  if (o->norm_pack) opt_unpack_norms(o);
+  model_sync_norms(m);
+  model_fp8_weights_changed(m);
 }

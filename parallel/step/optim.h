@@ -77,7 +77,14 @@ typedef struct opt_state {
   float *host_g;            // (n_slots, slot_elem)
   void *host_pc;            // (n_slots, slot_elem) in the backend's activation dtype
   int64_t *grad_ticket;     // (n_host)
+  int64_t last_ticket;      // the newest copy queued
   const float *grad_src;    // the gradient the copies read (this step's)
+  // offload_delay: every host bucket has its own slot; the host update of a step runs on a thread
+  // of its own (struct opt_delay, optim_offload.c) until the next step's opt_step (or opt_flush)
+  // joins it, and its new compute weights wait in host_pc (upload_pending) for that step to
+  // copy them back.
+  struct opt_delay *delay;
+  int upload_pending;
 } opt_state;
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
@@ -91,9 +98,19 @@ void opt_offload_init(opt_state *o);
 void opt_offload_free(opt_state *o);
 // The cpu engine: copies the host share's gradient (grad: m->grads, or the ZeRO shard) to host.
 void opt_offload_copy_grads(opt_state *o, const float *grad);
-// Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece).
+// Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece);
+// with offload_delay it copies back the results of the previous step's update instead.
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
                         float g_scale);
+// offload_delay: joins the host update in flight, if any (its results then await upload);
+// and, once this step's update of the device share is queued, starts the host update of this
+// step's gradients on the update thread.
+void opt_offload_join(opt_state *o);
+void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale);
+// Collective. Completes an update that offload_delay left in flight: joins it and puts its
+// weights in place (compute copy, gathered over dp with ZeRO, and the norms), as a step would.
+// Checkpoints call it first, so a run resumed from one continues bitwise. No-op otherwise.
+void opt_flush(opt_state *o);
 // This rank's shard of the first (which 0) or second (1) moment, device share then host share,
 // into host memory (shard_n elements); and back.
 void opt_moment_to_host(opt_state *o, int which, float *shard_host);

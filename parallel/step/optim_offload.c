@@ -7,10 +7,13 @@
 //   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
 //        AdamW on it (k_cpu_adamw_ranges, the reference arithmetic) and the new compute weights
 //        go back per bucket while the next bucket updates.
+// With optimizer.offload_delay the cpu engine's update of step k runs on a thread of its own
+// while step k + 1's forward and backward run (opt_offload_start_delayed, opt_offload_join).
 // Every call is made per bucket part, with pointers moved to the part's start, so the
 // gradient (shard order), the host moments (host order), the master and the compute copy (flat
 // order) each keep their own indexing and no pointer leaves its array.
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels/check.h"
@@ -40,6 +43,13 @@ static void build_host_ranges(opt_state *o) {
   o->host_first[o->n_host] = n;
 }
 
+// The delayed host update: its thread and the hyper-parameters of the step it updates.
+struct opt_delay {
+  pthread_t thread;
+  int running;
+  float lr, bc1, bc2, g_scale;
+};
+
 // Buckets of the cpu engine in flight at once: copied to host, updating, copied back. Enough to
 // keep the copy engines and the cores busy together; the host memory they take is a few buckets.
 enum { OFFLOAD_SLOTS = 4 };
@@ -61,7 +71,9 @@ void opt_offload_init(opt_state *o) {
   o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   build_host_ranges(o);
   if (!c->offload_cpu) return;
-  o->n_slots = o->n_host < OFFLOAD_SLOTS ? o->n_host : OFFLOAD_SLOTS;
+  // A delayed update reads its gradients while the next step makes new ones: every bucket a slot.
+  o->n_slots = o->n_host < OFFLOAD_SLOTS || c->offload_delay ? o->n_host : OFFLOAD_SLOTS;
+  if (c->offload_delay) o->delay = XCALLOC(1, sizeof *o->delay);
   for (int b = 0; b < o->n_host; b++)
     if (o->buckets[b].len > o->slot_elem) o->slot_elem = o->buckets[b].len;
   o->host_g = host_state(o, o->n_slots * o->slot_elem, sizeof(float), "the gradients' host copy");
@@ -71,6 +83,9 @@ void opt_offload_init(opt_state *o) {
 
 void opt_offload_free(opt_state *o) {
   k_backend *be = o->m->be;
+  opt_offload_join(o);
+  free(o->delay);
+  o->delay = NULL;
   void *host[] = {o->host_m, o->host_v, o->host_g, o->host_pc};
   for (size_t i = 0; i < sizeof host / sizeof *host; i++)
     if (host[i]) be->host_free(be, host[i]);
@@ -88,8 +103,8 @@ void opt_offload_free(opt_state *o) {
 static void copy_grad(opt_state *o, int j) {
   k_backend *be = o->m->be;
   const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
-  o->grad_ticket[j] = be->copy_async(be, o->host_g + (j % o->n_slots) * o->slot_elem, o->grad_src + k->shard_off,
-                                     (size_t)k->len * sizeof(float));
+  o->grad_ticket[j] = o->last_ticket = be->copy_async(be, o->host_g + (j % o->n_slots) * o->slot_elem,
+                                                      o->grad_src + k->shard_off, (size_t)k->len * sizeof(float));
 }
 
 void opt_offload_copy_grads(opt_state *o, const float *grad) {
@@ -98,24 +113,63 @@ void opt_offload_copy_grads(opt_state *o, const float *grad) {
   for (int j = 0; j < o->n_slots; j++) copy_grad(o, j);
 }
 
-// The cpu engine's update of host bucket b: its gradient's host copy, AdamW on the host's cores
-// into the master weights, the moments and the slot's new compute weights, which go back while
-// the next bucket updates; its slot then takes the gradient of bucket j + n_slots.
-static void update_on_host(opt_state *o, int b, const k_range *r, int n, float lr, float bc1, float bc2,
-                           float g_scale) {
+// Host memory only (the update thread runs it): AdamW on the host's cores over host bucket b from
+// the gradient in its slot, into the master weights, the moments and the slot's new compute weights.
+static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, float g_scale) {
   model *m = o->m;
-  k_backend *be = m->be;
   const opt_config *hp = &o->cfg;
   const opt_bucket *k = &o->buckets[b];
+  const int64_t hoff = k->shard_off - o->dev_n, slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
+  const int n = o->host_first[b + 1] - o->host_first[b];
+  k_cpu_adamw_ranges(m->params + part_lo(o, k), (char *)o->host_pc + slot * (int64_t)m->act_bytes, m->be->act,
+                     o->host_g + slot, o->host_m + hoff, o->host_v + hoff, o->host_ranges + o->host_first[b], n, lr,
+                     hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+}
+
+// Copies host bucket b's new compute weights from its slot into the compute copy.
+static void copy_back(opt_state *o, int b) {
+  model *m = o->m;
+  const opt_bucket *k = &o->buckets[b];
+  const int64_t slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
+  o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
+                                     (char *)o->host_pc + slot * (int64_t)m->act_bytes, (size_t)k->len * m->act_bytes);
+}
+
+// The cpu engine's update of host bucket b within its step: its gradient's host copy, the host
+// update, the new weights back while the next bucket updates; its slot then takes the gradient
+// of bucket j + n_slots (the copy stream runs in order: the copy back ends before it lands).
+static void update_on_host(opt_state *o, int b, float lr, float bc1, float bc2, float g_scale) {
   const int j = o->n_host - 1 - b;
-  const int64_t hoff = k->shard_off - o->dev_n, slot = (j % o->n_slots) * o->slot_elem;
-  char *host_pc = (char *)o->host_pc + slot * (int64_t)m->act_bytes;
-  be->copy_wait(be, o->grad_ticket[j]);
-  k_cpu_adamw_ranges(m->params + part_lo(o, k), host_pc, be->act, o->host_g + slot, o->host_m + hoff, o->host_v + hoff,
-                     r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
-  be->copy_async(be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes, host_pc, (size_t)k->len * m->act_bytes);
-  // The copy stream runs in order: this slot's copy back ends before the next gradient lands in it.
+  o->m->be->copy_wait(o->m->be, o->grad_ticket[j]);
+  adamw_on_host(o, b, lr, bc1, bc2, g_scale);
+  copy_back(o, b);
   if (j + o->n_slots < o->n_host) copy_grad(o, j + o->n_slots);
+}
+
+static void *delayed_update(void *arg) {
+  opt_state *o = arg;
+  const struct opt_delay *d = o->delay;
+  for (int b = o->n_host - 1; b >= 0; b--) adamw_on_host(o, b, d->lr, d->bc1, d->bc2, d->g_scale);
+  return NULL;
+}
+
+void opt_offload_join(opt_state *o) {
+  if (!o->delay || !o->delay->running) return;
+  CHECK(pthread_join(o->delay->thread, NULL) == 0, "cannot join the optimizer's host update thread");
+  o->delay->running = 0;
+  o->upload_pending = 1;
+}
+
+void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale) {
+  if (!o->delay || o->n_host == 0) return;
+  struct opt_delay *d = o->delay;
+  // The thread touches host memory only: the gradients have landed, and the copies back of the
+  // previous results (out of the same slots) are done, before it starts.
+  o->m->be->copy_wait(o->m->be, o->last_ticket);
+  o->upload_pending = 0;
+  d->lr = lr, d->bc1 = bc1, d->bc2 = bc2, d->g_scale = g_scale;
+  CHECK(pthread_create(&d->thread, NULL, delayed_update, o) == 0, "cannot start the optimizer's host update thread");
+  d->running = 1;
 }
 
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
@@ -129,8 +183,12 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
     const opt_bucket *k = &o->buckets[b];
     const k_range *r = o->host_ranges + o->host_first[b];
     const int n = o->host_first[b + 1] - o->host_first[b];
+    if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
+      if (o->upload_pending) copy_back(o, b);
+      continue;
+    }
     if (hp->offload_cpu) {
-      update_on_host(o, b, r, n, lr, bc1, bc2, g_scale);
+      update_on_host(o, b, lr, bc1, bc2, g_scale);
       continue;
     }
     const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
