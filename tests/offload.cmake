@@ -14,3 +14,13 @@ endforeach()
 add_test(NAME offload_bad_input COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_offload_bad_input.sh)
 set_tests_properties(offload_bad_input PROPERTIES LABELS "e2e" ENVIRONMENT
                      "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
+# On GPUs (label gpu; scripts/test_gpu.sh runs the same): both engines against the on-GPU
+# optimizer within 2e-2 relative, resume with offload bitwise.
+if(TRAINER_HAVE_CUDA)
+  foreach(t ONE DP2_DISTOPT)
+    string(TOLOWER ${t} name)
+    add_test(NAME gpu_offload_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_offload.sh ${name} ${OFFLOAD_${t}})
+    set_tests_properties(gpu_offload_${name} PROPERTIES LABELS gpu ENVIRONMENT
+                         "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_OFFLOAD_RTOL=2e-2;TRAINER_TEST_ARGS=train.device=cuda")
+  endforeach()
+endif()

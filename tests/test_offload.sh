@@ -5,7 +5,8 @@
 # so the half is several buckets on each side), and checks that every loss and every final
 # parameter and moment agree with the run without offload to TRAINER_OFFLOAD_RTOL (default 0:
 # on CPU ranks both engines run the reference AdamW on the same values, so the runs are bitwise
-# equal; the GPU variant, scripts/test_gpu.sh, states its own). Then bitwise resume with
+# equal; on GPUs, scripts/test_gpu.sh, the cpu engine's host arithmetic may round differently
+# from the GPU kernel's, and the script states its tolerance). Then bitwise resume with
 # offload, and a resume that switches offload off (and on) at the checkpoint; then the delayed
 # update (offload_delay=1).
 . "$(dirname "$0")/lib.sh"
@@ -45,12 +46,15 @@ run to_none "$np" $base "$@" checkpoint.resume=auto || fail "second half without
 # shellcheck disable=SC2086
 run from_none "$np" $base "$@" "checkpoint.resume=$WORK/reference/ckpt/ckpt_00000010.h5" $off \
   || fail "second half with offload from a run without"
+# The same engine on both sides of the checkpoint: bitwise on any device; offload switched at it:
+# within rtol (the engines' arithmetic may differ on GPUs).
 for r in split to_none from_none; do
+  tol=$rtol; [ "$r" = split ] && tol=0
   grep -q "resumed from .*ckpt_00000010.h5 at step 10" "$WORK/$r/log" && pass "$r resumed at step 10" \
     || fail "$r did not resume"
-  same_losses cpu_0_5 "$r" "$rtol" && pass "$r: losses after resume equal the uninterrupted run" \
+  same_losses cpu_0_5 "$r" "$tol" && pass "$r: losses after resume equal the uninterrupted run (rtol $tol)" \
     || fail "$r: losses after resume differ"
-  "$BUILD/ckpt_compare" "$WORK/cpu_0_5/ckpt/ckpt_00000020.h5" "$WORK/$r/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
+  "$BUILD/ckpt_compare" "$WORK/cpu_0_5/ckpt/ckpt_00000020.h5" "$WORK/$r/ckpt/ckpt_00000020.h5" --rtol "$tol" \
     --prefix "" && pass "$r: final checkpoint equals the uninterrupted run" || fail "$r: final checkpoints differ"
 done
 # The one-step delayed update (offload_delay=1): step 2 is the first whose weights lack an update
