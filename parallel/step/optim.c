@@ -178,7 +178,6 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
   // bucket has arrived.
   double t0 = o->timing ? timing_now(be) : 0;
-  opt_offload_join(o);  // offload_delay: the previous step's host update, before its slots are reused
   trace_push_range("dp sync");
   // Whatever backward did not report (a caller driving model_chunk_bwd itself) is final now.
   for (int i = m->n_tensors - 1; i >= 0; i--)
@@ -199,6 +198,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   double t1 = o->timing ? timing_now(be) : 0;
   trace_pop_range();
   trace_push_range("optimizer");
+  opt_offload_join(o);  // offload_delay: the previous step's host update, before its slots are reused
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
   if (o->reduce_bf16) {  // back to fp32 for the norm and the update
     if (o->zero) be->cast(be, o->grad_shard, K_F32, o->grad_shard_bf16, K_BF16, o->shard_n);
