@@ -102,7 +102,7 @@ double plan_host_bytes(const cfg *c, int64_t n) {
   // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
   // and new weights.
   double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
-  double slots = 4.0 * part < share ? 4.0 * part : share;
+  double slots = o->offload_delay || 4.0 * part > share ? share : 4.0 * part;  // delayed: every bucket
   return 4.0 * n + 8.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
 }
 
