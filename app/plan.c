@@ -125,11 +125,14 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
   int gpu = strcmp(c->train.device, "cuda") == 0, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
-  printf("memory per rank, as train.device=%s holds it (fp32 master weights%s, fp32 grads, %s activations; Adam "
-         "moments %s):\n", gpu ? "cuda" : c->train.device, bf16_act ? " + bf16 compute copy" : "",
+  const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy (fp32 masters on the host)"
+                                                     : "fp32 compute copy (fp32 masters on the host)")
+                        : bf16_act ? "fp32 master weights + bf16 compute copy" : "fp32 master weights";
+  printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
+         "moments %s):\n", gpu ? "cuda" : c->train.device, weights,
          bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
-  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %8s %9s\n", "pp_rank", "tp_rank", "layers",
-         "heads", "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "host", "total");
+  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
+         "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   double host_max = 0;  // pinned host memory of the rank that needs most
   model_dims dm;
   for (int pr = 0; pr < pp; pr++) {
@@ -186,8 +189,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
       snprintf(kv, sizeof kv, "%d-%d", tr * dm.nkv, (tr + 1) * dm.nkv - 1);
       snprintf(vocab, sizeof vocab, "%d-%d", dm.v0, dm.v0 + dm.vocab - 1);
-      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %7.2fG %8.2fG\n", pr, tr,
-             layers, heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight, gib(host),
+      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, layers,
+             heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight,
              gib(w + gr + adam + acts));
     }
   }
@@ -195,12 +198,12 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
          ml.fp8.enabled ? "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers" : "");
-  printf("(host: pinned host memory of optimizer.offload=host; total: device memory, host excluded)\n");
-  if (c->optim.offload) {
+  if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
-    printf("offload: optimizer state in pinned host memory (offload_update=%s, offload_fraction %g): up to %.2f GiB "
-           "per rank, up to %.2f GiB per node of %d ranks\n", c->optimizer.offload_update,
-           (double)c->optim.offload_fraction, gib(host_max), gib(host_max * rpn), rpn);
+    printf("offload: the master weights, and the moments of offload_fraction %g of the buckets, in pinned host memory "
+           "(offload_update=%s): up to %.2f "
+           "GiB per rank, up to %.2f GiB per node of %d ranks; the table above is device memory\n",
+           (double)c->optim.offload_fraction, c->optimizer.offload_update, gib(host_max), gib(host_max * rpn), rpn);
   }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;

@@ -201,7 +201,8 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
 void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
   k_backend *be = o->m->be;
   be->to_host(be, shard_host, which ? o->exp_avg_sq : o->exp_avg, (size_t)o->dev_n * sizeof(float));
-  if (o->n_host)  // after to_host's sync: the gpu engine's kernels have written it
+  be->sync(be);  // the gpu engine's kernels have written the host share
+  if (o->n_host)
     memcpy(shard_host + o->dev_n, which ? o->host_v : o->host_m, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
 }
 
