@@ -70,6 +70,15 @@ a, b = ({o["step"]: o["loss"] for o in map(json.loads, open(p)) if "step" in o} 
 print("without delay", [round(a[s], 4) for s in (1, 2, 20)], "with delay", [round(b[s], 4) for s in (1, 2, 20)])
 sys.exit(0 if a[1] == b[1] and a[3] != b[3] and b[20] < b[1] - 0.5 else 1)
 PY
+# A checkpoint after every step completes each update before the next step: the delayed engine
+# then gives the run without delay bit for bit (its host update, copies back and norms are right).
+# shellcheck disable=SC2086
+run delay_every "$np" $base "$@" $delay checkpoint.every=1 checkpoint.keep=2 || fail "delayed update, checkpoint.every=1"
+same_losses reference delay_every "$rtol" && pass "delayed update flushed every step equals the run without delay" \
+  || fail "delayed update flushed every step differs from the run without delay"
+"$BUILD/ckpt_compare" "$WORK/reference/ckpt/ckpt_00000020.h5" "$WORK/delay_every/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
+  --prefix "" && pass "delayed update flushed every step: final checkpoint equals the run without delay" \
+  || fail "delayed update flushed every step: final checkpoint differs"
 # shellcheck disable=SC2086
 run delay_split "$np" $base "$@" $delay train.stop_at=10 || fail "delayed update, first half"
 mv "$WORK/delay_split/metrics.jsonl" "$WORK/delay_split/first.jsonl"
