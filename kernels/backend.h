@@ -71,7 +71,8 @@ typedef struct k_backend {
   void (*host_free)(struct k_backend *b, void *p);
   // A copy between backend memory and host_alloc memory (either way) on the backend's copy
   // stream, after the work queued so far on the compute stream; returns at once with a ticket.
-  // copy_wait blocks the host until the copy of a ticket (and every earlier one) is done;
+  // copy_wait blocks the host until the copy of a ticket (and every earlier one) is done (it may
+  // be called from another thread while no copy is being queued);
   // copy_join makes the compute work queued from now on wait for every copy queued so far.
   int64_t (*copy_async)(struct k_backend *b, void *dst, const void *src, size_t n_bytes);
   void (*copy_wait)(struct k_backend *b, int64_t ticket);

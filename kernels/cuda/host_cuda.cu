@@ -71,7 +71,9 @@ extern "C" int64_t k_cuda_copy_async(k_backend *b, void *dst, const void *src, s
 }
 
 extern "C" void k_cuda_copy_wait(k_backend *b, int64_t ticket) {
-  k_cuda_copy *k = copy_of(k_cuda_ctx_of(b));
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_copy *k = copy_of(c);
+  CUDA_CHECK(cudaSetDevice(c->device));  // the caller may be a thread of its own (optimizer.offload_delay)
   CHECK(ticket >= 0 && ticket < k->next_ticket, "copy_wait: ticket %lld was never issued (next %lld)",
         (long long)ticket, (long long)k->next_ticket);
   CUDA_CHECK(cudaEventSynchronize(k->done[ticket % COPY_EVENTS]));

@@ -126,12 +126,15 @@ static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, f
                      hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
 }
 
-// Copies host bucket b's new compute weights from its slot into the compute copy.
+// Copies host bucket b's new compute weights from its slot into the compute copy. The slot's
+// ticket becomes this copy's: the copy stream runs in order, so waiting for it also waits for
+// the slot's gradient, and the slot's new weights are not overwritten before they are sent.
 static void copy_back(opt_state *o, int b) {
   model *m = o->m;
   const opt_bucket *k = &o->buckets[b];
-  const int64_t slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
-  o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
+  const int j = o->n_host - 1 - b;
+  const int64_t slot = (j % o->n_slots) * o->slot_elem;
+  o->grad_ticket[j] = o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
                                      (char *)o->host_pc + slot * (int64_t)m->act_bytes, (size_t)k->len * m->act_bytes);
 }
 
@@ -146,10 +149,15 @@ static void update_on_host(opt_state *o, int b, float lr, float bc1, float bc2, 
   if (j + o->n_slots < o->n_host) copy_grad(o, j + o->n_slots);
 }
 
+// The update thread: each bucket as soon as its gradient has landed (and its slot's previous
+// weights have gone back), while the main thread goes on to the next step.
 static void *delayed_update(void *arg) {
   opt_state *o = arg;
   const struct opt_delay *d = o->delay;
-  for (int b = o->n_host - 1; b >= 0; b--) adamw_on_host(o, b, d->lr, d->bc1, d->bc2, d->g_scale);
+  for (int b = o->n_host - 1; b >= 0; b--) {
+    o->m->be->copy_wait(o->m->be, o->grad_ticket[o->n_host - 1 - b]);
+    adamw_on_host(o, b, d->lr, d->bc1, d->bc2, d->g_scale);
+  }
   return NULL;
 }
 
@@ -163,9 +171,6 @@ void opt_offload_join(opt_state *o) {
 void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale) {
   if (!o->delay || o->n_host == 0) return;
   struct opt_delay *d = o->delay;
-  // The thread touches host memory only: the gradients have landed, and the copies back of the
-  // previous results (out of the same slots) are done, before it starts.
-  o->m->be->copy_wait(o->m->be, o->last_ticket);
   o->upload_pending = 0;
   d->lr = lr, d->bc1 = bc1, d->bc2 = bc2, d->g_scale = g_scale;
   CHECK(pthread_create(&d->thread, NULL, delayed_update, o) == 0, "cannot start the optimizer's host update thread");
