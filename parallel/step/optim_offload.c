@@ -172,6 +172,9 @@ void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, flo
   if (!o->delay || o->n_host == 0) return;
   struct opt_delay *d = o->delay;
   o->upload_pending = 0;
+  // The copies queued on the compute stream that read or write the master weights (the norms'
+  // refresh, their ZeRO exchange) are done before the thread writes them.
+  o->m->be->sync(o->m->be);
   d->lr = lr, d->bc1 = bc1, d->bc2 = bc2, d->g_scale = g_scale;
   CHECK(pthread_create(&d->thread, NULL, delayed_update, o) == 0, "cannot start the optimizer's host update thread");
   d->running = 1;
