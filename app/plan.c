@@ -165,7 +165,9 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       // optimizer.offload=host: the master weights and the host share of the moments move to
       // pinned host memory (plan_host_bytes); the compute copy is then separate even in fp32.
       const opt_config *oc = &c->optim;
-      double w = oc->offload ? (bf16_act ? 2.0 : 4.0) * n : (bf16_act ? 6.0 : 4.0) * n;
+      // The device share keeps its fp32 master weights beside its moments, sharded like them.
+      double dev_share = oc->offload ? (1.0 - oc->offload_fraction) * n / (zero ? dp : 1) : 0.0;
+      double w = oc->offload ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
       double adam = 8.0 * n / (zero ? dp : 1) * (oc->offload ? 1.0 - oc->offload_fraction : 1.0);
       double host = plan_host_bytes(c, n);
       if (host > host_max) host_max = host;

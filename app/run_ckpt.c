@@ -182,6 +182,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   if (rc == 0) {
     m->be->from_host(m->be, m->params, host[0], (size_t)m->n_params * sizeof(float));
     model_sync_compute_weights(m);
+    opt_set_params(o);
     opt_set_moments(o, host[1], host[2]);
     *step = meta.step;
     *samples_seen = meta.samples_seen;

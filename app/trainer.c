@@ -123,6 +123,7 @@ static int trainer_load_start(trainer *t, trainer_start start, const char *path,
     char msg[1536];
     if (run_hf_load(dir, t->c, &t->m, msg, sizeof msg) != 0)
       return snprintf(err, n_err, "checkpoint.init_from: %s", msg), -1;
+    opt_set_params(&t->o);
     if (t->g->world_rank == 0)
       printf("initialised from %s: %.2fM parameters, fresh optimizer state\n", t->c->checkpoint.init_from,
              model_count_params(&t->c->model, NULL) / 1e6);

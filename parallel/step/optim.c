@@ -243,6 +243,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
       dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb,
                                         be->act == K_BF16 ? COMM_BF16 : COMM_F32);
   }
+  opt_offload_norms_back(o);  // the device share's norms, which forward reads through m->params
   if (o->norm_pack) opt_share_norms(o);
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);

@@ -56,17 +56,24 @@ typedef struct opt_state {
   k_range *norm_all;        // every norm tensor: offset in norm_pack, p_offset flat
   k_range *norm_own;        // the norm elements this rank updates, the same way
   int n_norm_all, n_norm_own;
-  // optimizer.offload (optim_offload.c). The master weights (m->params) are in host memory; the
-  // moments of buckets [0, n_host) (the highest, which backward finishes first) too: in shard
-  // order these buckets are [dev_n, shard_n), and host_m / host_v are indexed from dev_n. The
-  // moments of the other buckets (shard [0, dev_n)) are exp_avg / exp_avg_sq, in backend
-  // memory, updated by upd_ranges[0, n_dev_ranges). Without offload n_host is 0, dev_n shard_n.
+  // optimizer.offload (optim_offload.c). Buckets [0, n_host) (the highest, which backward
+  // finishes first) keep their state in host memory: their master weights in m->params (host
+  // memory, flat) and their moments in host_m / host_v; in shard order they are [dev_n,
+  // shard_n), and host_m / host_v are indexed from dev_n. The other buckets (shard [0, dev_n))
+  // keep theirs in backend memory: moments in exp_avg / exp_avg_sq and, with offload, master
+  // weights in dev_master (shard order; their elements of m->params are then stale except the
+  // norms, copied back after every update). Without offload n_host is 0, dev_n shard_n, and
+  // upd_ranges[0, n_dev_ranges) update the whole shard as before; with offload n_dev_ranges is
+  // 0 and every bucket updates on its own (opt_offload_update).
   int n_host;
   int64_t dev_n;
   int n_dev_ranges;
   float *host_m, *host_v;   // (shard_n - dev_n) backend host memory
-  k_range *host_ranges;     // host bucket b's update ranges from host_first[b], offsets from its part's start
-  int *host_first;          // (n_host + 1)
+  float *dev_master;        // (dev_n) backend memory, offload only
+  k_range *part_ranges;     // bucket b's update ranges from part_first[b], offsets from its part's start
+  int *part_first;          // (n_buckets + 1)
+  k_range *dev_norms;       // the norm elements of the device share: offset in dev_master, p_offset flat
+  int n_dev_norms;
   // The cpu engine (offload_update=cpu) takes the host buckets from the lowest (j = 0 is bucket
   // n_host - 1): bucket j's gradient part is copied into slot j % n_slots of host_g (ticket
   // grad_ticket[j]), the host's cores update it and write the new compute weights into the same
@@ -115,6 +122,13 @@ void opt_flush(opt_state *o);
 // into host memory (shard_n elements); and back.
 void opt_moment_to_host(opt_state *o, int which, float *shard_host);
 void opt_moment_from_host(opt_state *o, int which, const float *shard_host);
+// The device share's master weights (dev_master) into this rank's shard of host memory
+// (shard_host: shard order, or flat without ZeRO), over what was read from m->params; and
+// from m->params after it was loaded (opt_set_params).
+void opt_offload_params_to_host(opt_state *o, float *shard_host);
+void opt_offload_take_params(opt_state *o);
+// After the device share's update: its norm elements back into m->params (see above).
+void opt_offload_norms_back(opt_state *o);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
@@ -130,5 +144,8 @@ double opt_step(opt_state *o, float lr, int64_t t);
 void opt_get_params(opt_state *o, float *params_host);
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);
+// m->params was loaded (a checkpoint, Hugging Face weights): the optimizer takes its master
+// weights from it where it keeps them elsewhere (offload's device share).
+void opt_set_params(opt_state *o);
 
 #endif

@@ -140,6 +140,7 @@ void opt_get_params(opt_state *o, float *params_host) {
   k_backend *be = m->be;
   if (!o->zero) {
     be->to_host(be, params_host, m->params, (size_t)m->n_params * sizeof(float));
+    opt_offload_params_to_host(o, params_host);  // the shard is the flat buffer
     return;
   }
   float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));  // this rank's part of every bucket
@@ -147,6 +148,7 @@ void opt_get_params(opt_state *o, float *params_host) {
     const opt_bucket *k = &o->buckets[b];
     be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
+  opt_offload_params_to_host(o, mine);
   gather_host(o, mine, params_host);
   free(mine);
 }
@@ -175,3 +177,5 @@ void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_a
   scatter_moment(o, 0, exp_avg_host);
   scatter_moment(o, 1, exp_avg_sq_host);
 }
+
+void opt_set_params(opt_state *o) { opt_offload_take_params(o); }

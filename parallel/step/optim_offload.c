@@ -23,24 +23,34 @@
 // This rank's part of bucket k, in flat elements.
 static int64_t part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
 
-// The host buckets' update ranges, bucket by bucket, with offset and p_offset counted from the
-// start of the bucket's part (the two agree: a part is contiguous in the shard and flat).
-static void build_host_ranges(opt_state *o) {
+// Every bucket's update ranges, bucket by bucket, with offset and p_offset counted from the
+// start of the bucket's part (the two agree: a part is contiguous in the shard and flat); and
+// the norm elements of the device share's parts.
+static void build_part_ranges(opt_state *o) {
+  const model *m = o->m;
   int cap = 1;
-  for (int b = 0; b < o->n_host; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
-  o->host_ranges = XCALLOC(cap, sizeof(k_range));
-  o->host_first = XCALLOC(o->n_host + 1, sizeof(int));
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->part_ranges = XCALLOC(cap, sizeof(k_range));
+  o->dev_norms = XCALLOC(cap, sizeof(k_range));
+  o->part_first = XCALLOC(o->n_buckets + 1, sizeof(int));
   int n = 0;
-  for (int b = 0; b < o->n_host; b++) {
+  for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    o->host_first[b] = n;
+    const int64_t plo = part_lo(o, k);
+    o->part_first[b] = n;
     for (int i = 0; i < o->n_upd_ranges; i++) {
       const k_range *r = &o->upd_ranges[i];
       if (r->offset < k->shard_off || r->offset >= k->shard_off + k->len) continue;
-      o->host_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - part_lo(o, k)};
+      o->part_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - plo};
+    }
+    for (int i = k->t_lo; b >= o->n_host && i < k->t_hi; i++) {
+      const model_tensor *t = &m->tensors[i];
+      int64_t lo = t->offset > plo ? t->offset : plo, hi = t->offset + t->n_elem;
+      if (hi > plo + k->len) hi = plo + k->len;
+      if (t->tp_replicated && hi > lo) o->dev_norms[o->n_dev_norms++] = (k_range){k->shard_off + lo - plo, hi - lo, 0, lo};
     }
   }
-  o->host_first[o->n_host] = n;
+  o->part_first[o->n_buckets] = n;
 }
 
 // The delayed host update: its thread and the hyper-parameters of the step it updates.
@@ -63,13 +73,14 @@ void opt_offload_init(opt_state *o) {
   o->n_host = c->offload ? (int)lround(c->offload_fraction * o->n_buckets) : 0;
   if (o->n_host > o->n_buckets) o->n_host = o->n_buckets;
   o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
-  o->n_dev_ranges = 0;
-  while (o->n_dev_ranges < o->n_upd_ranges && o->upd_ranges[o->n_dev_ranges].offset < o->dev_n) o->n_dev_ranges++;
+  o->n_dev_ranges = c->offload ? 0 : o->n_upd_ranges;
   if (!c->offload) return;
   int64_t n_host_elem = o->shard_n - o->dev_n;
   o->host_m = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
-  build_host_ranges(o);
+  build_part_ranges(o);
+  o->dev_master = o->m->be->alloc(o->m->be, (size_t)(o->dev_n ? o->dev_n : 1) * sizeof(float));
+  opt_offload_take_params(o);  // the weights model_init_weights left in m->params
   if (!c->offload_cpu) return;
   // A delayed update reads its gradients while the next step makes new ones: every bucket a slot.
   o->n_slots = o->n_host < OFFLOAD_SLOTS || c->offload_delay ? o->n_host : OFFLOAD_SLOTS;
@@ -91,11 +102,14 @@ void opt_offload_free(opt_state *o) {
     if (host[i]) be->host_free(be, host[i]);
   o->host_m = o->host_v = o->host_g = NULL;
   o->host_pc = NULL;
-  free(o->host_ranges);
-  free(o->host_first);
+  if (o->dev_master) be->free(be, o->dev_master);
+  o->dev_master = NULL;
+  free(o->part_ranges);
+  free(o->part_first);
+  free(o->dev_norms);
   free(o->grad_ticket);
-  o->host_ranges = NULL;
-  o->host_first = NULL;
+  o->part_ranges = o->dev_norms = NULL;
+  o->part_first = NULL;
   o->grad_ticket = NULL;
 }
 
@@ -120,9 +134,9 @@ static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, f
   const opt_config *hp = &o->cfg;
   const opt_bucket *k = &o->buckets[b];
   const int64_t hoff = k->shard_off - o->dev_n, slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
-  const int n = o->host_first[b + 1] - o->host_first[b];
+  const int n = o->part_first[b + 1] - o->part_first[b];
   k_cpu_adamw_ranges(m->params + part_lo(o, k), (char *)o->host_pc + slot * (int64_t)m->act_bytes, m->be->act,
-                     o->host_g + slot, o->host_m + hoff, o->host_v + hoff, o->host_ranges + o->host_first[b], n, lr,
+                     o->host_g + slot, o->host_m + hoff, o->host_v + hoff, o->part_ranges + o->part_first[b], n, lr,
                      hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
 }
 
@@ -185,24 +199,46 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
   model *m = o->m;
   k_backend *be = m->be;
   const opt_config *hp = &o->cfg;
+  if (!hp->offload) return;  // upd_ranges update everything (opt_step)
   for (int asc = asc_lo; asc < asc_hi; asc++) {
     const int b = o->n_buckets - 1 - asc;
-    if (b >= o->n_host) continue;
     const opt_bucket *k = &o->buckets[b];
-    const k_range *r = o->host_ranges + o->host_first[b];
-    const int n = o->host_first[b + 1] - o->host_first[b];
-    if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
-      if (o->upload_pending) copy_back(o, b);
-      continue;
-    }
-    if (hp->offload_cpu) {
-      update_on_host(o, b, lr, bc1, bc2, g_scale);
-      continue;
-    }
+    const k_range *r = o->part_ranges + o->part_first[b];
+    const int n = o->part_first[b + 1] - o->part_first[b];
     const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
-    be->adamw_ranges(be, m->params + plo, (char *)m->params_c + plo * (int64_t)m->act_bytes, be->act,
-                     grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n, lr, hp->beta1, hp->beta2, hp->eps,
-                     hp->weight_decay, bc1, bc2, g_scale);
+    char *pc = (char *)m->params_c + plo * (int64_t)m->act_bytes;
+    if (b >= o->n_host) {  // the device share: all of its state in backend memory
+      be->adamw_ranges(be, o->dev_master + k->shard_off, pc, be->act, grad + k->shard_off, o->exp_avg + k->shard_off,
+                       o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
+                       bc2, g_scale);
+    } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
+      if (o->upload_pending) copy_back(o, b);
+    } else if (hp->offload_cpu) {
+      update_on_host(o, b, lr, bc1, bc2, g_scale);
+    } else {
+      be->adamw_ranges(be, m->params + plo, pc, be->act, grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n,
+                       lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+    }
+  }
+}
+
+void opt_offload_norms_back(opt_state *o) {
+  k_backend *be = o->m->be;
+  for (int i = 0; i < o->n_dev_norms; i++) {
+    const k_range *r = &o->dev_norms[i];
+    be->copy(be, o->m->params + r->p_offset, o->dev_master + r->offset, (size_t)r->n_elem * sizeof(float));
+  }
+}
+
+void opt_offload_params_to_host(opt_state *o, float *shard_host) {
+  if (o->dev_master) o->m->be->to_host(o->m->be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
+}
+
+void opt_offload_take_params(opt_state *o) {
+  k_backend *be = o->m->be;
+  for (int b = o->n_host; o->dev_master && b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    be->copy(be, o->dev_master + k->shard_off, o->m->params + part_lo(o, k), (size_t)k->len * sizeof(float));
   }
 }
 
