@@ -1,7 +1,8 @@
 // The optimizer's state in host memory (optimizer.offload=host; see optim.h). The fp32 master
 // weights (m->params, allocated in the backend's host memory by model_init) and the moments of
 // the host share of the buckets live there; the gradients and the compute copy stay in backend
-// memory. Two engines update the host share:
+// memory, and so does the whole state of the other buckets (the device share: dev_master and
+// the moments, updated on the GPU as without offload). Two engines update the host share:
 //   gpu: the multi-tensor AdamW kernel reads the gradient in device memory and reads and writes
 //        the master weights and moments in host memory in place (mapped memory, zero-copy);
 //   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
