@@ -50,7 +50,7 @@ typedef struct cfg_key {
 #define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
 #define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
 
-static const char *const cfg_sections[] = {"model", "parallel", "train", "fp8", "data", "checkpoint", "log"};
+static const char *const cfg_sections[] = {"model", "parallel", "train", "fp8", "optimizer", "data", "checkpoint", "log"};
 #define CFG_N_SECTIONS ((int)(sizeof cfg_sections / sizeof cfg_sections[0]))
 
 // Rows are grouped by section, in cfg_sections order; cfg_to_yaml relies on it.
@@ -147,6 +147,22 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(fp8, fast_accum, 1, "forward FP8 GEMMs accumulate in the tensor cores' fast mode (GPUs; backward never)"),
   CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
   CFG_BOOL(fp8, head, 0, "the LM head's GEMMs (forward, data and weight gradient) in FP8 too, with scaling of its own"),
+
+  CFG_STRING(optimizer, offload, "none",
+             "where the fp32 master weights and AdamW moments live: none (backend memory) | host (pinned host "
+             "memory, sharded over dp like the distributed optimizer; the bf16 compute copy and the gradients stay "
+             "on the GPU; on CPU ranks there is nothing to offload: the same bookkeeping runs in plain memory)"),
+  CFG_STRING(optimizer, offload_update, "cpu",
+             "offload=host: who updates the host share: cpu (gradients copied to host per bucket, AdamW on the "
+             "rank's cores, new weights copied back per bucket) | gpu (the AdamW kernel reads and writes the "
+             "host memory in place over NVLink-C2C or PCIe, no staging copies)"),
+  CFG_FLOAT_IN(optimizer, offload_fraction, optim.offload_fraction, 0, 1, 1,
+               "offload=host: share of the gradient buckets (the last layers first) whose moments live and update "
+               "in host memory; the rest stay in backend memory and update on the GPU"),
+  CFG_INT_IN(optimizer, offload_delay, optim.offload_delay, 0, 1, 0,
+             "1: the host update of step k runs during step k + 1 (one-step delayed update: step k + 1 computes "
+             "its gradients on the weights before step k's update, which changes the arithmetic); needs "
+             "offload=host and offload_update=cpu; 0 = the update completes within its step"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
   CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),
@@ -276,7 +292,7 @@ static int cfg_unknown_section(char *err, size_t n_err, const cfg_site *s, const
   }
   if (best >= 0) snprintf(hint, sizeof hint, "did you mean '%s'? ", cfg_sections[best]);
   return cfg_fail(err, n_err, s,
-                  "unknown section '%s' (%ssections: model, parallel, train, data, checkpoint, log)",
+                  "unknown section '%s' (%ssections: model, parallel, train, fp8, optimizer, data, checkpoint, log)",
                   cfg_shorten(section, shortbuf, sizeof shortbuf), hint);
 }
 

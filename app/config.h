@@ -54,6 +54,11 @@ typedef struct cfg_fp8 {
   int head;                    // bool: the LM head's GEMMs in FP8 too
 } cfg_fp8;
 
+typedef struct cfg_optimizer {
+  char offload[CFG_STR];         // none | host
+  char offload_update[CFG_STR];  // gpu | cpu
+} cfg_optimizer;
+
 typedef struct cfg_data {
   char train[CFG_STR];  // shard path or glob
   char val[CFG_STR];    // shard path or glob; empty = no evaluation
@@ -84,8 +89,9 @@ typedef struct cfg {
   cfg_train train;
   cfg_fp8 fp8;
   opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
-                         // parallel.bucket_mb; grad_compress and
+                         // parallel.bucket_mb, optimizer.offload_*; grad_compress and
                          // grad_error_feedback resolved from parallel's strings by cfg_validate
+  cfg_optimizer optimizer;  // the optimizer section's strings (cfg_validate resolves them into optim)
   cfg_data data;
   cfg_checkpoint checkpoint;
   cfg_log log;

@@ -25,6 +25,24 @@ static void cfg_resolve_compress(cfg *c) {
       m != COMM_COMPRESS_NONE && (strcmp(fb, "on") == 0 || (strcmp(fb, "auto") == 0 && m == COMM_COMPRESS_INT8));
 }
 
+// The optimizer section: its strings, resolved into c->optim.
+static int cfg_validate_offload(cfg *c, char *err, size_t n_err) {
+  static const char *const places[] = {"none", "host"}, *const engines[] = {"gpu", "cpu"};
+  const cfg_optimizer *s = &c->optimizer;
+  opt_config *o = &c->optim;
+  if (!cfg_is_one_of(s->offload, places, 2))
+    return check_errf(err, n_err, "optimizer.offload = '%s' is not one of: none, host", s->offload);
+  if (!cfg_is_one_of(s->offload_update, engines, 2))
+    return check_errf(err, n_err, "optimizer.offload_update = '%s' is not one of: gpu, cpu", s->offload_update);
+  o->offload = strcmp(s->offload, "host") == 0;
+  o->offload_cpu = strcmp(s->offload_update, "cpu") == 0;
+  if (o->offload_delay && !(o->offload && o->offload_cpu))
+    return check_errf(err, n_err, "optimizer.offload_delay = 1 delays the host update of the cpu engine: it needs "
+                      "optimizer.offload=host and optimizer.offload_update=cpu (found offload=%s, offload_update=%s); "
+                      "set offload_delay=0 or both", s->offload, s->offload_update);
+  return 0;
+}
+
 int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   const model_config *m = &c->model;
   cfg_parallel *p = &c->parallel;
@@ -91,6 +109,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   const char *from = c->checkpoint.init_from;
   CFG_RULE(!from[0] || (strncmp(from, "hf:", 3) == 0 && from[3]),
            "checkpoint.init_from = '%s': expected hf:DIR (a Hugging Face Llama model directory) or empty", from);
+  if (cfg_validate_offload(c, err, n_err) != 0) return -1;
   if (world_size <= 0) return 0;
 
   // Products in long long: each factor is bounded by the table, their product is not by int.
@@ -187,6 +206,7 @@ model_layout cfg_model_layout(const cfg *c) {
       .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
                    : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
                                                  : MODEL_RECOMPUTE_NONE,
+      .master_on_host = c->optim.offload,
       .fp8 = {
           .enabled = strcmp(c->train.precision, "fp8") == 0,
           .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT

@@ -72,6 +72,40 @@ static void plan_print_launch(const cfg *c, int world, const plan_launch *l) {
   if (n_nodes > 1) printf("(HOSTFILE: one line per node, `name slots=%d`; docs/multinode.md)\n", rpn);
 }
 
+// Local parameters of one layer kind summed over virtual stage vs's chunk (embedding, layers,
+// head): what model_init lays out on that rank for that chunk.
+static int64_t plan_chunk_params(const cfg *c, const model_layout *ml, int vs) {
+  const model_config *mc = &c->model;
+  int tp = c->parallel.tp, l0, per_chunk, n_vstages = c->parallel.pp * c->parallel.vpp;
+  model_stage_layers(mc, ml, vs, &l0, &per_chunk);
+  int64_t n = vs == 0 ? local_elems(mc, tp, MODEL_EMBED) : 0;
+  for (int k = 0; k < MODEL_N_KINDS; k++)
+    if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+  if (vs == n_vstages - 1)
+    n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
+  return n;
+}
+
+int64_t plan_rank_params(const cfg *c, int pp_rank) {
+  const model_layout ml = cfg_model_layout(c);
+  int64_t n = 0;
+  for (int ci = 0; ci < c->parallel.vpp; ci++) n += plan_chunk_params(c, &ml, ci * c->parallel.pp + pp_rank);
+  return n;
+}
+
+double plan_host_bytes(const cfg *c, int64_t n) {
+  const opt_config *o = &c->optim;
+  if (!o->offload) return 0;
+  int dp = c->parallel.dp, zero = o->distributed_optimizer && dp > 1;
+  double share = (double)o->offload_fraction * n / (zero ? dp : 1);
+  int act_bytes = strcmp(c->train.device, "cpu") != 0 && cfg_act_bf16(c) ? 2 : 4;
+  // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
+  // and new weights.
+  double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
+  double slots = o->offload_delay || 4.0 * part > share ? share : 4.0 * part;  // delayed: every bucket
+  return 4.0 * n + 8.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
+}
+
 int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   const model_config *mc = &c->model;
   const cfg_parallel *pc = &c->parallel;
@@ -91,11 +125,15 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
   int gpu = strcmp(c->train.device, "cuda") == 0, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
-  printf("memory per rank, as train.device=%s holds it (fp32 master weights%s, fp32 grads, %s activations; Adam "
-         "moments %s):\n", gpu ? "cuda" : c->train.device, bf16_act ? " + bf16 compute copy" : "",
+  const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy (fp32 masters on the host)"
+                                                     : "fp32 compute copy (fp32 masters on the host)")
+                        : bf16_act ? "fp32 master weights + bf16 compute copy" : "fp32 master weights";
+  printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
+         "moments %s):\n", gpu ? "cuda" : c->train.device, weights,
          bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
+  double host_max = 0;  // pinned host memory of the rank that needs most
   model_dims dm;
   for (int pr = 0; pr < pp; pr++) {
     pp_schedule s = {0};
@@ -110,12 +148,10 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       char layers[64] = "";
       int len = 0;
       for (int ci = 0; ci < vpp; ci++) {
-        int vs = ci * pp + pr, l0, per_chunk, first = vs == 0, last = vs == pp * vpp - 1;
+        int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
         model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
         len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
-        if (first) n += local_elems(mc, tp, MODEL_EMBED);
-        for (int k = 0; k < MODEL_N_KINDS; k++)
-          if (model_specs[k].per_layer) n += (int64_t)per_chunk * local_elems(mc, tp, (model_kind)k);
+        n += plan_chunk_params(c, &ml, vs);
         for (int l = l0; l < l0 + per_chunk; l++)
           if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
             for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
@@ -136,7 +172,15 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                                                 : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
       double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
       double gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
-      double w = (bf16_act ? 6.0 : 4.0) * n, adam = 8.0 * n / (zero ? dp : 1);
+      // optimizer.offload=host: the master weights and the host share of the moments move to
+      // pinned host memory (plan_host_bytes); the compute copy is then separate even in fp32.
+      const opt_config *oc = &c->optim;
+      // The device share keeps its fp32 master weights beside its moments, sharded like them.
+      double dev_share = oc->offload ? (1.0 - oc->offload_fraction) * n / (zero ? dp : 1) : 0.0;
+      double w = oc->offload ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
+      double adam = 8.0 * n / (zero ? dp : 1) * (oc->offload ? 1.0 - oc->offload_fraction : 1.0);
+      double host = plan_host_bytes(c, n);
+      if (host > host_max) host_max = host;
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
       // two per activation set in flight (parallel/step/pp_exec.c).
       double n_stage = pc->pp_overlap ? 2.0 * max_in_flight : (double)max_group;
@@ -169,6 +213,13 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                           "LM head, transposed copies and the FP8 cast buffers"
                           : "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers");
+  if (c->optim.offload) {  // the table is device memory; the offloaded state is here
+    int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
+    printf("offload: the master weights, and the moments of offload_fraction %g of the buckets, in pinned host memory "
+           "(offload_update=%s): up to %.2f "
+           "GiB per rank, up to %.2f GiB per node of %d ranks; the table above is device memory\n",
+           (double)c->optim.offload_fraction, c->optimizer.offload_update, gib(host_max), gib(host_max * rpn), rpn);
+  }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;
 }

@@ -4,6 +4,7 @@
 #ifndef TRAINER_PLAN_H
 #define TRAINER_PLAN_H
 
+#include <stdint.h>
 #include "app/config.h"
 
 // The command line the plan's launch lines repeat.
@@ -14,6 +15,12 @@ typedef struct plan_launch {
   int gpus_per_node;           // ranks per node of the launch lines (at most the world size)
 } plan_launch;
 
+// Local parameters of a rank at pipeline stage pp_rank (every tp rank holds as many).
+int64_t plan_rank_params(const cfg *c, int pp_rank);
+// Pinned host memory in bytes of a rank holding n local parameters under optimizer.offload
+// (0 without offload): the master weights, the host share of the moments, and the cpu engine's
+// copies of a few buckets of gradient and new weights.
+double plan_host_bytes(const cfg *c, int64_t n);
 // Prints the plan of c (validated for world_size ranks) to stdout. Returns 0.
 int run_plan(const cfg *c, int world_size, const plan_launch *launch);
 

@@ -154,6 +154,7 @@ static void alloc_host(const model *m, float *host[3]) {
 
 int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
                   const ckpt_faults *faults, char *err, size_t n_err) {
+  opt_flush(o);  // offload_delay: the update in flight is part of the checkpoint's step
   float *host[3];
   alloc_host(m, host);
   opt_get_params(o, host[0]);
@@ -274,6 +275,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   if (rc == 0) {
     m->be->from_host(m->be, m->params, host[0], (size_t)m->n_params * sizeof(float));
     model_sync_compute_weights(m);
+    opt_set_params(o);
     opt_set_moments(o, host[1], host[2]);
     *step = meta.step;
     *samples_seen = meta.samples_seen;

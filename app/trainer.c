@@ -3,6 +3,7 @@
 #include "app/trainer.h"
 #include "app/report.h"
 #include "app/run_ckpt.h"
+#include "app/run_offload.h"
 #include "kernels/check.h"
 #include "model/ckpt.h"
 #include "model/fp8.h"
@@ -159,6 +160,7 @@ static int trainer_load_start(trainer *t, trainer_start start, char *path, size_
     char msg[1536];
     if (run_hf_load(dir, t->c, &t->m, msg, sizeof msg) != 0)
       return snprintf(err, n_err, "checkpoint.init_from: %s", msg), -1;
+    opt_set_params(&t->o);
     if (t->g->world_rank == 0)
       printf("initialised from %s: %.2fM parameters, fresh optimizer state\n", t->c->checkpoint.init_from,
              model_count_params(&t->c->model, NULL) / 1e6);
@@ -181,6 +183,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   trainer_start start = trainer_start_point(t, path, sizeof path, err, n_err);
   if (start == TRAINER_START_ERROR) return -1;
 
+  if (run_offload_check(c, g, be, err, n_err) != 0) return -1;  // before the host state is pinned
   const model_layout ml = cfg_model_layout(c);
   model_init(&t->m, &c->model, &ml, g, be);
   if (start != TRAINER_START_INIT_FROM) model_init_weights(&t->m, c->train.seed);

@@ -65,6 +65,19 @@ typedef struct k_backend {
   void (*sync)(struct k_backend *b);
   // Bytes of memory in use now: device memory in use (whole device) on GPUs, resident set on CPU.
   int64_t (*mem_used)(struct k_backend *b);
+  // Host memory the device also addresses (pinned and mapped on GPUs: its pointers are valid in
+  // kernels, so ops may read and write it over the host link; plain memory on CPU ranks),
+  // zero-filled; NULL when the system refuses it (the caller says how much and what to do).
+  void *(*host_alloc)(struct k_backend *b, size_t n_bytes);
+  void (*host_free)(struct k_backend *b, void *p);
+  // A copy between backend memory and host_alloc memory (either way) on the backend's copy
+  // stream, after the work queued so far on the compute stream; returns at once with a ticket.
+  // copy_wait blocks the host until the copy of a ticket (and every earlier one) is done (it may
+  // be called from another thread while no copy is being queued);
+  // copy_join makes the compute work queued from now on wait for every copy queued so far.
+  int64_t (*copy_async)(struct k_backend *b, void *dst, const void *src, size_t n_bytes);
+  void (*copy_wait)(struct k_backend *b, int64_t ticket);
+  void (*copy_join)(struct k_backend *b);
   // Ops.
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
   void (*gemm)(struct k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,

@@ -24,6 +24,16 @@ static void cpu_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
 static void cpu_zero(k_backend *b, void *p, size_t n_bytes) { (void)b; if (n_bytes) memset(p, 0, n_bytes); }
 static void cpu_sync(k_backend *b) { (void)b; }
 
+// Host memory is the CPU backend's own memory: "pinned" memory is plain calloc memory and the
+// copy stream is memmove, done when it is queued; so the offloaded optimizer's bookkeeping
+// (tickets, joins) runs on CPU ranks with the same calls as on GPUs.
+static void *cpu_host_alloc(k_backend *b, size_t n_bytes) { (void)b; return calloc(n_bytes ? n_bytes : 1, 1); }
+static int64_t cpu_copy_async(k_backend *b, void *dst, const void *src, size_t n_bytes) {
+  cpu_copy(b, dst, src, n_bytes);
+  return 0;
+}
+static void cpu_copy_wait(k_backend *b, int64_t ticket) { (void)b; (void)ticket; }
+
 static int64_t cpu_mem_used(k_backend *b) {
   (void)b;
   long pages_total = 0, pages_resident = 0;
@@ -218,6 +228,11 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->zero = cpu_zero;
   b->sync = cpu_sync;
   b->mem_used = cpu_mem_used;
+  b->host_alloc = cpu_host_alloc;
+  b->host_free = cpu_free;
+  b->copy_async = cpu_copy_async;
+  b->copy_wait = cpu_copy_wait;
+  b->copy_join = cpu_sync;
   snprintf(b->device_name, sizeof b->device_name, "cpu");
   k_backend_set_peak(b, o->peak_tflops);
   b->act = K_F32;

@@ -101,6 +101,40 @@ void model_stage_layers(const model_config *mc, const model_layout *ml, int vsta
   *n_layers = vstage == n_vstages - 1 ? last : other;
 }
 
+void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what) {
+  void *p = be->host_alloc(be, n_bytes);
+  CHECK(p, "cannot pin %.2f GiB of host memory for %s (optimizer.offload=host): lower optimizer.offload_fraction, "
+        "shard over more dp ranks (parallel.distributed_optimizer) or run fewer ranks per node",
+        n_bytes / 1073741824.0, what);
+  return p;
+}
+
+// With the master weights in host memory, forward and backward read the norm weights (the only
+// fp32 weights they read) from a copy in backend memory, packed one after the other: no reads
+// over the host link, and an update running on the host (optimizer.offload_delay) cannot change
+// them under a step. model_sync_norms refreshes it.
+static void model_place_norms(model *m) {
+  if (!m->master_on_host) return;
+  int64_t n = 0;
+  for (int i = 0; i < m->n_tensors; i++) n += m->tensors[i].tp_replicated ? m->tensors[i].n_elem : 0;
+  m->norm_copy = m->be->alloc(m->be, (size_t)(n ? n : 1) * sizeof(float));
+  n = 0;
+  for (int i = 0; i < m->n_tensors; i++) {
+    model_tensor *t = &m->tensors[i];
+    if (!t->tp_replicated) continue;
+    t->p = m->norm_copy + n;
+    n += t->n_elem;
+  }
+}
+
+void model_sync_norms(model *m) {
+  if (!m->norm_copy) return;
+  for (int i = 0; i < m->n_tensors; i++) {
+    model_tensor *t = &m->tensors[i];
+    if (t->tp_replicated) m->be->copy(m->be, t->p, m->params + t->offset, (size_t)t->n_elem * sizeof(float));
+  }
+}
+
 void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be) {
   CHECK(ml->pp == g->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, g->pp);
   memset(m, 0, sizeof *m);
@@ -162,12 +196,17 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
   int64_t unit = (int64_t)g->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
-  m->params = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->master_on_host = ml->master_on_host;
+  m->params = m->master_on_host ? model_host_alloc(be, (size_t)m->n_params * sizeof(float), "the fp32 master weights")
+                                : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
-  m->params_c = be->act == K_F32 ? (void *)m->params : be->alloc(be, (size_t)m->n_params * m->act_bytes);
+  // Master weights in host memory: the compute copy stays in backend memory even in fp32.
+  m->params_c = be->act == K_F32 && !m->master_on_host ? (void *)m->params
+                                                        : be->alloc(be, (size_t)m->n_params * m->act_bytes);
+  model_place_norms(m);
   for (int i = 0; i < n; i++) {
-    m->tensors[i].p = m->params + m->tensors[i].offset;
+    if (!m->tensors[i].p) m->tensors[i].p = m->params + m->tensors[i].offset;
     m->tensors[i].g = m->grads + m->tensors[i].offset;
     m->tensors[i].pc = (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes;
   }
@@ -180,7 +219,9 @@ void model_free(model *m) {
   model_fp8_free(m);
   model_work_free(m);
   if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
-  m->be->free(m->be, m->params);
+  if (m->norm_copy) m->be->free(m->be, m->norm_copy);
+  if (m->master_on_host) m->be->host_free(m->be, m->params);
+  else m->be->free(m->be, m->params);
   m->be->free(m->be, m->grads);
   for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
   free(m->chunks);
@@ -209,6 +250,7 @@ static float normal_at(uint64_t key, uint64_t i) {
 }
 
 void model_sync_compute_weights(model *m) {
+  model_sync_norms(m);
   if (m->params_c != (void *)m->params) m->be->cast(m->be, m->params_c, m->be->act, m->params, K_F32, m->n_params);
   model_fp8_weights_changed(m);
 }
@@ -228,7 +270,7 @@ void model_init_weights(model *m, uint64_t seed) {
         uint64_t idx = (uint64_t)((t->start[0] + r) * t->full[1] + t->start[1] + c);
         host[r * t->count[1] + c] = init == 2 ? 1.0f : std * normal_at(key, idx);
       }
-    m->be->from_host(m->be, t->p, host, (size_t)t->n_elem * sizeof(float));
+    m->be->from_host(m->be, m->params + t->offset, host, (size_t)t->n_elem * sizeof(float));
     free(host);
   }
   model_sync_compute_weights(m);

@@ -51,7 +51,8 @@ typedef struct model_tensor {
   int64_t n_elem;         // count product
   int64_t offset;         // in the flat parameter / gradient buffers
   int tp_replicated;      // same values on every tp rank (norms): counted once in norms
-  float *p, *g;           // fp32 master weights and gradients
+  float *p, *g;           // fp32 weights forward reads (the master; m->norm_copy for a norm when
+                          // master_on_host) and gradients
   void *pc;               // compute copy in the backend's activation dtype (= p when that is fp32)
 } model_tensor;
 
@@ -88,7 +89,9 @@ typedef struct model {
   model_tensor *tensors;  // (n_tensors), in flat-buffer order
   int n_tensors;
   model_chunk *chunks;    // (vpp)
-  float *params, *grads;  // (n_params) flat, in backend memory
+  float *params, *grads;  // (n_params) flat, in backend memory (params: host memory when master_on_host)
+  int master_on_host;     // params in the backend's host memory (host_alloc; optimizer.offload)
+  float *norm_copy;       // master_on_host: the norm weights forward reads, in backend memory; else NULL
   void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32
   size_t act_bytes;       // element size of the backend's activation dtype
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
@@ -116,6 +119,9 @@ void model_stage_layers(const model_config *mc, const model_layout *ml, int vsta
 // the activation sizes. dp pads the flat buffer to a multiple of dp.
 void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be);
 void model_free(model *m);
+// n_bytes of the backend's host memory (host_alloc) for `what`; a refusal ends the job with a
+// message naming the bytes and the fix.
+void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what);
 // Deterministic init, independent of the layout: element (i) of a full tensor gets a value
 // from (seed, tensor name, i), so every layout starts from the same weights.
 void model_init_weights(model *m, uint64_t seed);
@@ -140,6 +146,8 @@ int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int a
 void model_set_timing(model *m, step_timing *t);
 // Refreshes the compute copy of the weights from the fp32 masters (after init, load, update).
 void model_sync_compute_weights(model *m);
+// Refreshes m->norm_copy from the masters (with master_on_host; else nothing to do).
+void model_sync_norms(model *m);
 // Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.
 void model_dims_compute(model_dims *dm, const model_config *mc, int micro_batch, int tp, int tp_rank, int sp);
 

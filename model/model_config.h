@@ -53,6 +53,7 @@ typedef struct model_layout {
   int micro_batch;           // sequences per micro-batch
   model_recompute recompute;
   model_fp8_config fp8;
+  int master_on_host;        // bool: the fp32 master weights in the backend's host memory (optimizer.offload)
 } model_layout;
 
 #endif

@@ -4,7 +4,8 @@
 # op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
 # compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), FP8 block
-# scaling's parity, killing a rank of a dp2 run, sampling on the GPU against the CPU, and the
+# scaling's parity, killing a rank of a dp2 run, the optimizer state in host memory (both engines
+# against the on-GPU optimizer, resume), sampling on the GPU against the CPU, and the
 # default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
 # instead of NCCL, which needs a GPU
@@ -69,6 +70,13 @@ LAYOUTS
 step "bitwise resume of int8 with error feedback on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh int8_ef parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05 > '$logs/resume_int8_ef.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_int8_ef.log'; exit \$r"
 export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
+# Optimizer state in host memory: both engines, fractions 1 and 0.5, against the on-GPU optimizer
+# over 20 steps within 2e-2 relative (the cpu engine's host arithmetic may round differently from
+# the GPU kernel's; a last-bit change of a master weight can flip a bf16 rounding of the compute
+# copy); resume with offload bitwise; the delayed update; on 1 GPU and on dp2 with the
+# distributed optimizer.
+step "offload vs the on-GPU optimizer on 1 GPU (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda' sh tests/test_offload.sh one 1 > '$logs/offload_one.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_one.log'; exit \$r"
+step "offload on dp2 with the distributed optimizer on $on (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_offload.sh dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true > '$logs/offload_dp2_distopt.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_dp2_distopt.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash -c "sh tests/test_sample_gpu.sh > '$logs/sample_gpu.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/sample_gpu.log'; exit \$r"
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"

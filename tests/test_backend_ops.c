@@ -310,6 +310,53 @@ static void test_memory(void) {
   dev_free(d2);
 }
 
+// Host memory the device addresses (host_alloc) and the copy stream, as the offloaded optimizer
+// uses them: zero-filled, copies both ways with tickets and joins, and the multi-tensor AdamW
+// with the master weights and moments in host memory and the gradient in backend memory giving
+// the same bits as with everything in backend memory (the same kernel reads them in place).
+static void test_host_memory(void) {
+  const int64_t n = 3000;
+  float *h = G->host_alloc(G, n * sizeof(float)), *src = malloc(n * sizeof(float));
+  EXPECT(h != NULL, "[%s] host_alloc of %lld bytes", LABEL, (long long)(n * 4));
+  if (!h) return free(src);
+  int zero = 1;
+  for (int64_t i = 0; i < n; i++) zero &= h[i] == 0.0f, src[i] = (float)i * 0.5f - 7.0f;
+  EXPECT(zero, "[%s] host_alloc must be zero-filled", LABEL);
+  float *d = dev_putf(src, n), *d2 = G->alloc(G, n * sizeof(float));
+  int64_t t1 = G->copy_async(G, h, d, n * sizeof(float));  // after the upload queued on the compute stream
+  G->copy_wait(G, t1);
+  EXPECT(memcmp(h, src, n * sizeof(float)) == 0, "[%s] copy_async device -> host, after copy_wait", LABEL);
+  for (int64_t i = 0; i < n; i++) h[i] = -h[i];
+  G->copy_async(G, d2, h, n * sizeof(float));
+  G->copy_join(G);  // the compute stream's next work (to_host) sees the copy
+  float *back = dev_getf(d2, n);
+  int neg = 1;
+  for (int64_t i = 0; i < n; i++) neg &= back[i] == -src[i];
+  EXPECT(neg, "[%s] copy_async host -> device, after copy_join", LABEL);
+  free(back);
+  // AdamW over two ranges: p, m, v in host memory against the same in backend memory.
+  float *hp = G->host_alloc(G, n * sizeof(float)), *hm = G->host_alloc(G, n * sizeof(float));
+  float *hv = G->host_alloc(G, n * sizeof(float));
+  float *g0 = malloc(n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) {
+    hp[i] = src[i] * 0.01f, hm[i] = 0.001f * (float)(i % 7), hv[i] = 1e-4f * (float)(i % 5), g0[i] = (float)(i % 11) - 5.0f;
+  }
+  float *dp = dev_putf(hp, n), *dm = dev_putf(hm, n), *dv = dev_putf(hv, n), *dg = dev_putf(g0, n);
+  const k_range r[2] = {{0, 1000, 1, 500}, {1000, 1500, 0, 1500}};
+  void *pc_d = G->alloc(G, n * k_dtype_bytes(G->act)), *pc_h = G->alloc(G, n * k_dtype_bytes(G->act));
+  G->adamw_ranges(G, dp, pc_d, G->act, dg, dm, dv, r, 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f);
+  G->adamw_ranges(G, hp, pc_h, G->act, dg, hm, hv, r, 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f);
+  G->sync(G);
+  float *ep = dev_getf(dp, n), *em = dev_getf(dm, n), *ev = dev_getf(dv, n);
+  float *cd = dev_get_typed(pc_d, n, G->act), *ch = dev_get_typed(pc_h, n, G->act);
+  EXPECT(memcmp(ep, hp, n * 4) == 0 && memcmp(em, hm, n * 4) == 0 && memcmp(ev, hv, n * 4) == 0,
+         "[%s] adamw_ranges on host memory: master weights and moments as in backend memory", LABEL);
+  EXPECT(memcmp(cd, ch, n * 4) == 0, "[%s] adamw_ranges on host memory: the compute copy as in backend memory", LABEL);
+  free(ep), free(em), free(ev), free(cd), free(ch), free(g0), free(src);
+  dev_free(dp), dev_free(dm), dev_free(dv), dev_free(dg), dev_free(d), dev_free(d2), dev_free(pc_d), dev_free(pc_h);
+  G->host_free(G, h), G->host_free(G, hp), G->host_free(G, hm), G->host_free(G, hv);
+}
+
 // ---------------------------------------------------------------------------------------------
 // gemm. Shapes {kind, ta, tb, M, N, K} {alpha, beta}: GEMM_ONE one product; GEMM_GRID the same
 // with alpha, beta taken in turn from GEMM_AB by the shape's index; GEMM_ACCUM the weight
@@ -1433,6 +1480,7 @@ static void run_backend(const char *kind, k_dtype act) {
          "make_backend(%s, act %d) gave backend %s with act %d", kind, (int)act, G->name, (int)G->act);
   printf("== %s on %s%s\n", LABEL, G->device_name, EXACT ? " (the reference itself: every comparison exact)" : "");
   test_memory();
+  test_host_memory();
   check_backend_extras();
   int n_run[N_OPS] = {0};
   const unsigned act_bit = G->act == K_BF16 ? ACT_BF16 : ACT_F32;

@@ -9,6 +9,7 @@
 #include "kernels/cuda/attn_decode.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/optim_cuda.h"
+#include "kernels/cuda/host_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cpu/fp8_cpu.h"  // k_fp8_device_check
 #include "kernels/cuda/attn_cudnn.h"
@@ -34,6 +35,8 @@ void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes) {
 // Memory. Pointers given to from_host/to_host are ordinary (pageable) host memory: a pageable
 // host-to-device cudaMemcpyAsync returns once the source is staged, so the caller may reuse it
 // at once; device-to-host is followed by a stream sync because the caller reads the result.
+// Backend memory may also be pinned host memory (host_alloc, e.g. offloaded master weights):
+// every copy is cudaMemcpyDefault, which finds the direction from the pointers.
 
 static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   void *p = NULL;
@@ -51,18 +54,18 @@ static void cuda_free(k_backend *b, void *p) {
 static void cuda_to_host(k_backend *b, void *dst_host, const void *src, size_t n_bytes) {
   if (!n_bytes) return;
   cudaStream_t s = k_cuda_ctx_of(b)->stream;
-  CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n_bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n_bytes, cudaMemcpyDefault, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 static void cuda_from_host(k_backend *b, void *dst, const void *src_host, size_t n_bytes) {
   if (!n_bytes) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n_bytes, cudaMemcpyHostToDevice, k_cuda_ctx_of(b)->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n_bytes, cudaMemcpyDefault, k_cuda_ctx_of(b)->stream));
 }
 
 static void cuda_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
   if (!n_bytes || dst == src) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, k_cuda_ctx_of(b)->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDefault, k_cuda_ctx_of(b)->stream));
 }
 
 static void cuda_zero(k_backend *b, void *p, size_t n_bytes) {
@@ -182,6 +185,7 @@ static void cuda_release(k_backend *b) {
   k_cuda_lt_free(&c->lt);
   k_cudnn_attn_free(&c->cudnn);
   k_cuda_optim_free(&c->optim);
+  k_cuda_copy_free(&c->copy);
   CUBLAS_CHECK(cublasDestroy(c->cublas));
   CUDA_CHECK(cudaFree(c->cublas_ws));
   CUDA_CHECK(cudaFree(c->scratch));
@@ -236,6 +240,11 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->zero = cuda_zero;
   b->sync = cuda_sync;
   b->mem_used = cuda_mem_used;
+  b->host_alloc = k_cuda_host_alloc;
+  b->host_free = k_cuda_host_free;
+  b->copy_async = k_cuda_copy_async;
+  b->copy_wait = k_cuda_copy_wait;
+  b->copy_join = k_cuda_copy_join;
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);

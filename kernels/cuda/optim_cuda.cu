@@ -30,9 +30,10 @@ struct range_table {
   int64_t total;       // elements of all ranges
 };
 
-// One copy per caller list (the optimizer passes a few fixed lists every step, e.g. one per
-// piece of its shard); a list not seen before takes the least recently used slot.
-enum { RANGE_TABLES = 32 };
+// One copy per caller list (the optimizer passes fixed lists every step: one per piece of its
+// shard, and with optimizer.offload one per bucket of the host share); a list not seen before
+// takes the least recently used slot.
+enum { RANGE_TABLES = 1024 };
 struct range_cache {
   range_table t[RANGE_TABLES];
   unsigned long long used[RANGE_TABLES], clock;

@@ -29,11 +29,12 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
   // With ZeRO the update runs piece by piece, each piece's all-gathers starting as soon as it is
   // updated, so that they overlap the update of the next pieces.
   o->n_pieces = o->zero ? OPT_PIECES : 1;
-  o->exp_avg = be->alloc(be, (size_t)o->shard_n * sizeof(float));
-  o->exp_avg_sq = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   opt_layout_build(o);
   if (grad_compress_on(oc, m->g->dp)) o->gc = grad_compress_init(o);
+  opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
+  o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
+  o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   if (o->zero && m->params_c != (void *)m->params)
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
 
@@ -70,6 +71,7 @@ void opt_free(opt_state *o) {
   if (o->grad_shard) be->free(be, o->grad_shard);
   grad_compress_free(&o->gc, be);
   if (o->norm_pack) be->free(be, o->norm_pack);
+  opt_offload_free(o);
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->piece_first);
@@ -189,7 +191,9 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   double t1 = o->timing ? timing_now(be) : 0;
   trace_pop_range();
   trace_push_range("optimizer");
+  opt_offload_join(o);  // offload_delay: the previous step's host update, before its slots are reused
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
+  opt_offload_copy_grads(o, grad);  // the cpu engine's copies run beside the norm
   // With the sum of squares, the count of non-finite FP8 amaxes of the step (model/fp8.h).
   double sums[2] = {be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges), model_fp8_count_nonfinite(m)};
   comm *w = m->g->world;
@@ -205,6 +209,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments
     // and FP8 scaling state stay finite (the caller stops the run or skips the step, and
     // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
+    be->copy_join(be);  // the cpu engine's gradient copies read m->grads
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     model_fp8_discard_step(m);
     trace_pop_range();
@@ -221,25 +226,50 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // (opt_get_params gathers them) except the norms, which forward reads in fp32
   // (opt_share_norms).
   void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
+  // With offload, the piece's device share updates first (queued), then its host buckets.
   for (int k = 0; k < o->n_pieces; k++) {
-    int r0 = o->piece_first[k];
-    be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0,
-                     o->piece_first[k + 1] - r0, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2,
-                     g_scale);
+    int r0 = o->piece_first[k], r1 = o->piece_first[k + 1] < o->n_dev_ranges ? o->piece_first[k + 1] : o->n_dev_ranges;
+    if (r1 > r0)
+      be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0, r1 - r0, lr,
+                       hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
     int b0 = o->piece_bucket[k], nb = o->piece_bucket[k + 1] - b0;
+    opt_offload_update(o, b0, b0 + nb, grad, lr, bc1, bc2, g_scale);
+    be->copy_join(be);  // the cpu engine's new weights are in place before they are gathered or read
     if (o->zero && nb > 0)
       dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb,
                                         be->act == K_BF16 ? COMM_BF16 : COMM_F32);
   }
+  opt_offload_norms_back(o);  // the device share's norms, which forward reads through m->params
   if (o->norm_pack) opt_share_norms(o);
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
   if (o->norm_pack) opt_unpack_norms(o);
+  model_sync_norms(m);
   model_fp8_weights_changed(m);
+  opt_offload_start_delayed(o, lr, bc1, bc2, g_scale);  // after the norms: it writes master weights
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;
     o->timing->optimizer += timing_now(be) - t1;
   }
   return norm;
+}
+
+void opt_flush(opt_state *o) {
+  opt_offload_join(o);
+  if (!o->upload_pending) return;
+  model *m = o->m;
+  k_backend *be = m->be;
+  comm *dc = m->g->dp_c;
+  opt_offload_update(o, 0, o->n_buckets, NULL, 0, 0, 0, 0);  // the copies back
+  o->upload_pending = 0;
+  be->copy_join(be);
+  if (o->zero)
+    dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo, o->bucket_len, o->n_buckets,
+                                      be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+  if (o->norm_pack) opt_share_norms(o);
+  if (o->zero) dc->ops->wait(dc);
+  if (o->norm_pack) opt_unpack_norms(o);
+  model_sync_norms(m);
+  model_fp8_weights_changed(m);
 }

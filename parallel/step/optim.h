@@ -3,7 +3,8 @@
 // backward (with the distributed optimizer, ZeRO-1, each bucket reduce-scattered: every rank
 // updates its part of every bucket), the global gradient norm, clipping, the update, and (ZeRO-1)
 // the all-gather of the updated compute weights.
-// Parameters are fp32 and are the master weights; moments are fp32.
+// Parameters are fp32 and are the master weights; moments are fp32. With optimizer.offload=host
+// the master weights and a share of the moments live in host memory (optim_offload.c).
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
 
@@ -51,6 +52,42 @@ typedef struct opt_state {
   k_range *norm_all;        // every norm tensor: offset in norm_pack, p_offset flat
   k_range *norm_own;        // the norm elements this rank updates, the same way
   int n_norm_all, n_norm_own;
+  // optimizer.offload (optim_offload.c). Buckets [0, n_host) (the highest, which backward
+  // finishes first) keep their state in host memory: their master weights in m->params (host
+  // memory, flat) and their moments in host_m / host_v; in shard order they are [dev_n,
+  // shard_n), and host_m / host_v are indexed from dev_n. The other buckets (shard [0, dev_n))
+  // keep theirs in backend memory: moments in exp_avg / exp_avg_sq and, with offload, master
+  // weights in dev_master (shard order; their elements of m->params are then stale except the
+  // norms, copied back after every update). Without offload n_host is 0, dev_n shard_n, and
+  // upd_ranges[0, n_dev_ranges) update the whole shard as before; with offload n_dev_ranges is
+  // 0 and every bucket updates on its own (opt_offload_update).
+  int n_host;
+  int64_t dev_n;
+  int n_dev_ranges;
+  float *host_m, *host_v;   // (shard_n - dev_n) backend host memory
+  float *dev_master;        // (dev_n) backend memory, offload only
+  k_range *part_ranges;     // bucket b's update ranges from part_first[b], offsets from its part's start
+  int *part_first;          // (n_buckets + 1)
+  k_range *dev_norms;       // the norm elements of the device share: offset in dev_master, p_offset flat
+  int n_dev_norms;
+  // The cpu engine (offload_update=cpu) takes the host buckets from the lowest (j = 0 is bucket
+  // n_host - 1): bucket j's gradient part is copied into slot j % n_slots of host_g (ticket
+  // grad_ticket[j]), the host's cores update it and write the new compute weights into the same
+  // slot of host_pc, which is copied back into the compute copy; then the copy of bucket
+  // j + n_slots starts into the freed slot.
+  int n_slots;
+  int64_t slot_elem;        // elements of a slot: the longest bucket part
+  float *host_g;            // (n_slots, slot_elem)
+  void *host_pc;            // (n_slots, slot_elem) in the backend's activation dtype
+  int64_t *grad_ticket;     // (n_host)
+  int64_t last_ticket;      // the newest copy queued
+  const float *grad_src;    // the gradient the copies read (this step's)
+  // offload_delay: every host bucket has its own slot; the host update of a step runs on a thread
+  // of its own (struct opt_delay, optim_offload.c) until the next step's opt_step (or opt_flush)
+  // joins it, and its new compute weights wait in host_pc (upload_pending) for that step to
+  // copy them back.
+  struct opt_delay *delay;
+  int upload_pending;
 } opt_state;
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
@@ -58,6 +95,36 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
 // Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);
+// optimizer.offload (optim_offload.c): after opt_layout_build, splits the buckets into the host
+// share and the device share and allocates the host state.
+void opt_offload_init(opt_state *o);
+void opt_offload_free(opt_state *o);
+// The cpu engine: copies the host share's gradient (grad: m->grads, or the ZeRO shard) to host.
+void opt_offload_copy_grads(opt_state *o, const float *grad);
+// Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece);
+// with offload_delay it copies back the results of the previous step's update instead.
+void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
+                        float g_scale);
+// offload_delay: joins the host update in flight, if any (its results then await upload);
+// and, once this step's update of the device share is queued, starts the host update of this
+// step's gradients on the update thread.
+void opt_offload_join(opt_state *o);
+void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale);
+// Collective. Completes an update that offload_delay left in flight: joins it and puts its
+// weights in place (compute copy, gathered over dp with ZeRO, and the norms), as a step would.
+// Checkpoints call it first, so a run resumed from one continues bitwise. No-op otherwise.
+void opt_flush(opt_state *o);
+// This rank's shard of the first (which 0) or second (1) moment, device share then host share,
+// into host memory (shard_n elements); and back.
+void opt_moment_to_host(opt_state *o, int which, float *shard_host);
+void opt_moment_from_host(opt_state *o, int which, const float *shard_host);
+// The device share's master weights (dev_master) into this rank's shard of host memory
+// (shard_host: shard order, or flat without ZeRO), over what was read from m->params; and
+// from m->params after it was loaded (opt_set_params).
+void opt_offload_params_to_host(opt_state *o, float *shard_host);
+void opt_offload_take_params(opt_state *o);
+// After the device share's update: its norm elements back into m->params (see above).
+void opt_offload_norms_back(opt_state *o);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
@@ -76,5 +143,8 @@ double opt_step(opt_state *o, float lr, int64_t t);
 void opt_get_params(opt_state *o, float *params_host);
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);
+// m->params was loaded (a checkpoint, Hugging Face weights): the optimizer takes its master
+// weights from it where it keeps them elsewhere (offload's device share).
+void opt_set_params(opt_state *o);
 
 #endif

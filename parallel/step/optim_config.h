@@ -1,6 +1,6 @@
 // The optimizer's configuration: AdamW's hyper-parameters and how gradients are synchronised
-// over data-parallel ranks. app/config.c fills it from the run's config (keys of the train and
-// parallel sections, docs/config.md).
+// over data-parallel ranks, and where its state lives. app/config.c fills it from the run's config
+// (keys of the train, parallel and optimizer sections, docs/config.md).
 #ifndef TRAINER_OPTIM_CONFIG_H
 #define TRAINER_OPTIM_CONFIG_H
 
@@ -19,6 +19,12 @@ typedef struct opt_config {
   float bucket_mb;            // DP gradient bucket size in MiB
   comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
   int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step
+  // optimizer.offload (docs/config.md): state in the backend's host memory. cfg_validate sets
+  // offload and offload_cpu from the section's strings.
+  int offload;                // bool: offload=host
+  int offload_cpu;            // bool: offload_update=cpu (the host's cores update); else the GPU, zero-copy
+  float offload_fraction;     // share of the buckets whose state is in host memory
+  int offload_delay;          // 1: step k's host update runs during step k + 1 (offload_update=cpu)
 } opt_config;
 
 #endif

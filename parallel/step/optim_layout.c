@@ -123,16 +123,14 @@ static void gather_host(opt_state *o, const float *mine, float *host) {
   free(tmp);
 }
 
-// This rank's shard of a flat fp32 array in backend memory (shard order; the whole array
-// without ZeRO), whole into host memory in flat order.
-static void gather_or_copy(opt_state *o, const float *shard, float *host) {
-  k_backend *be = o->m->be;
+// This rank's shard of a moment (opt_moment_to_host), whole into host memory in flat order.
+static void gather_moment(opt_state *o, int which, float *host) {
   if (!o->zero) {
-    be->to_host(be, host, shard, (size_t)o->m->n_params * sizeof(float));
+    opt_moment_to_host(o, which, host);  // the shard is the flat buffer
     return;
   }
   float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));
-  be->to_host(be, mine, shard, (size_t)o->shard_n * sizeof(float));
+  opt_moment_to_host(o, which, mine);
   gather_host(o, mine, host);
   free(mine);
 }
@@ -141,7 +139,8 @@ void opt_get_params(opt_state *o, float *params_host) {
   model *m = o->m;
   k_backend *be = m->be;
   if (!o->zero) {
-    gather_or_copy(o, m->params, params_host);
+    be->to_host(be, params_host, m->params, (size_t)m->n_params * sizeof(float));
+    opt_offload_params_to_host(o, params_host);  // the shard is the flat buffer
     return;
   }
   float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));  // this rank's part of every bucket
@@ -149,33 +148,34 @@ void opt_get_params(opt_state *o, float *params_host) {
     const opt_bucket *k = &o->buckets[b];
     be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
+  opt_offload_params_to_host(o, mine);
   gather_host(o, mine, params_host);
   free(mine);
 }
 
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
-  gather_or_copy(o, o->exp_avg, exp_avg_host);
-  gather_or_copy(o, o->exp_avg_sq, exp_avg_sq_host);
+  gather_moment(o, 0, exp_avg_host);
+  gather_moment(o, 1, exp_avg_sq_host);
 }
 
-// This rank's shard of a whole flat host array, into backend memory.
-static void scatter_or_copy(opt_state *o, const float *host, float *shard) {
-  k_backend *be = o->m->be;
-  size_t n_bytes = (size_t)o->shard_n * sizeof(float);
+// This rank's shard of a whole flat host array of a moment, into the optimizer's state.
+static void scatter_moment(opt_state *o, int which, const float *host) {
   if (!o->zero) {
-    be->from_host(be, shard, host, n_bytes);
+    opt_moment_from_host(o, which, host);
     return;
   }
-  float *tmp = XMALLOC(n_bytes);
+  float *tmp = XMALLOC((size_t)o->shard_n * sizeof(float));
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
     memcpy(tmp + k->shard_off, host + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
-  be->from_host(be, shard, tmp, n_bytes);
+  opt_moment_from_host(o, which, tmp);
   free(tmp);
 }
 
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
-  scatter_or_copy(o, exp_avg_host, o->exp_avg);
-  scatter_or_copy(o, exp_avg_sq_host, o->exp_avg_sq);
+  scatter_moment(o, 0, exp_avg_host);
+  scatter_moment(o, 1, exp_avg_sq_host);
 }
+
+void opt_set_params(opt_state *o) { opt_offload_take_params(o); }

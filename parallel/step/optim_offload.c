@@ -1,0 +1,260 @@
+// The optimizer's state in host memory (optimizer.offload=host; see optim.h). The fp32 master
+// weights (m->params, allocated in the backend's host memory by model_init) and the moments of
+// the host share of the buckets live there; the gradients and the compute copy stay in backend
+// memory, and so does the whole state of the other buckets (the device share: dev_master and
+// the moments, updated on the GPU as without offload). Two engines update the host share:
+//   gpu: the multi-tensor AdamW kernel reads the gradient in device memory and reads and writes
+//        the master weights and moments in host memory in place (mapped memory, zero-copy);
+//   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
+//        AdamW on it (k_cpu_adamw_ranges, the reference arithmetic) and the new compute weights
+//        go back per bucket while the next bucket updates.
+// With optimizer.offload_delay the cpu engine's update of step k runs on a thread of its own
+// while step k + 1's forward and backward run (opt_offload_start_delayed, opt_offload_join).
+// Every call is made per bucket part, with pointers moved to the part's start, so the
+// gradient (shard order), the host moments (host order), the master and the compute copy (flat
+// order) each keep their own indexing and no pointer leaves its array.
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "kernels/check.h"
+#include "kernels/cpu/optim_cpu.h"
+#include "parallel/step/optim.h"
+
+// This rank's part of bucket k, in flat elements.
+static int64_t part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+// Every bucket's update ranges, bucket by bucket, with offset and p_offset counted from the
+// start of the bucket's part (the two agree: a part is contiguous in the shard and flat); and
+// the norm elements of the device share's parts.
+static void build_part_ranges(opt_state *o) {
+  const model *m = o->m;
+  int cap = 1;
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->part_ranges = XCALLOC(cap, sizeof(k_range));
+  o->dev_norms = XCALLOC(cap, sizeof(k_range));
+  o->part_first = XCALLOC(o->n_buckets + 1, sizeof(int));
+  int n = 0;
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    const int64_t plo = part_lo(o, k);
+    o->part_first[b] = n;
+    for (int i = 0; i < o->n_upd_ranges; i++) {
+      const k_range *r = &o->upd_ranges[i];
+      if (r->offset < k->shard_off || r->offset >= k->shard_off + k->len) continue;
+      o->part_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - plo};
+    }
+    for (int i = k->t_lo; b >= o->n_host && i < k->t_hi; i++) {
+      const model_tensor *t = &m->tensors[i];
+      int64_t lo = t->offset > plo ? t->offset : plo, hi = t->offset + t->n_elem;
+      if (hi > plo + k->len) hi = plo + k->len;
+      if (t->tp_replicated && hi > lo) o->dev_norms[o->n_dev_norms++] = (k_range){k->shard_off + lo - plo, hi - lo, 0, lo};
+    }
+  }
+  o->part_first[o->n_buckets] = n;
+}
+
+// The delayed host update: its thread and the hyper-parameters of the step it updates.
+struct opt_delay {
+  pthread_t thread;
+  int running;
+  float lr, bc1, bc2, g_scale;
+};
+
+// Buckets of the cpu engine in flight at once: copied to host, updating, copied back. Enough to
+// keep the copy engines and the cores busy together; the host memory they take is a few buckets.
+enum { OFFLOAD_SLOTS = 4 };
+
+static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
+  return model_host_alloc(o->m->be, (size_t)(n_elem ? n_elem : 1) * elem_bytes, what);
+}
+
+void opt_offload_init(opt_state *o) {
+  const opt_config *c = &o->cfg;
+  o->n_host = c->offload ? (int)lround(c->offload_fraction * o->n_buckets) : 0;
+  if (o->n_host > o->n_buckets) o->n_host = o->n_buckets;
+  o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
+  o->n_dev_ranges = c->offload ? 0 : o->n_upd_ranges;
+  if (!c->offload) return;
+  int64_t n_host_elem = o->shard_n - o->dev_n;
+  o->host_m = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
+  o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
+  build_part_ranges(o);
+  o->dev_master = o->m->be->alloc(o->m->be, (size_t)(o->dev_n ? o->dev_n : 1) * sizeof(float));
+  opt_offload_take_params(o);  // the weights model_init_weights left in m->params
+  if (!c->offload_cpu) return;
+  // A delayed update reads its gradients while the next step makes new ones: every bucket a slot.
+  o->n_slots = o->n_host < OFFLOAD_SLOTS || c->offload_delay ? o->n_host : OFFLOAD_SLOTS;
+  if (c->offload_delay) o->delay = XCALLOC(1, sizeof *o->delay);
+  for (int b = 0; b < o->n_host; b++)
+    if (o->buckets[b].len > o->slot_elem) o->slot_elem = o->buckets[b].len;
+  o->host_g = host_state(o, o->n_slots * o->slot_elem, sizeof(float), "the gradients' host copy");
+  o->host_pc = host_state(o, o->n_slots * o->slot_elem, o->m->act_bytes, "the compute weights' host copy");
+  o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
+}
+
+void opt_offload_free(opt_state *o) {
+  k_backend *be = o->m->be;
+  opt_offload_join(o);
+  free(o->delay);
+  o->delay = NULL;
+  void *host[] = {o->host_m, o->host_v, o->host_g, o->host_pc};
+  for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+    if (host[i]) be->host_free(be, host[i]);
+  o->host_m = o->host_v = o->host_g = NULL;
+  o->host_pc = NULL;
+  if (o->dev_master) be->free(be, o->dev_master);
+  o->dev_master = NULL;
+  free(o->part_ranges);
+  free(o->part_first);
+  free(o->dev_norms);
+  free(o->grad_ticket);
+  o->part_ranges = o->dev_norms = NULL;
+  o->part_first = NULL;
+  o->grad_ticket = NULL;
+}
+
+// Starts the copy of the cpu engine's host bucket j (counted from the lowest) into its slot.
+static void copy_grad(opt_state *o, int j) {
+  k_backend *be = o->m->be;
+  const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
+  o->grad_ticket[j] = o->last_ticket = be->copy_async(be, o->host_g + (j % o->n_slots) * o->slot_elem,
+                                                      o->grad_src + k->shard_off, (size_t)k->len * sizeof(float));
+}
+
+void opt_offload_copy_grads(opt_state *o, const float *grad) {
+  if (!o->host_g) return;
+  o->grad_src = grad;
+  for (int j = 0; j < o->n_slots; j++) copy_grad(o, j);
+}
+
+// Host memory only (the update thread runs it): AdamW on the host's cores over host bucket b from
+// the gradient in its slot, into the master weights, the moments and the slot's new compute weights.
+static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, float g_scale) {
+  model *m = o->m;
+  const opt_config *hp = &o->cfg;
+  const opt_bucket *k = &o->buckets[b];
+  const int64_t hoff = k->shard_off - o->dev_n, slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
+  const int n = o->part_first[b + 1] - o->part_first[b];
+  k_cpu_adamw_ranges(m->params + part_lo(o, k), (char *)o->host_pc + slot * (int64_t)m->act_bytes, m->be->act,
+                     o->host_g + slot, o->host_m + hoff, o->host_v + hoff, o->part_ranges + o->part_first[b], n, lr,
+                     hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+}
+
+// Copies host bucket b's new compute weights from its slot into the compute copy. The slot's
+// ticket becomes this copy's: the copy stream runs in order, so waiting for it also waits for
+// the slot's gradient, and the slot's new weights are not overwritten before they are sent.
+static void copy_back(opt_state *o, int b) {
+  model *m = o->m;
+  const opt_bucket *k = &o->buckets[b];
+  const int j = o->n_host - 1 - b;
+  const int64_t slot = (j % o->n_slots) * o->slot_elem;
+  o->grad_ticket[j] = o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
+                                     (char *)o->host_pc + slot * (int64_t)m->act_bytes, (size_t)k->len * m->act_bytes);
+}
+
+// The cpu engine's update of host bucket b within its step: its gradient's host copy, the host
+// update, the new weights back while the next bucket updates; its slot then takes the gradient
+// of bucket j + n_slots (the copy stream runs in order: the copy back ends before it lands).
+static void update_on_host(opt_state *o, int b, float lr, float bc1, float bc2, float g_scale) {
+  const int j = o->n_host - 1 - b;
+  o->m->be->copy_wait(o->m->be, o->grad_ticket[j]);
+  adamw_on_host(o, b, lr, bc1, bc2, g_scale);
+  copy_back(o, b);
+  if (j + o->n_slots < o->n_host) copy_grad(o, j + o->n_slots);
+}
+
+// The update thread: each bucket as soon as its gradient has landed (and its slot's previous
+// weights have gone back), while the main thread goes on to the next step.
+static void *delayed_update(void *arg) {
+  opt_state *o = arg;
+  const struct opt_delay *d = o->delay;
+  for (int b = o->n_host - 1; b >= 0; b--) {
+    o->m->be->copy_wait(o->m->be, o->grad_ticket[o->n_host - 1 - b]);
+    adamw_on_host(o, b, d->lr, d->bc1, d->bc2, d->g_scale);
+  }
+  return NULL;
+}
+
+void opt_offload_join(opt_state *o) {
+  if (!o->delay || !o->delay->running) return;
+  CHECK(pthread_join(o->delay->thread, NULL) == 0, "cannot join the optimizer's host update thread");
+  o->delay->running = 0;
+  o->upload_pending = 1;
+}
+
+void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale) {
+  if (!o->delay || o->n_host == 0) return;
+  struct opt_delay *d = o->delay;
+  o->upload_pending = 0;
+  // The copies queued on the compute stream that read or write the master weights (the norms'
+  // refresh, their ZeRO exchange) are done before the thread writes them.
+  o->m->be->sync(o->m->be);
+  d->lr = lr, d->bc1 = bc1, d->bc2 = bc2, d->g_scale = g_scale;
+  CHECK(pthread_create(&d->thread, NULL, delayed_update, o) == 0, "cannot start the optimizer's host update thread");
+  d->running = 1;
+}
+
+void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
+                        float g_scale) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  const opt_config *hp = &o->cfg;
+  if (!hp->offload) return;  // upd_ranges update everything (opt_step)
+  for (int asc = asc_lo; asc < asc_hi; asc++) {
+    const int b = o->n_buckets - 1 - asc;
+    const opt_bucket *k = &o->buckets[b];
+    const k_range *r = o->part_ranges + o->part_first[b];
+    const int n = o->part_first[b + 1] - o->part_first[b];
+    const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
+    char *pc = (char *)m->params_c + plo * (int64_t)m->act_bytes;
+    if (b >= o->n_host) {  // the device share: all of its state in backend memory
+      be->adamw_ranges(be, o->dev_master + k->shard_off, pc, be->act, grad + k->shard_off, o->exp_avg + k->shard_off,
+                       o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
+                       bc2, g_scale);
+    } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
+      if (o->upload_pending) copy_back(o, b);
+    } else if (hp->offload_cpu) {
+      update_on_host(o, b, lr, bc1, bc2, g_scale);
+    } else {
+      be->adamw_ranges(be, m->params + plo, pc, be->act, grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n,
+                       lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+    }
+  }
+}
+
+void opt_offload_norms_back(opt_state *o) {
+  k_backend *be = o->m->be;
+  for (int i = 0; i < o->n_dev_norms; i++) {
+    const k_range *r = &o->dev_norms[i];
+    be->copy(be, o->m->params + r->p_offset, o->dev_master + r->offset, (size_t)r->n_elem * sizeof(float));
+  }
+}
+
+void opt_offload_params_to_host(opt_state *o, float *shard_host) {
+  if (o->dev_master) o->m->be->to_host(o->m->be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
+}
+
+void opt_offload_take_params(opt_state *o) {
+  k_backend *be = o->m->be;
+  for (int b = o->n_host; o->dev_master && b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    be->copy(be, o->dev_master + k->shard_off, o->m->params + part_lo(o, k), (size_t)k->len * sizeof(float));
+  }
+}
+
+void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
+  k_backend *be = o->m->be;
+  be->to_host(be, shard_host, which ? o->exp_avg_sq : o->exp_avg, (size_t)o->dev_n * sizeof(float));
+  be->sync(be);  // the gpu engine's kernels have written the host share
+  if (o->n_host)
+    memcpy(shard_host + o->dev_n, which ? o->host_v : o->host_m, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
+}
+
+void opt_moment_from_host(opt_state *o, int which, const float *shard_host) {
+  k_backend *be = o->m->be;
+  be->sync(be);  // no update in flight reads the host share
+  be->from_host(be, which ? o->exp_avg_sq : o->exp_avg, shard_host, (size_t)o->dev_n * sizeof(float));
+  if (o->n_host)
+    memcpy(which ? o->host_v : o->host_m, shard_host + o->dev_n, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
+}
