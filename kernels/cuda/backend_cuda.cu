@@ -40,7 +40,17 @@ void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes) {
 
 static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   void *p = NULL;
-  CUDA_CHECK(cudaMalloc(&p, n_bytes ? n_bytes : 1));
+  cudaError_t rc = cudaMalloc(&p, n_bytes ? n_bytes : 1);
+  if (rc == cudaErrorMemoryAllocation) {
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();  // clear the failed allocation's error before asking for the free memory
+    cudaMemGetInfo(&free_b, &total_b);
+    CHECK(0,
+          "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB on %s; --dry-run shows what the run needs: "
+          "lower train.micro_batch, set train.recompute, optimizer.offload=host, or spread the model over more GPUs",
+          n_bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, b->device_name);
+  }
+  CUDA_CHECK(rc);
   // Zero-filled is the contract (the CPU backend uses calloc); ordered before any op on the stream.
   if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, k_cuda_ctx_of(b)->stream));
   return p;
