@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/validate_8gpu.sh (issue 6's 8-GPU validation) on 8 CPU ranks with a tiny model: the
+# scripts/validate_8gpu.sh (the 8-GPU validation) on 8 CPU ranks with a tiny model: the
 # five 8-GPU layout configs of the 7B model train, their loss curves agree with tp2 dp4's, the
 # DP weak-scaling runs finish, and the summary is printed.
 . "$(dirname "$0")/lib.sh"
