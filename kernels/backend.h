@@ -189,6 +189,11 @@ typedef struct k_backend {
   // is known before it is made (delayed scaling): a pass over the tensor fewer.
   void (*swiglu_fwd_fp8)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
                          uint8_t *out8, float *amax);
+  // rmsnorm_fwd_act, then fp8_cast of y (E4M3, per-tensor *scale, out8 the codes, no transpose),
+  // in one pass: y, rstd, out8 and *amax bit for bit those of the two ops in a row on this
+  // backend (the codes from y as stored in the act dtype). Same use as swiglu_fwd_fp8.
+  void (*rmsnorm_fwd_fp8)(struct k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                          float eps, const float *scale, uint8_t *out8, float *amax);
   // FP8 block scaling (fp8.recipe=block): E4M3 with an fp32 scale per 1 x 128 or 128 x 128 tile
   // from the tile's own amax; semantics, rounding and the scale arrays' layouts are those of
   // kernels/cpu/fp8_cpu.h (k_cpu_fp8_cast_block, k_cpu_gemm_fp8_block), bit for bit for the cast.

@@ -165,6 +165,12 @@ static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t 
   k_cpu_swiglu_fwd(gu, out, rows, n);
   k_cpu_fp8_cast(out, rows, n, *scale, K_E4M3, out8, NULL, amax);
 }
+static void cpu_rmsnorm_fwd_fp8(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                                float eps, const float *scale, uint8_t *out8, float *amax) {
+  (void)b;
+  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
+  k_cpu_fp8_cast(y, rows, d, *scale, K_E4M3, out8, NULL, amax);
+}
 static void cpu_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
                                uint8_t *out_t, float *scale_inv_t, float *amax) {
   (void)b;
@@ -266,6 +272,7 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->quant_i8 = cpu_quant_i8;
   b->dequant_i8 = cpu_dequant_i8;
   b->swiglu_fwd_fp8 = cpu_swiglu_fwd_fp8;
+  b->rmsnorm_fwd_fp8 = cpu_rmsnorm_fwd_fp8;
   b->fp8_cast_block = cpu_fp8_cast_block;
   b->gemm_fp8_block = cpu_gemm_fp8_block;
   return b;

@@ -222,24 +222,39 @@ static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const v
   gemm_rows(m, r1, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
 }
 
+// The block's projections (weights wq|wk|wv, wo, w_gate|w_up, w_down), each in FP8 where
+// train.precision=fp8 puts its layer (model/fp8.h), else in the act dtype.
+static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_layer_on(m, ly->wq->layer); }
+
 // hn (rows, d) act = norm(x) inside the region; rstd (rs) saved. The norm writes this rank's
 // rows, already in the GEMM's dtype, and their gather starts (SP); gemm_gathered or
-// tp_gather_finish completes it.
-static void norm_enter_start(model *m, const float *x, const float *w, float *rstd, void *hn) {
+// tp_gather_finish completes it. With ly, hn is the input of ly's projection p: where its FP8
+// scale is known before hn is made (model_fp8_fused_cast) and this rank makes every row (no SP
+// gather: the other ranks' rows would arrive in the act dtype and need their own cast), the norm
+// writes hn's FP8 codes and amax too, a pass over hn fewer. hn is still written in the act dtype:
+// the weight gradient casts the saved input again, transposed (model_fp8_wgrad); the forward's
+// codes share one buffer over the layers and are gone by then. Making the transposed codes here
+// would cost strided byte stores in the norm, or a transpose pass over the codes, plus a saved
+// copy per layer; re-reading hn once in the backward is the simpler trade.
+static void norm_enter_start(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd,
+                             void *hn) {
   const model_dims *dm = &m->dims;
   const tp_region *R = &m->work->region;
-  m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  const float *scale;
+  uint8_t *codes;
+  float *amax;
+  void *own = at(m, hn, tp_own_row(R) * dm->d);
+  if (ly && enter_is_copy(R) && fp8_on(m, ly) && model_fp8_fused_cast(m, ly->fp8, p, &scale, &codes, &amax))
+    m->be->rmsnorm_fwd_fp8(m->be, x, w, own, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale, codes, amax);
+  else
+    m->be->rmsnorm_fwd_act(m->be, x, w, own, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
   tp_gather_start(R, hn, dm->d, m->be->act);
 }
 
 static void norm_enter(model *m, const float *x, const float *w, float *rstd, void *hn) {
-  norm_enter_start(m, x, w, rstd, hn);
+  norm_enter_start(m, NULL, 0, x, w, rstd, hn);
   tp_gather_finish(&m->work->region);
 }
-
-// The block's projections (weights wq|wk|wv, wo, w_gate|w_up, w_down), each in FP8 where
-// train.precision=fp8 puts its layer (model/fp8.h), else in the act dtype.
-static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_layer_on(m, ly->wq->layer); }
 
 // c (r1 - r0, N) = rows [r0, r1) of a (rows, K) times w^T, into ct with beta 0 or 1. In FP8 the
 // whole of a was cast by model_fp8_cast_input first.
@@ -403,13 +418,13 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
 
-  norm_enter_start(m, xin, ly->attn_norm->p, L.rstd1, L.hf);
+  norm_enter_start(m, ly, FP8_QKV, xin, ly->attn_norm->p, L.rstd1, L.hf);
   proj_fwd_gathered(m, ly, ly->wq, FP8_QKV, qkvd, d, L.hf, L.qkv, A);
   be->rope(be, L.qkv, B, T, nh + nkv, hd, qkvd, 0, theta, 0);  // q and k heads are adjacent in a row
   be->attn_fwd(be, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, B, T, nh, nkv, hd);
   proj_residual(m, ly, ly->wo, FP8_O, L.att, qd, xin, L.x2);
 
-  norm_enter_start(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
+  norm_enter_start(m, ly, FP8_UP, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
   proj_fwd_gathered(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, L.h2f, L.gu, A);
   swiglu_fwd_into_down(m, ly, &L);
   proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);

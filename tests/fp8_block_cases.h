@@ -1,6 +1,7 @@
-// The FP8 block-scaling rows of the op suite (fp8_cast_block, gemm_fp8_block), and SwiGLU with
-// the FP8 codes of its output (swiglu_fwd_fp8): a part of
-// tests/test_backend_ops.c, included once by it after tests/fp8_cases.h, whose helpers it uses.
+// The FP8 block-scaling rows of the op suite (fp8_cast_block, gemm_fp8_block), and SwiGLU and
+// RMSNorm with the FP8 codes of their output (swiglu_fwd_fp8, rmsnorm_fwd_fp8): a part of
+// tests/test_backend_ops.c, included once by it after tests/fp8_cases.h and the RMSNorm rows,
+// whose helpers it uses.
 // The reference is kernels/cpu/fp8_cpu.h: the cast (codes, scales, padding untouched, amax) bit
 // for bit on every backend; the GEMM within the bounds its row states, and bitwise on the CPU.
 #ifndef TRAINER_TESTS_FP8_BLOCK_CASES_H
@@ -195,5 +196,47 @@ static void run_swiglu_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
 static const op_shape swiglu_fwd_fp8_shapes[] = {SHF(16, 0, 1, 1, 0),    SHF(4, 0, 7, 13, 0),  SHF(0.5, 0, 4, 1000, 1),
                                                  SHF(64, 0, 64, 256, 0), SHF(2, 0, 70001, 8, 0), SHF(8, 0, 3, 300008, 1),
                                                  SHF(1024, 0, 256, 768, 1)};
+
+// rmsnorm_fwd_fp8: y and rstd against k_cpu_rmsnorm_fwd within rmsnorm_fwd_act's bounds, and y,
+// rstd, the codes and the amax bit for bit against this backend's rmsnorm_fwd_act then fp8_cast
+// on the same input (its definition). Shapes SHF(scale, 0, rows, d, inject) (rms_make's x, w):
+// the widths take each of the forward's paths (one warp per row, one block per row, element by
+// element); odd shapes write the codes one byte past an aligned address and start the amax above
+// every |y| (it must stay).
+
+static void run_rmsnorm_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
+  char what[128];
+  rms_in r = rms_make(s);
+  const float scale = (float)s->f[0], a0 = idx % 2 ? 1e30f : 0.0f;
+  float *d_x = dev_putf(r.x, r.n), *d_w = dev_putf(r.w, r.d);
+  float *d_r = G->alloc(G, sizeof(float) * r.rows), *d_r2 = G->alloc(G, sizeof(float) * r.rows);
+  void *d_y = dev_alloc_act(r.n), *d_y2 = dev_alloc_act(r.n);
+  uint8_t *d_c = G->alloc(G, (size_t)r.n + 1), *d_c2 = G->alloc(G, (size_t)r.n + 1), *codes = d_c + idx % 2;
+  float *d_s = dev_putf(&scale, 1), *d_a = dev_putf(&a0, 1), *d_a2 = dev_putf(&a0, 1);
+  G->rmsnorm_fwd_fp8(G, d_x, d_w, d_y, d_r, r.rows, r.d, 1e-5f, d_s, codes, d_a);
+  G->rmsnorm_fwd_act(G, d_x, d_w, d_y2, d_r2, r.rows, r.d, 1e-5f);
+  G->fp8_cast(G, d_y2, r.rows, r.d, d_s, K_E4M3, d_c2, NULL, d_a2);
+  float *ya = copy_buf(r.y, r.n);
+  round_act(ya, r.n);
+  snprintf(what, sizeof what, "rmsnorm_fwd_fp8 y%s scale %g", r.what, scale);
+  compare_act(what, d_y, ya, r.n, tol_act(c));
+  float a1, a2;
+  G->to_host(G, &a1, d_a, sizeof a1);
+  G->to_host(G, &a2, d_a2, sizeof a2);
+  const size_t yb = k_dtype_bytes(G->act) * (size_t)r.n;
+  EXPECT(dev_equal_bytes(d_y, d_y2, yb) && dev_equal_bytes(d_r, d_r2, sizeof(float) * (size_t)r.rows) &&
+             dev_equal_bytes(codes, d_c2, (size_t)r.n) && memcmp(&a1, &a2, 4) == 0,
+         "[%s] %s: y, rstd, codes or amax (%.9g, want %.9g) not bitwise rmsnorm_fwd_act then fp8_cast's", LABEL, what,
+         a1, a2);
+  free(ya);
+  rms_free(&r);
+  dev_free(d_x), dev_free(d_w), dev_free(d_r), dev_free(d_r2), dev_free(d_y), dev_free(d_y2), dev_free(d_c);
+  dev_free(d_c2), dev_free(d_s), dev_free(d_a), dev_free(d_a2);
+}
+
+static const op_shape rmsnorm_fwd_fp8_shapes[] = {
+    SHF(16, 0, 1, 1, 0),      SHF(4, 0, 7, 13, 0),       SHF(64, 0, 33, 64, 0),  SHF(2, 0, 1000, 1024, 0),
+    SHF(0.5, 0, 130, 257, 1), SHF(8, 0, 64, 4096, 1),    SHF(1, 0, 20, 8193, 0), SHF(32, 0, 3, 20000, 0),
+    SHF(448, 0, 517, 768, 1), SHF(1024, 0, 40000, 8, 0)};
 
 #endif

@@ -15,25 +15,12 @@
 // deterministic, and no float atomics are used.
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_cuda.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
-#include <cuda_fp8.h>
 #include <float.h>
 
 enum { T8 = 64, T8_LD = T8 + 4, T8_THREADS = 256 };  // tile side, shared row stride (bytes), threads
-
-template <k_fp8 F>
-__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
-  const float m = F == K_E4M3 ? 448.0f : 57344.0f;
-  const __nv_fp8_interpretation_t fi = F == K_E4M3 ? __NV_E4M3 : __NV_E5M2;
-  uint32_t r = __nv_cvt_float2_to_fp8x2(make_float2(fminf(fmaxf(a, -m), m), fminf(fmaxf(b, -m), m)), __NV_SATFINITE, fi);
-  if (a != a) r = (r & 0xff00u) | 0x7fu;
-  if (b != b) r = (r & 0x00ffu) | 0x7f00u;
-  return r;
-}
-
-// |x| bits as an unsigned integer (the amax's order).
-__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
 // Block-wide max of v, then one atomicMax into *amax by thread 0, skipped when the block's max
 // is not larger (the result is the same either way).

@@ -1,5 +1,6 @@
 // CUDA ops other than GEMM, attention, cross-entropy (ce_cuda.cu) and the optimizer
-// (optim_cuda.cu): dtype cast, RMSNorm, rotary embedding, SwiGLU, vocab-parallel embedding and
+// (optim_cuda.cu): dtype cast, RMSNorm (and the one with FP8 codes of its output, whose
+// conversion is fp8_cuda.cuh's), rotary embedding, SwiGLU, vocab-parallel embedding and
 // the residual add. Semantics are those of kernels/cpu/ops_cpu.h; expressions are
 // written in the CPU reference's order so the two round alike. The act-typed ops (rope, SwiGLU)
 // are templates over the element type (float, bf16): loads widen to fp32, the math is fp32,
@@ -13,6 +14,7 @@
 // kernel; the embedding gradient sorts token positions by row (a stable radix sort) and sums
 // each row's gradients in token order, the order of the CPU reference, so it matches it bitwise.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_cuda.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
 #include <cub/device/device_radix_sort.cuh>
@@ -96,8 +98,20 @@ extern "C" void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const voi
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
+// The FP8 codes a fused RMSNorm writes beside y (rmsnorm_fwd_fp8): E4M3 with *scale, and the amax,
+// both of y as stored in its dtype, as fp8_cast reading y would; F8 false: none.
+struct rn_fp8 {
+  const float *scale;
+  uint8_t *out8;
+  float *amax;
+};
+
+// y as stored, read back: the value fp8_cast would see.
 template <typename Y>
-__global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd, int d, float eps) {
+__device__ __forceinline__ float rn_rounded(float v) { return k_ld(k_st<Y>(v)); }
+
+template <typename Y, bool F8>
+__global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd, int d, float eps, rn_fp8 q) {
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
   const float *xr = x + r * d;
@@ -107,7 +121,18 @@ __global__ void k_rmsnorm_fwd(const float *x, const float *w, Y *y, float *rstd,
   ss = k_block_sum(ss, sh);
   const float rs = 1.0f / sqrtf(ss / (float)d + eps);
   if (threadIdx.x == 0) rstd[r] = rs;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) yr[j] = k_st<Y>(xr[j] * rs * w[j]);
+  const float sc = F8 ? *q.scale : 0.0f;
+  uint32_t m = 0;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const Y v = k_st<Y>(xr[j] * rs * w[j]);
+    yr[j] = v;
+    if (F8) {
+      const float f = k_ld(v);
+      m = max(m, abs_bits(f));
+      q.out8[r * d + j] = (uint8_t)fp8x2<K_E4M3>(f * sc, 0.0f);
+    }
+  }
+  if (F8) amax_commit_warp(m, q.amax);
 }
 
 // The same on float4 vectors (d a multiple of 4, x, w, y 16-byte aligned; bf16 y needs 8), the
@@ -130,9 +155,17 @@ __device__ __forceinline__ void rn_store4<k_bf16>(k_bf16 *y, int64_t i4, float a
                                      (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(d)) << 16);
 }
 
-template <typename Y, int NV, bool WARP>
+// With F8, the four codes of a vector as one 4-byte store (out8 4-byte aligned) or four.
+__device__ __forceinline__ void rn_codes4(uint8_t *out8, int64_t i4, float a, float b, float c, float d, float s) {
+  const uint32_t w = fp8x2<K_E4M3>(a * s, b * s) | fp8x2<K_E4M3>(c * s, d * s) << 16;
+  uint8_t *o = out8 + 4 * i4;
+  if ((uintptr_t)o % 4 == 0) *(uint32_t *)o = w;
+  else o[0] = (uint8_t)w, o[1] = (uint8_t)(w >> 8), o[2] = (uint8_t)(w >> 16), o[3] = (uint8_t)(w >> 24);
+}
+
+template <typename Y, int NV, bool WARP, bool F8>
 __global__ void __launch_bounds__(RN_THREADS)
-    k_rmsnorm_fwd_vec(const float4 *x, const float4 *w, Y *y, float *rstd, int64_t rows, int d4, float eps) {
+    k_rmsnorm_fwd_vec(const float4 *x, const float4 *w, Y *y, float *rstd, int64_t rows, int d4, float eps, rn_fp8 q) {
   __shared__ float sh[32];
   const int lane = WARP ? threadIdx.x & 31 : threadIdx.x, T = WARP ? 32 : blockDim.x;
   const int64_t r = WARP ? blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
@@ -151,42 +184,55 @@ __global__ void __launch_bounds__(RN_THREADS)
   ss = WARP ? k_warp_sum(ss) : k_block_sum(ss, sh);
   const float rs = 1.0f / sqrtf(ss / (float)(4 * d4) + eps);
   if (lane == 0) rstd[r] = rs;
+  const float sc = F8 ? *q.scale : 0.0f;
+  uint32_t m = 0;
 #pragma unroll
   for (int k = 0; k < NV; k++) {
     const int i = lane + k * T;
     if (i < d4) {
       const float4 wv = __ldg(w + i);
-      rn_store4<Y>(y, r * d4 + i, v[k].x * rs * wv.x, v[k].y * rs * wv.y, v[k].z * rs * wv.z, v[k].w * rs * wv.w);
+      const float a = v[k].x * rs * wv.x, b = v[k].y * rs * wv.y, c = v[k].z * rs * wv.z, e = v[k].w * rs * wv.w;
+      rn_store4<Y>(y, r * d4 + i, a, b, c, e);
+      if (F8) {
+        const float ra = rn_rounded<Y>(a), rb = rn_rounded<Y>(b), rc = rn_rounded<Y>(c), re = rn_rounded<Y>(e);
+        m = max(m, max(max(abs_bits(ra), abs_bits(rb)), max(abs_bits(rc), abs_bits(re))));
+        rn_codes4(q.out8, r * d4 + i, ra, rb, rc, re, sc);
+      }
     }
   }
+  if (F8) amax_commit_warp(m, q.amax);
 }
 
 template <typename Y, int NV, bool WARP>
 static void rmsnorm_fwd_vec_go(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d4, float eps,
-                               int th, cudaStream_t s) {
+                               rn_fp8 q, int th, cudaStream_t s) {
   const int64_t nb = WARP ? (rows + th / 32 - 1) / (th / 32) : rows;
-  k_rmsnorm_fwd_vec<Y, NV, WARP><<<(unsigned)nb, th, 0, s>>>((const float4 *)x, (const float4 *)w, y, rstd, rows, d4,
-                                                              eps);
+  if (q.out8)
+    k_rmsnorm_fwd_vec<Y, NV, WARP, true><<<(unsigned)nb, th, 0, s>>>((const float4 *)x, (const float4 *)w, y, rstd, rows,
+                                                                     d4, eps, q);
+  else
+    k_rmsnorm_fwd_vec<Y, NV, WARP, false><<<(unsigned)nb, th, 0, s>>>((const float4 *)x, (const float4 *)w, y, rstd, rows,
+                                                                      d4, eps, q);
   CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_vec");
 }
 
 // Runs the vector kernel if the shape and pointers allow it; false otherwise.
 template <typename Y>
-static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps,
+static bool rmsnorm_fwd_vec(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps, rn_fp8 q,
                             cudaStream_t s) {
   const int d4 = d / 4;
   if (d % 4 || !k_aligned16((uintptr_t)x | (uintptr_t)w) || (uintptr_t)y % (4 * sizeof(Y)) || d4 > 8 * RN_THREADS)
     return false;
-  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, 256, s);
-  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, 256, s);
-  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, 256, s);
-  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, 256, s);
+  if (d4 <= 32) rmsnorm_fwd_vec_go<Y, 1, true>(x, w, y, rstd, rows, d4, eps, q, 256, s);
+  else if (d4 <= 64) rmsnorm_fwd_vec_go<Y, 2, true>(x, w, y, rstd, rows, d4, eps, q, 256, s);
+  else if (d4 <= 128) rmsnorm_fwd_vec_go<Y, 4, true>(x, w, y, rstd, rows, d4, eps, q, 256, s);
+  else if (d4 <= 256) rmsnorm_fwd_vec_go<Y, 8, true>(x, w, y, rstd, rows, d4, eps, q, 256, s);
   else {
     const int nv = d4 <= 2 * RN_THREADS ? 2 : d4 <= 4 * RN_THREADS ? 4 : 8;
     const int th = ((d4 + nv - 1) / nv + 31) / 32 * 32;
-    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, th, s);
-    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, th, s);
-    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, th, s);
+    if (nv == 2) rmsnorm_fwd_vec_go<Y, 2, false>(x, w, y, rstd, rows, d4, eps, q, th, s);
+    else if (nv == 4) rmsnorm_fwd_vec_go<Y, 4, false>(x, w, y, rstd, rows, d4, eps, q, th, s);
+    else rmsnorm_fwd_vec_go<Y, 8, false>(x, w, y, rstd, rows, d4, eps, q, th, s);
   }
   return true;
 }
@@ -236,20 +282,35 @@ __global__ void k_rmsnorm_bwd_dw_sum(const float *part, float *dw, int d, int n_
   dw[j] += s;
 }
 
-extern "C" void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
-                                       float eps) {
+// rmsnorm_fwd_act, and with q.out8 the FP8 codes and amax of y too: the path (vector or scalar)
+// is chosen from x, w, y and d alone, so y and rstd are those of rmsnorm_fwd_act either way.
+template <typename Y>
+static void rmsnorm_fwd_go(const float *x, const float *w, Y *y, float *rstd, int64_t rows, int d, float eps, rn_fp8 q,
+                           cudaStream_t s) {
+  if (rmsnorm_fwd_vec<Y>(x, w, y, rstd, rows, d, eps, q, s)) return;
+  if (q.out8) k_rmsnorm_fwd<Y, true><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps, q);
+  else k_rmsnorm_fwd<Y, false><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, y, rstd, d, eps, q);
+  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd");
+}
+
+static void rmsnorm_fwd_any(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                            float eps, rn_fp8 q) {
   if (rows <= 0 || d <= 0) return;
   CHECK(rows <= INT_MAX, "rmsnorm: %lld rows is more than one launch takes", (long long)rows);
   const k_cuda_ctx *c = k_cuda_ctx_of(b);
-  cudaStream_t s = c->stream;
-  if (c->act == K_BF16 ? rmsnorm_fwd_vec<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps, s)
-                       : rmsnorm_fwd_vec<float>(x, w, (float *)y, rstd, rows, d, eps, s))
-    return;
-  if (c->act == K_BF16)
-    k_rmsnorm_fwd<k_bf16><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (k_bf16 *)y, rstd, d, eps);
-  else
-    k_rmsnorm_fwd<float><<<(unsigned)rows, row_threads(d), 0, s>>>(x, w, (float *)y, rstd, d, eps);
-  CUDA_LAUNCH_CHECK("k_rmsnorm_fwd_act");
+  if (c->act == K_BF16) rmsnorm_fwd_go<k_bf16>(x, w, (k_bf16 *)y, rstd, rows, d, eps, q, c->stream);
+  else rmsnorm_fwd_go<float>(x, w, (float *)y, rstd, rows, d, eps, q, c->stream);
+}
+
+extern "C" void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                                       float eps) {
+  rmsnorm_fwd_any(b, x, w, y, rstd, rows, d, eps, rn_fp8{NULL, NULL, NULL});
+}
+
+extern "C" void k_cuda_rmsnorm_fwd_fp8(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows,
+                                       int d, float eps, const float *scale, uint8_t *out8, float *amax) {
+  CHECK(out8 && scale && amax, "rmsnorm_fwd_fp8: scale, codes and amax are required");
+  rmsnorm_fwd_any(b, x, w, y, rstd, rows, d, eps, rn_fp8{scale, out8, amax});
 }
 
 extern "C" void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx,

@@ -55,6 +55,9 @@ void k_cuda_rmsnorm_bwd(k_backend *b, const float *dy, const float *x, const flo
 void k_cuda_rmsnorm_bwd_act(k_backend *b, const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                             void *dx_act, int64_t rows, int d);
 void k_cuda_rmsnorm_fwd_act(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d, float eps);
+// rmsnorm_fwd_act writing the FP8 codes and amax of y too (rmsnorm_fwd_act then fp8_cast, bit for bit).
+void k_cuda_rmsnorm_fwd_fp8(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
+                            float eps, const float *scale, uint8_t *out8, float *amax);
 void k_cuda_rope(k_backend *b, void *x, int B, int T, int H, int hd, int64_t ld, int pos0, float theta, int inverse);
 void k_cuda_swiglu_fwd(k_backend *b, const void *gu, void *out, int64_t rows, int n);
 void k_cuda_swiglu_bwd(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n);
