@@ -128,25 +128,12 @@ static void run_gemm_fp8_block(const op_case *c, const op_shape *s, int idx) {
   G->gemm_fp8_block(G, M, N, K, dA, at, d_sa, dB, bt, d_sb, beta, dC, ct);
   G->gemm_fp8_block(G, M, N, K, dA, at, d_sa, dB, bt, d_sb, beta, dC2, ct);
   float *got = dev_get_typed(dC, nc, ct);
-  const double tol_rnd = ct == K_BF16 ? 1.0 / 256 : 0.0, tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
-  double ss_err = 0.0, ss_ref = 0.0, worst = 0.0;
-  int nan_ok = 1;
-  for (int64_t i = 0; i < nc; i++) {
-    if (isnan(got[i]) || isnan(ref[i])) {
-      nan_ok = 0;
-      continue;
-    }
-    const double e = (double)got[i] - ref[i], b0 = beta == 0.0f ? 0.0 : fabs((double)beta * C0[i]);
-    ss_err += e * e, ss_ref += (double)ref[i] * ref[i];
-    const double rel = fabs(e) / (t.elem * (bound[i] + b0) + tol_rnd * fabs((double)ref[i]) + 1e-30);
-    if (rel > worst) worst = rel;
-  }
-  const double norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err / (ss_ref + 1e-30));
-  const int64_t n_diff = EXACT ? n_bits_differ(got, ref, nc) : 0;
-  EXPECT(nan_ok && norm <= tol_norm && worst <= 1.0 && n_diff == 0,
+  const double tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
+  const fp8_gemm_err r = fp8_gemm_measure(got, ref, bound, C0, beta, nc, t.elem, ct);
+  EXPECT(r.nan_ok && r.norm <= tol_norm && r.worst <= 1.0 && r.n_diff == 0,
          "[%s] gemm_fp8_block M=%d N=%d K=%d tiles %d x %d C %s beta %g: nan_ok %d, norm err %.3g (bound %.3g), "
          "worst/bound %.3g, %lld elements not bitwise equal (checked when exact)", LABEL, M, N, K, at, bt,
-         ct == K_BF16 ? "bf16" : "f32", beta, nan_ok, norm, tol_norm, worst, (long long)n_diff);
+         ct == K_BF16 ? "bf16" : "f32", beta, r.nan_ok, r.norm, tol_norm, r.worst, (long long)r.n_diff);
   EXPECT(dev_equal_bytes(dC, dC2, k_dtype_bytes(ct) * (size_t)nc),
          "[%s] gemm_fp8_block M=%d N=%d K=%d not bitwise repeatable", LABEL, M, N, K);
   free(A), free(B), free(sa), free(sb), free(C0), free(bound), free(ref), free(got);

@@ -130,6 +130,36 @@ static const op_shape fp8_cast_shapes[] = {
 // model. With fast accumulation the reduced-precision sum runs over all of K (the error grows
 // with K, ~1-2% of |C| at K=4096 as measured by others), hence 2^-5 and a 5e-2 normalised error.
 
+// How an FP8 GEMM's C (got) meets the bounds above against ref: no NaN on either side, the
+// normalised error, the worst |got - ref| over its element bound (elem * (bound + |beta C0|) +
+// bf16 C's rounding), and (EXACT) the elements whose bits differ. gemm_fp8 and gemm_fp8_block
+// share it.
+typedef struct fp8_gemm_err {
+  int nan_ok;
+  double norm, worst;
+  int64_t n_diff;
+} fp8_gemm_err;
+
+static fp8_gemm_err fp8_gemm_measure(const float *got, const float *ref, const float *bound, const float *C0, float beta,
+                                     int64_t nc, double elem, k_dtype ct) {
+  const double tol_rnd = ct == K_BF16 ? 1.0 / 256 : 0.0;
+  fp8_gemm_err r = {.nan_ok = 1};
+  double ss_err = 0.0, ss_ref = 0.0;
+  for (int64_t i = 0; i < nc; i++) {
+    if (isnan(got[i]) || isnan(ref[i])) {
+      r.nan_ok = 0;
+      continue;
+    }
+    const double e = (double)got[i] - ref[i], b0 = beta == 0.0f ? 0.0 : fabs((double)beta * C0[i]);
+    ss_err += e * e, ss_ref += (double)ref[i] * ref[i];
+    const double rel = fabs(e) / (elem * (bound[i] + b0) + tol_rnd * fabs((double)ref[i]) + 1e-30);
+    if (rel > r.worst) r.worst = rel;
+  }
+  r.norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err / (ss_ref + 1e-30));
+  r.n_diff = EXACT ? n_bits_differ(got, ref, nc) : 0;
+  return r;
+}
+
 static void run_gemm_fp8(const op_case *c, const op_shape *s, int idx) {
   const int M = (int)s->i[0], N = (int)s->i[1], K = (int)s->i[2], c_f32 = (int)s->i[5], fast = (int)s->i[6];
   const k_fp8 af = (k_fp8)s->i[3], bf = (k_fp8)s->i[4];
@@ -162,25 +192,12 @@ static void run_gemm_fp8(const op_case *c, const op_shape *s, int idx) {
   G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC, ct, fast);
   G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC2, ct, fast);
   float *got = dev_get_typed(dC, nc, ct);
-  const double tol_rnd = ct == K_BF16 ? 1.0 / 256 : 0.0, tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
-  double ss_err = 0.0, ss_ref = 0.0, worst = 0.0;
-  int nan_ok = 1;
-  for (int64_t i = 0; i < nc; i++) {
-    if (isnan(got[i]) || isnan(ref[i])) {
-      nan_ok = 0;
-      continue;
-    }
-    const double e = (double)got[i] - ref[i], b0 = beta == 0.0f ? 0.0 : fabs((double)beta * C0[i]);
-    ss_err += e * e, ss_ref += (double)ref[i] * ref[i];
-    const double rel = fabs(e) / (t.elem * (bound[i] + b0) + tol_rnd * fabs((double)ref[i]) + 1e-30);
-    if (rel > worst) worst = rel;
-  }
-  const double norm = ss_err == 0.0 ? 0.0 : sqrt(ss_err / (ss_ref + 1e-30));
-  const int64_t n_diff = EXACT ? n_bits_differ(got, ref, nc) : 0;
-  EXPECT(nan_ok && norm <= tol_norm && worst <= 1.0 && n_diff == 0,
+  const double tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
+  const fp8_gemm_err r = fp8_gemm_measure(got, ref, bound, C0, beta, nc, t.elem, ct);
+  EXPECT(r.nan_ok && r.norm <= tol_norm && r.worst <= 1.0 && r.n_diff == 0,
          "[%s] gemm_fp8 M=%d N=%d K=%d %s x %s C %s beta %g fast_accum %d: nan_ok %d, norm err %.3g (bound %.3g), "
          "worst/bound %.3g, %lld elements not bitwise equal (checked when exact)", LABEL, M, N, K, k_fp8_name(af),
-         k_fp8_name(bf), ct == K_BF16 ? "bf16" : "f32", beta, fast, nan_ok, norm, tol_norm, worst, (long long)n_diff);
+         k_fp8_name(bf), ct == K_BF16 ? "bf16" : "f32", beta, fast, r.nan_ok, r.norm, tol_norm, r.worst, (long long)r.n_diff);
   EXPECT(dev_equal_bytes(dC, dC2, k_dtype_bytes(ct) * (size_t)nc), "[%s] gemm_fp8 M=%d N=%d K=%d not bitwise repeatable",
          LABEL, M, N, K);
   free(A), free(B), free(fa), free(fb), free(C0), free(ref), free(bound), free(got);
