@@ -188,24 +188,25 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   return rc;
 }
 
-// What extra state the checkpoint at path holds, from its stored config: FP8 scaling state
-// (*has_fp8), the LM head's FP8 state (*has_head: fp8.head), and error feedback's residual
-// (*res_dp: the dp it was written with; 0 = none, also for a config this build does not read).
-// 0, or ckpt_load's error.
+// What extra state the checkpoint at path holds, from its stored config, read once: FP8
+// scaling state (*has_fp8: train.precision fp8), the LM head's FP8 state (*has_head:
+// fp8.head), and error feedback's residual (*res_dp: the dp it was written with; 0 = none). All
+// 0 for a stored config this build does not read. 0, or ckpt_load's error.
 static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *has_head, int *res_dp, char *err,
                             size_t n_err) {
   ckpt_meta meta = {0};
   int rc = ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err);
   if (rc != 0) return rc;
-  *has_fp8 = meta.config_yaml && strstr(meta.config_yaml, "precision: \"fp8\"") != NULL;
-  *has_head = *has_fp8 && strstr(meta.config_yaml, "\n  head: true") != NULL;
   cfg stored;
   char msg[256];
-  *res_dp = 0;
-  if (meta.config_yaml && cfg_load_string(&stored, meta.config_yaml, path, msg, sizeof msg) == 0 &&
-      cfg_validate(&stored, 0, msg, sizeof msg) == 0 && grad_compress_on(&stored.optim, stored.parallel.dp) &&
-      stored.optim.grad_error_feedback)
-    *res_dp = stored.parallel.dp;
+  *has_fp8 = *has_head = *res_dp = 0;
+  if (meta.config_yaml && cfg_load_string(&stored, meta.config_yaml, path, msg, sizeof msg) == 0) {
+    *has_fp8 = strcmp(stored.train.precision, "fp8") == 0;
+    *has_head = *has_fp8 && stored.fp8.head;
+    if (cfg_validate(&stored, 0, msg, sizeof msg) == 0 && grad_compress_on(&stored.optim, stored.parallel.dp) &&
+        stored.optim.grad_error_feedback)
+      *res_dp = stored.parallel.dp;
+  }
   free((void *)meta.config_yaml);
   return 0;
 }
