@@ -137,6 +137,7 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
     if (o->t_group[i] == grp && ++o->t_count[i] == o->n_micro && !o->t_final[i]) opt_tensor_final(o, i);
   // While backward runs: on the overlap communicator when there is one (fewer SMs).
   opt_start_buckets(o, o->m->g->dp_overlap ? o->m->g->dp_overlap : o->m->g->dp_c);
+  opt_offload_grads_final(o);
 }
 
 // With ZeRO and a separate compute copy, the fp32 master weights outside this rank's shard are

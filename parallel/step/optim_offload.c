@@ -10,11 +10,15 @@
 //        go back per bucket while the next bucket updates.
 // With optimizer.offload_delay the cpu engine's update of step k runs on a thread of its own
 // while step k + 1's forward and backward run (opt_offload_start_delayed, opt_offload_join).
+// With dp = 1 a host bucket's gradient is final as soon as backward has finished it, so its copy
+// to host starts then, beside the rest of backward, as far as free slots allow
+// (opt_offload_grads_final); with dp > 1 the copies start after the DP reduction.
 // Every call is made per bucket part, with pointers moved to the part's start, so the
 // gradient (shard order), the host moments (host order), the master and the compute copy (flat
 // order) each keep their own indexing and no pointer leaves its array.
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/check.h"
@@ -58,6 +62,7 @@ static void build_part_ranges(opt_state *o) {
 struct opt_delay {
   pthread_t thread;
   int running;
+  atomic_int done;  // the thread has updated every bucket (joining it does not block)
   float lr, bc1, bc2, g_scale;
 };
 
@@ -125,7 +130,26 @@ static void copy_grad(opt_state *o, int j) {
 void opt_offload_copy_grads(opt_state *o, const float *grad) {
   if (!o->host_g) return;
   o->grad_src = grad;
-  for (int j = 0; j < o->n_slots; j++) copy_grad(o, j);
+  for (int j = o->n_early; j < o->n_slots; j++) copy_grad(o, j);
+  o->n_early = 0;
+}
+
+// Whether host bucket j's gradient is final this step.
+static int host_bucket_final(const opt_state *o, int j) {
+  const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
+  for (int i = k->t_lo; i < k->t_hi; i++)
+    if (!o->t_final[i]) return 0;
+  return 1;
+}
+
+void opt_offload_grads_final(opt_state *o) {
+  if (!o->host_g || o->m->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
+  if (o->n_early == 0 && o->delay && o->delay->running) {
+    if (!atomic_load(&o->delay->done)) return;  // its slots are still being read: copy at opt_step
+    opt_offload_join(o);
+  }
+  o->grad_src = o->m->grads;
+  for (; o->n_early < o->n_slots && host_bucket_final(o, o->n_early); o->n_early++) copy_grad(o, o->n_early);
 }
 
 // Host memory only (the update thread runs it): AdamW on the host's cores over host bucket b from
@@ -173,6 +197,7 @@ static void *delayed_update(void *arg) {
     o->m->be->copy_wait(o->m->be, o->grad_ticket[o->n_host - 1 - b]);
     adamw_on_host(o, b, d->lr, d->bc1, d->bc2, d->g_scale);
   }
+  atomic_store(&o->delay->done, 1);
   return NULL;
 }
 
@@ -191,6 +216,7 @@ void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, flo
   // refresh, their ZeRO exchange) are done before the thread writes them.
   o->m->be->sync(o->m->be);
   d->lr = lr, d->bc1 = bc1, d->bc2 = bc2, d->g_scale = g_scale;
+  atomic_store(&d->done, 0);
   CHECK(pthread_create(&d->thread, NULL, delayed_update, o) == 0, "cannot start the optimizer's host update thread");
   d->running = 1;
 }
