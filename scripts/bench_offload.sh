@@ -6,7 +6,8 @@
 # optimizer time, which with offload holds the exposed copies and host update) and peak device
 # memory, as means over the steps after the first two.
 #   scripts/bench_offload.sh [BIN_DIR (default build)] [STEPS (default 10)] [extra trainer overrides]
-# OMP_NUM_THREADS sets the cores of the cpu engine's AdamW (default: all of the host's).
+# OMP_NUM_THREADS sets the cores of the cpu engine's AdamW (default: all of the host's);
+# BENCH_OFFLOAD_SHAPES="1b 7b" the shapes (default both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build}; steps=${2:-10}; shift $(( $# > 2 ? 2 : $# ))
@@ -29,7 +30,9 @@ print(f"{sys.argv[1]:24s} {mean('tokens_per_s'):10.0f} tok/s  MFU {100 * mean('m
       f"  peak {max(r['mem_gib'] for r in st):5.1f} GiB")
 PY
 }
+shapes=" ${BENCH_OFFLOAD_SHAPES:-1b 7b} "
 for n_micro in 8 1; do
+  [[ $shapes == *" 1b "* ]] || break
   batch="train.global_batch=$((4 * n_micro)) train.micro_batch=4"
   # shellcheck disable=SC2086
   one "1b_micro${n_micro}_gpu_optimizer" configs/1b.yaml $batch optimizer.offload=none "$@"
@@ -41,5 +44,6 @@ for n_micro in 8 1; do
   # shellcheck disable=SC2086
   one "1b_micro${n_micro}_offload_cpu_delay" configs/1b.yaml $batch optimizer.offload=host optimizer.offload_delay=1 "$@"
 done
+[[ $shapes == *" 7b "* ]] || exit 0
 for engine in cpu gpu; do one "7b_offload_$engine" configs/7b.yaml "optimizer.offload_update=$engine" "$@"; done
 one "7b_no_offload" configs/7b.yaml optimizer.offload=none "$@"

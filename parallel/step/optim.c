@@ -210,6 +210,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments
     // and FP8 scaling state stay finite (the caller stops the run or skips the step, and
     // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
+    opt_offload_skip(o);
     be->copy_join(be);  // the cpu engine's gradient copies read m->grads
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     model_fp8_discard_step(m);

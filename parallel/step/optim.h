@@ -83,6 +83,7 @@ typedef struct opt_state {
   int64_t last_ticket;      // the newest copy queued
   const float *grad_src;    // the gradient the copies read (this step's)
   int n_early;              // copies started during this step's backward (dp = 1): j < n_early
+  int n_early_up;           // offload_delay: buckets j < n_early_up went back during backward
   // offload_delay: every host bucket has its own slot; the host update of a step runs on a thread
   // of its own (struct opt_delay, optim_offload.c) until the next step's opt_step (or opt_flush)
   // joins it, and its new compute weights wait in host_pc (upload_pending) for that step to
@@ -105,6 +106,8 @@ void opt_offload_copy_grads(opt_state *o, const float *grad);
 // Called as backward finishes gradients: with dp = 1, starts the copies of the host buckets whose
 // gradients are final, from the lowest, into the free slots.
 void opt_offload_grads_final(opt_state *o);
+// A step whose update is skipped: completes what opt_offload_grads_final began to copy back.
+void opt_offload_skip(opt_state *o);
 // Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece);
 // with offload_delay it copies back the results of the previous step's update instead.
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,

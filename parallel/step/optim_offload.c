@@ -12,7 +12,9 @@
 // while step k + 1's forward and backward run (opt_offload_start_delayed, opt_offload_join).
 // With dp = 1 a host bucket's gradient is final as soon as backward has finished it, so its copy
 // to host starts then, beside the rest of backward, as far as free slots allow
-// (opt_offload_grads_final); with dp > 1 the copies start after the DP reduction.
+// (opt_offload_grads_final); with offload_delay the previous update's new weights of that bucket
+// go back then too (backward no longer reads them this step). With dp > 1 both wait for the DP
+// reduction.
 // Every call is made per bucket part, with pointers moved to the part's start, so the
 // gradient (shard order), the host moments (host order), the master and the compute copy (flat
 // order) each keep their own indexing and no pointer leaves its array.
@@ -134,24 +136,6 @@ void opt_offload_copy_grads(opt_state *o, const float *grad) {
   o->n_early = 0;
 }
 
-// Whether host bucket j's gradient is final this step.
-static int host_bucket_final(const opt_state *o, int j) {
-  const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
-  for (int i = k->t_lo; i < k->t_hi; i++)
-    if (!o->t_final[i]) return 0;
-  return 1;
-}
-
-void opt_offload_grads_final(opt_state *o) {
-  if (!o->host_g || o->m->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
-  if (o->n_early == 0 && o->delay && o->delay->running) {
-    if (!atomic_load(&o->delay->done)) return;  // its slots are still being read: copy at opt_step
-    opt_offload_join(o);
-  }
-  o->grad_src = o->m->grads;
-  for (; o->n_early < o->n_slots && host_bucket_final(o, o->n_early); o->n_early++) copy_grad(o, o->n_early);
-}
-
 // Host memory only (the update thread runs it): AdamW on the host's cores over host bucket b from
 // the gradient in its slot, into the master weights, the moments and the slot's new compute weights.
 static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, float g_scale) {
@@ -175,6 +159,37 @@ static void copy_back(opt_state *o, int b) {
   const int64_t slot = (j % o->n_slots) * o->slot_elem;
   o->grad_ticket[j] = o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
                                      (char *)o->host_pc + slot * (int64_t)m->act_bytes, (size_t)k->len * m->act_bytes);
+}
+
+// Whether host bucket j's gradient is final this step.
+static int host_bucket_final(const opt_state *o, int j) {
+  const opt_bucket *k = &o->buckets[o->n_host - 1 - j];
+  for (int i = k->t_lo; i < k->t_hi; i++)
+    if (!o->t_final[i]) return 0;
+  return 1;
+}
+
+void opt_offload_grads_final(opt_state *o) {
+  if (!o->host_g || o->m->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
+  if (o->n_early == 0 && o->delay && o->delay->running) {
+    if (!atomic_load(&o->delay->done)) return;  // its slots are still being read: copy at opt_step
+    opt_offload_join(o);
+  }
+  o->grad_src = o->m->grads;
+  for (; o->n_early < o->n_slots && host_bucket_final(o, o->n_early); o->n_early++) {
+    copy_grad(o, o->n_early);
+    if (o->upload_pending) copy_back(o, o->n_host - 1 - o->n_early);
+  }
+  if (o->upload_pending) o->n_early_up = o->n_early;
+}
+
+// A skipped step (non-finite gradient) after some of the previous update's weights went back
+// during backward: the rest go back too, so that the next step computes with one set of weights.
+void opt_offload_skip(opt_state *o) {
+  if (!o->delay || !o->upload_pending || !o->n_early_up) return;
+  for (int b = 0; b < o->n_host - o->n_early_up; b++) copy_back(o, b);
+  o->upload_pending = 0;
+  o->n_early_up = 0;
 }
 
 // The cpu engine's update of host bucket b within its step: its gradient's host copy, the host
@@ -212,6 +227,7 @@ void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, flo
   if (!o->delay || o->n_host == 0) return;
   struct opt_delay *d = o->delay;
   o->upload_pending = 0;
+  o->n_early_up = 0;
   // The copies queued on the compute stream that read or write the master weights (the norms'
   // refresh, their ZeRO exchange) are done before the thread writes them.
   o->m->be->sync(o->m->be);
@@ -239,7 +255,7 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
                        o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
                        bc2, g_scale);
     } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
-      if (o->upload_pending) copy_back(o, b);
+      if (o->upload_pending && o->n_host - 1 - b >= o->n_early_up) copy_back(o, b);
     } else if (hp->offload_cpu) {
       update_on_host(o, b, lr, bc1, bc2, g_scale);
     } else {

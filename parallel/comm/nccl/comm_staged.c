@@ -2,7 +2,9 @@
 // call copies what it reads from the device after the compute stream's queued work, runs the
 // MPI communicator on the host copies, and copies the results back on the compute stream.
 // Copies the caller must not see early (results of started collectives, received transfers)
-// are kept as pending host-to-device copies until the wait that publishes them.
+// are kept as pending host-to-device copies until the wait that publishes them. Host buffers
+// come from a pool of pinned buffers that a step's calls reuse (staged_buf): no page faults and
+// full-speed copies after the first step.
 #include "parallel/comm/nccl/comm_staged.h"
 
 #include <stdlib.h>
@@ -35,8 +37,17 @@ typedef struct staged_xfer {
   int64_t n_bytes;
 } staged_xfer;
 
+// A host buffer of the pool, free or lent out; pinned unless pinning was refused.
+typedef struct staged_buf {
+  char *p;
+  size_t cap;
+  int lent, pinned;
+} staged_buf;
+
 typedef struct comm_staged {
   comm *mpi;             // the MPI communicator, over the host copies
+  staged_buf *pool;      // every host buffer this communicator made
+  int n_pool, cap_pool;
   cudaStream_t stream;   // the compute stream: copies are ordered with the kernels on it
   char *scratch[2];      // host operands of the blocking calls
   size_t scratch_bytes[2];
@@ -53,6 +64,37 @@ int comm_staged_is(const comm *c) { return c && c->ops == &comm_staged_ops; }
 
 static comm_staged *staged(const comm *c) { return c->impl; }
 
+// A host buffer of at least n_bytes: the smallest free one of the pool that fits, else a new
+// pinned one (plain memory where pinning is refused).
+static char *staged_buf_get(const comm *c, int64_t n_bytes) {
+  comm_staged *s = staged(c);
+  const size_t nb = (size_t)(n_bytes > 0 ? n_bytes : 1);
+  int best = -1;
+  for (int i = 0; i < s->n_pool; i++)
+    if (!s->pool[i].lent && s->pool[i].cap >= nb && (best < 0 || s->pool[i].cap < s->pool[best].cap)) best = i;
+  if (best < 0) {
+    comm_grow(c, (void **)&s->pool, &s->cap_pool, s->n_pool + 1, sizeof *s->pool, "staged host buffers");
+    staged_buf *h = &s->pool[best = s->n_pool++];
+    *h = (staged_buf){NULL, nb, 0, 1};
+    if (cudaMallocHost((void **)&h->p, nb) != cudaSuccess) {
+      (void)cudaGetLastError();
+      *h = (staged_buf){XMALLOC(nb), nb, 0, 0};
+    }
+  }
+  s->pool[best].lent = 1;
+  return s->pool[best].p;
+}
+
+// Gives a buffer of staged_buf_get back to the pool.
+static void staged_buf_put(comm_staged *s, char *p) {
+  for (int i = 0; i < s->n_pool; i++)
+    if (s->pool[i].p == p) {
+      s->pool[i].lent = 0;
+      return;
+    }
+  CHECK(!p, "staged communicator: host buffer %p is not the pool's", (void *)p);
+}
+
 // Device to host, once the work queued on the compute stream is done.
 static void staged_down(comm_staged *s, void *host, const void *dev, int64_t n_bytes) {
   if (n_bytes > 0) CUDA_CHECK(cudaMemcpyAsync(host, dev, (size_t)n_bytes, cudaMemcpyDeviceToHost, s->stream));
@@ -60,9 +102,9 @@ static void staged_down(comm_staged *s, void *host, const void *dev, int64_t n_b
 }
 
 // A new host buffer holding n_bytes of dev, as the compute stream leaves them.
-static char *staged_copy_down(comm_staged *s, const void *dev, int64_t n_bytes) {
-  char *h = XMALLOC((size_t)(n_bytes > 0 ? n_bytes : 1));
-  staged_down(s, h, dev, n_bytes);
+static char *staged_copy_down(const comm *c, const void *dev, int64_t n_bytes) {
+  char *h = staged_buf_get(c, n_bytes);
+  staged_down(staged(c), h, dev, n_bytes);
   return h;
 }
 
@@ -73,10 +115,11 @@ static int64_t staged_bytes(const comm *c, int64_t n_elem, comm_dtype t, const c
 }
 
 // Scratch buffer i of at least n_bytes, for the blocking calls.
-static char *staged_scratch(comm_staged *s, int i, int64_t n_bytes) {
+static char *staged_scratch(const comm *c, int i, int64_t n_bytes) {
+  comm_staged *s = staged(c);
   if ((size_t)n_bytes > s->scratch_bytes[i]) {
-    free(s->scratch[i]);
-    s->scratch[i] = XMALLOC((size_t)n_bytes);
+    staged_buf_put(s, s->scratch[i]);
+    s->scratch[i] = staged_buf_get(c, n_bytes);
     s->scratch_bytes[i] = (size_t)n_bytes;
   }
   return s->scratch[i];
@@ -105,12 +148,11 @@ static void staged_list_publish(comm_staged *s, staged_list *l) {
       CUDA_CHECK(cudaMemcpyAsync(l->copy[i].dev, l->copy[i].host, (size_t)l->copy[i].n_bytes, cudaMemcpyHostToDevice,
                                  s->stream));
   CUDA_CHECK(cudaStreamSynchronize(s->stream));
-  for (int i = 0; i < l->n_owned; i++) free(l->owned[i]);
+  for (int i = 0; i < l->n_owned; i++) staged_buf_put(s, l->owned[i]);
   l->n_copy = l->n_owned = 0;
 }
 
-static void staged_list_free(staged_list *l) {
-  for (int i = 0; i < l->n_owned; i++) free(l->owned[i]);
+static void staged_list_free(staged_list *l) {  // its host buffers are the pool's
   free(l->copy);
   free(l->owned);
 }
@@ -120,7 +162,7 @@ static void staged_list_free(staged_list *l) {
 static void staged_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "all_reduce");
-  char *h = staged_scratch(s, 0, nb);
+  char *h = staged_scratch(c, 0, nb);
   staged_down(s, h, buf, nb);
   s->mpi->ops->all_reduce(s->mpi, h, n_elem, t, op);
   staged_up(s, buf, h, nb);
@@ -129,7 +171,7 @@ static void staged_all_reduce(comm *c, void *buf, int64_t n_elem, comm_dtype t, 
 static void staged_all_gather(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "all_gather");
-  char *hs = staged_scratch(s, 0, nb), *hr = staged_scratch(s, 1, c->size * nb);
+  char *hs = staged_scratch(c, 0, nb), *hr = staged_scratch(c, 1, c->size * nb);
   staged_down(s, hs, send, nb);
   s->mpi->ops->all_gather(s->mpi, hs, hr, n_elem, t);
   staged_up(s, recv, hr, c->size * nb);
@@ -139,7 +181,7 @@ static void staged_reduce_scatter(comm *c, const void *send, void *recv, int64_t
                                   comm_redop op) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "reduce_scatter");
-  char *hs = staged_scratch(s, 0, c->size * nb), *hr = staged_scratch(s, 1, nb);
+  char *hs = staged_scratch(c, 0, c->size * nb), *hr = staged_scratch(c, 1, nb);
   staged_down(s, hs, send, c->size * nb);
   s->mpi->ops->reduce_scatter(s->mpi, hs, hr, n_elem, t, op);
   staged_up(s, recv, hr, nb);
@@ -148,7 +190,7 @@ static void staged_reduce_scatter(comm *c, const void *send, void *recv, int64_t
 static void staged_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, int root) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "broadcast");
-  char *h = staged_scratch(s, 0, nb);
+  char *h = staged_scratch(c, 0, nb);
   staged_down(s, h, buf, nb);
   s->mpi->ops->broadcast(s->mpi, h, n_elem, t, root);
   staged_up(s, buf, h, nb);
@@ -157,7 +199,7 @@ static void staged_broadcast(comm *c, void *buf, int64_t n_elem, comm_dtype t, i
 static void staged_all_to_all(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   comm_staged *s = staged(c);
   const int64_t nb = c->size * staged_bytes(c, n_elem, t, "all_to_all");
-  char *hs = staged_scratch(s, 0, nb), *hr = staged_scratch(s, 1, nb);
+  char *hs = staged_scratch(c, 0, nb), *hr = staged_scratch(c, 1, nb);
   staged_down(s, hs, send, nb);
   s->mpi->ops->all_to_all(s->mpi, hs, hr, n_elem, t);
   staged_up(s, recv, hr, nb);
@@ -168,7 +210,7 @@ static void staged_all_to_all(comm *c, const void *send, void *recv, int64_t n_e
 
 static void staged_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, int peer) {
   comm_staged *s = staged(c);
-  char *h = staged_copy_down(s, buf, staged_bytes(c, n_elem, t, "send"));
+  char *h = staged_copy_down(c, buf, staged_bytes(c, n_elem, t, "send"));
   s->mpi->ops->send(s->mpi, h, n_elem, t, peer);
   staged_list_own(c, &s->group, h);  // a posted send reads it until group_end
   if (!s->in_group) staged_list_publish(s, &s->group);
@@ -177,7 +219,7 @@ static void staged_send(comm *c, const void *buf, int64_t n_elem, comm_dtype t, 
 static void staged_recv(comm *c, void *buf, int64_t n_elem, comm_dtype t, int peer) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "recv");
-  char *h = XMALLOC((size_t)(nb > 0 ? nb : 1));
+  char *h = staged_buf_get(c, nb);
   s->mpi->ops->recv(s->mpi, h, n_elem, t, peer);
   staged_list_copy(c, &s->group, h, buf, nb);
   staged_list_own(c, &s->group, h);
@@ -208,7 +250,7 @@ static void staged_barrier(comm *c) {
 static void staged_all_reduce_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "all_reduce_start");
-  char *h = staged_copy_down(s, buf, nb);
+  char *h = staged_copy_down(c, buf, nb);
   s->mpi->ops->all_reduce_start(s->mpi, h, n_elem, t, op);
   staged_list_copy(c, &s->started, h, buf, nb);
   staged_list_own(c, &s->started, h);
@@ -218,9 +260,9 @@ static void staged_reduce_scatter_start(comm *c, const void *send, void *recv, i
                                         comm_redop op) {
   comm_staged *s = staged(c);
   const int64_t nb = staged_bytes(c, n_elem, t, "reduce_scatter_start");
-  char *hs = staged_copy_down(s, send, c->size * nb), *hr = XMALLOC((size_t)(nb > 0 ? nb : 1));
+  char *hs = staged_copy_down(c, send, c->size * nb), *hr = staged_buf_get(c, nb);
   s->mpi->ops->reduce_scatter_start(s->mpi, hs, hr, n_elem, t, op);  // copies hs
-  free(hs);
+  staged_buf_put(s, hs);
   staged_list_copy(c, &s->started, hr, recv, nb);
   staged_list_own(c, &s->started, hr);
 }
@@ -228,9 +270,9 @@ static void staged_reduce_scatter_start(comm *c, const void *send, void *recv, i
 static void staged_all_to_all_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t) {
   comm_staged *s = staged(c);
   const int64_t nb = c->size * staged_bytes(c, n_elem, t, "all_to_all_start");
-  char *hs = staged_copy_down(s, send, nb), *hr = XMALLOC((size_t)(nb > 0 ? nb : 1));
+  char *hs = staged_copy_down(c, send, nb), *hr = staged_buf_get(c, nb);
   s->mpi->ops->all_to_all_start(s->mpi, hs, hr, n_elem, t);  // copies hs
-  free(hs);
+  staged_buf_put(s, hs);
   staged_list_copy(c, &s->started, hr, recv, nb);
   staged_list_own(c, &s->started, hr);
 }
@@ -248,7 +290,7 @@ static void staged_all_gather_regions_start(comm *c, void *buf, const int64_t *a
     host_at[i] = total;
     total += c->size * n_elem[i];
   }
-  char *h = XMALLOC((size_t)(total > 0 ? total * esz : 1));
+  char *h = staged_buf_get(c, total * esz);
   for (int i = 0; i < n_regions; i++)
     if (n_elem[i] > 0)
       CUDA_CHECK(cudaMemcpyAsync(h + (host_at[i] + c->rank * n_elem[i]) * esz,
@@ -287,7 +329,7 @@ static int staged_xfer_start(comm *c, void *buf, int64_t n_elem, comm_dtype t, i
   for (int i = 0; i < n_after; i++)
     if (after[i] >= 0 && after[i] < s->cap_xfer && s->xfer[after[i]].host && s->xfer[after[i]].dev)
       staged_xfer_wait(c, after[i]);
-  char *h = is_send ? staged_copy_down(s, buf, nb) : XMALLOC((size_t)(nb > 0 ? nb : 1));
+  char *h = is_send ? staged_copy_down(c, buf, nb) : staged_buf_get(c, nb);
   int ticket = s->mpi->ops->xfer_start(s->mpi, h, n_elem, t, peer, is_send, after, n_after);
   CHECK(ticket >= 0, "comm %s (staged): transfer ticket %d", c->name, ticket);
   comm_grow(c, (void **)&s->xfer, &s->cap_xfer, ticket + 1, sizeof *s->xfer, "staged transfers");  // zeroed: no host
@@ -303,7 +345,7 @@ static void staged_xfer_wait(comm *c, int ticket) {
   if (ticket < 0 || !s->xfer[ticket].host) return;  // a mark, or waited for already
   staged_xfer *x = &s->xfer[ticket];
   if (x->dev) staged_up(s, x->dev, x->host, x->n_bytes);
-  free(x->host);
+  staged_buf_put(s, x->host);
   x->host = NULL;
 }
 
@@ -311,7 +353,7 @@ static void staged_xfer_reset(comm *c) {
   comm_staged *s = staged(c);
   s->mpi->ops->xfer_reset(s->mpi);  // checks that every transfer was waited for
   for (int i = 0; i < s->cap_xfer; i++) {
-    free(s->xfer[i].host);
+    staged_buf_put(s, s->xfer[i].host);
     s->xfer[i].host = NULL;
   }
 }
@@ -328,10 +370,12 @@ static void staged_free(comm *c) {
     comm_free(&s->mpi);  // checks for open groups and collectives not waited for
     staged_list_free(&s->group);
     staged_list_free(&s->started);
-    for (int i = 0; i < s->cap_xfer; i++) free(s->xfer[i].host);
     free(s->xfer);
-    free(s->scratch[0]);
-    free(s->scratch[1]);
+    for (int i = 0; i < s->n_pool; i++) {
+      if (!s->pool[i].pinned) free(s->pool[i].p);
+      else if (cudaFreeHost(s->pool[i].p) != cudaSuccess) (void)cudaGetLastError();  // at exit the context may be gone
+    }
+    free(s->pool);
     free(s);
   }
   free(c);
