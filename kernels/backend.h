@@ -194,6 +194,14 @@ typedef struct k_backend {
   // backend (the codes from y as stored in the act dtype). Same use as swiglu_fwd_fp8.
   void (*rmsnorm_fwd_fp8)(struct k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
                           float eps, const float *scale, uint8_t *out8, float *amax);
+  // swiglu_bwd, then fp8_cast of its output dgu (rows, 2n) in fmt with the per-tensor *scale:
+  // out8 (rows, 2n) the codes, out8_t (2n, rows) the same codes transposed (neither NULL), in
+  // one pass: dgu, out8, out8_t and *amax bit for bit those of the two ops in a row on this
+  // backend (the codes from dgu as stored in the act dtype). dgu may be NULL (not written) where
+  // only the codes are read: the output gradient of an FP8 projection whose scale is known
+  // before it is made (delayed scaling) saves a write and a read of the tensor.
+  void (*swiglu_bwd_fp8)(struct k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n,
+                         const float *scale, k_fp8 fmt, uint8_t *out8, uint8_t *out8_t, float *amax);
   // FP8 block scaling (fp8.recipe=block): E4M3 with an fp32 scale per 1 x 128 or 128 x 128 tile
   // from the tile's own amax; semantics, rounding and the scale arrays' layouts are those of
   // kernels/cpu/fp8_cpu.h (k_cpu_fp8_cast_block, k_cpu_gemm_fp8_block), bit for bit for the cast.

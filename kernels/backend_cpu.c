@@ -171,6 +171,16 @@ static void cpu_rmsnorm_fwd_fp8(k_backend *b, const float *x, const float *w, vo
   k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
   k_cpu_fp8_cast(y, rows, d, *scale, K_E4M3, out8, NULL, amax);
 }
+static void cpu_swiglu_bwd_fp8(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n,
+                               const float *scale, k_fp8 fmt, uint8_t *out8, uint8_t *out8_t, float *amax) {
+  (void)b;
+  CHECK(out8 && out8_t, "swiglu_bwd_fp8: the codes and the transposed codes are both required");
+  float *tmp = dgu ? NULL : XMALLOC(sizeof(float) * (size_t)(rows * 2 * n) + 1);  // dgu NULL: made here, not kept
+  float *g = dgu ? dgu : tmp;
+  k_cpu_swiglu_bwd(dout, gu, g, rows, n);
+  k_cpu_fp8_cast(g, rows, 2 * n, *scale, fmt, out8, out8_t, amax);
+  free(tmp);
+}
 static void cpu_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
                                uint8_t *out_t, float *scale_inv_t, float *amax) {
   (void)b;
@@ -273,6 +283,7 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->dequant_i8 = cpu_dequant_i8;
   b->swiglu_fwd_fp8 = cpu_swiglu_fwd_fp8;
   b->rmsnorm_fwd_fp8 = cpu_rmsnorm_fwd_fp8;
+  b->swiglu_bwd_fp8 = cpu_swiglu_bwd_fp8;
   b->fp8_cast_block = cpu_fp8_cast_block;
   b->gemm_fp8_block = cpu_gemm_fp8_block;
   return b;

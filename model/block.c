@@ -282,7 +282,7 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
 }
 
 // Data gradient dx (rows, K) = g (rows, N) w, w (N, K). In FP8 g is cast (with its transpose,
-// for proj_wgrad next).
+// for proj_wgrad next), unless the op that made g made its codes too (g NULL then).
 static void proj_dgrad(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K, const void *g,
                        void *dx, k_dtype ct) {
   int64_t rows = m->dims.rows;
@@ -307,7 +307,7 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
 }
 
 // Weight gradient w->g (N, K) += g^T x, g (rows, N) the output gradient of the last
-// proj_dgrad, x (rows, K) the saved input.
+// proj_dgrad (in FP8 not read: the transposed codes made there are), x (rows, K) the saved input.
 static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, int N, int K, const void *g,
                        const void *x) {
   int64_t rows = m->dims.rows;
@@ -444,6 +444,25 @@ static void layer_recompute(model *m, model_layer *ly, model_acts *a, int i) {
   }
 }
 
+// dgu = SwiGLU's backward of the down projection's data gradient (w->ff1). Where the gate|up
+// projection's output-gradient scale is known before dgu is made (model_fp8_fused_grad_cast),
+// the same op writes dgu's FP8 codes, transposed codes and amax instead, and dgu itself is not
+// written: the FP8 data and weight gradients read only the codes. Returns dgu in the act dtype
+// (w->gu1), or NULL where only its codes were made.
+static const void *swiglu_bwd_into_up(model *m, const model_layer *ly, const layer_acts *L) {
+  struct model_work *w = m->work;
+  const float *scale;
+  k_fp8 fmt;
+  uint8_t *codes, *codes_t;
+  float *amax;
+  if (fp8_on(m, ly) && model_fp8_fused_grad_cast(m, ly->fp8, FP8_UP, &scale, &fmt, &codes, &codes_t, &amax)) {
+    m->be->swiglu_bwd_fp8(m->be, w->ff1, L->gu, NULL, m->dims.rows, m->dims.ffn, scale, fmt, codes, codes_t, amax);
+    return NULL;
+  }
+  m->be->swiglu_bwd(m->be, w->ff1, L->gu, w->gu1, m->dims.rows, m->dims.ffn);
+  return w->gu1;
+}
+
 // g: (rs, d) gradient of the layer output on entry, of the layer input on exit (in place).
 static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g) {
   k_backend *be = m->be;
@@ -451,7 +470,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   const model_dims *dm = &m->dims;
   const k_dtype A = be->act;
   int B = dm->B, T = dm->T, d = dm->d, hd = dm->hd, nh = dm->nh, nkv = dm->nkv, ffn = dm->ffn;
-  int64_t rows = dm->rows, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
+  int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
 
@@ -459,10 +478,10 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   grad_exit_start(m, g);
   proj_dgrad_gathered(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, w->ff1, A);
   proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act);
-  be->swiglu_bwd(be, w->ff1, L.gu, w->gu1, rows, ffn);
-  proj_dgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, w->gu1, w->f2, K_F32);
+  const void *dgu = swiglu_bwd_into_up(m, ly, &L);
+  proj_dgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, w->f2, K_F32);
   grad_enter_start(m, w->f2);
-  proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, w->gu1, L.h2f);
+  proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, L.h2f);
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).

@@ -248,6 +248,10 @@ void model_fp8_settle(model *m) {
   if (m->fp8 && m->fp8->pending) fp8_fold(m);
 }
 
+// Where a cast of slot i records its amax: the slot's while training (delayed scaling's next
+// update, and every recipe's non-finite check), else a sink (an evaluation changes no scale).
+static float *fp8_slot_amax(model_fp8 *f, int64_t i) { return f->recording ? f->amax + i : f->amax_sink; }
+
 // Casts x (rows, cols) with activation slot i's scale into out (and/or its transpose). Current
 // scaling (and delayed scaling before its first update) first takes the tensor's amax (over tp)
 // and the scale from it; delayed scaling records the amax for the next update while training.
@@ -264,16 +268,12 @@ static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t
     be->fp8_scales(be, a + 1, a, f->scale + i, f->scale_inv + i, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
                    f->n_nonfinite);
   }
-  float *amax = f->recording ? f->amax + i : f->amax_sink;  // current scaling: for the non-finite check
-  be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, amax);
+  be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, fp8_slot_amax(f, i));
 }
 
 static k_fp8 fp8_grad_format(const model_fp8 *f) { return f->cfg.hybrid ? K_E5M2 : K_E4M3; }
 static int64_t fp8_x_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_X + p; }
 static int64_t fp8_g_slot(int slot, int p) { return (int64_t)slot * FP8_ACT_SLOTS + FP8_G + p; }
-
-// Block scaling: where a cast of slot i records its amax (the non-finite check's, while training).
-static float *fp8_block_amax(model_fp8 *f, int64_t i) { return f->recording ? f->amax + i : f->amax_sink; }
 
 // Block scaling's forward: rows [r0, r1) of the input, each row's 1 x 128 tiles cast on their own
 // (a range's scales contiguous, as the GEMM reads them), times the weight's 128 x 128 tiles.
@@ -284,31 +284,56 @@ static void fp8_block_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1
   int64_t j = (int64_t)slot * FP8_N_PROJ + p, nkb = k_fp8_blocks(k);
   const char *x = (const char *)f->x_src + r0 * k * (int64_t)k_dtype_bytes(be->act);
   be->fp8_cast_block(be, x, r1 - r0, k, 1, f->x8 + r0 * k, f->x_si + r0 * nkb, NULL, NULL,
-                     fp8_block_amax(f, fp8_x_slot(slot, p)));
+                     fp8_slot_amax(f, fp8_x_slot(slot, p)));
   be->gemm_fp8_block(be, (int)(r1 - r0), n, k, f->x8 + r0 * k, 1, f->x_si + r0 * nkb, f->w8[j], K_FP8_BLOCK, f->ws[j],
                      beta, y, c_type);
 }
 
 static int fp8_block(const model_fp8 *f) { return f->cfg.recipe == MODEL_FP8_BLOCK; }
 
+// Whether a tensor's scale is known before the tensor is made, so the op that makes it can cast
+// it too: delayed scaling after its first update.
+static int fp8_scale_known(const model_fp8 *f) { return f->cfg.recipe == MODEL_FP8_DELAYED && f->have_history; }
+
+// Whether the codes of slot i were made by a fused op (*made: 1 + the slot they were made for, 0
+// none; reset here). Codes made for another slot and not used are a bug in the caller.
+static int fp8_take_made(int64_t *made, int64_t i) {
+  int64_t was = *made;
+  *made = 0;
+  if (was == i + 1) return 1;
+  CHECK(was == 0, "FP8: the codes made for slot %lld were not used before slot %lld was cast", (long long)was - 1,
+        (long long)i);
+  return 0;
+}
+
 int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax) {
   model_fp8 *f = m->fp8;
-  if (f->cfg.recipe != MODEL_FP8_DELAYED || !f->have_history) return 0;
+  if (!fp8_scale_known(f)) return 0;
   int64_t i = fp8_x_slot(slot, p);
   *scale = f->scale + i;
   *codes = f->x8;
-  *amax = f->recording ? f->amax + i : f->amax_sink;
+  *amax = fp8_slot_amax(f, i);
   f->x8_made = i + 1;
+  return 1;
+}
+
+int model_fp8_fused_grad_cast(model *m, int slot, int p, const float **scale, k_fp8 *fmt, uint8_t **codes,
+                              uint8_t **codes_t, float **amax) {
+  model_fp8 *f = m->fp8;
+  if (!fp8_scale_known(f)) return 0;
+  int64_t i = fp8_g_slot(slot, p);
+  *scale = f->scale + i;
+  *fmt = fp8_grad_format(f);
+  *codes = f->g8;
+  *codes_t = f->g8t;
+  *amax = fp8_slot_amax(f, i);
+  f->g8_made = i + 1;
   return 1;
 }
 
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k) {
   model_fp8 *f = m->fp8;
-  int64_t made = f->x8_made;
-  f->x8_made = 0;
-  if (made == fp8_x_slot(slot, p) + 1) return;  // model_fp8_fused_cast's op made the codes
-  CHECK(made == 0, "FP8: the codes made for input slot %lld were not used before slot %lld was cast",
-        (long long)made - 1, (long long)fp8_x_slot(slot, p));
+  if (fp8_take_made(&f->x8_made, fp8_x_slot(slot, p))) return;  // model_fp8_fused_cast's op made the codes
   if (fp8_block(f)) {  // cast range by range in model_fp8_fwd_rows
     m->fp8->x_src = x;
     return;
@@ -331,8 +356,9 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
 
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n) {
   model_fp8 *f = m->fp8;
+  if (fp8_take_made(&f->g8_made, fp8_g_slot(slot, p))) return;  // model_fp8_fused_grad_cast's op made them
   if (fp8_block(f)) {  // G's 1 x 128 tiles (data gradient) and its transpose's (weight gradient)
-    m->be->fp8_cast_block(m->be, g, rows, n, 1, f->g8, f->g_si, f->g8t, f->gt_si, fp8_block_amax(f, fp8_g_slot(slot, p)));
+    m->be->fp8_cast_block(m->be, g, rows, n, 1, f->g8, f->g_si, f->g8t, f->gt_si, fp8_slot_amax(f, fp8_g_slot(slot, p)));
     return;
   }
   fp8_cast_slot(m, fp8_g_slot(slot, p), fp8_grad_format(f), g, rows, n, f->g8, f->g8t);
@@ -353,7 +379,7 @@ void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int
   model_fp8 *f = m->fp8;
   int64_t ix = fp8_x_slot(slot, p), ig = fp8_g_slot(slot, p);
   if (fp8_block(f)) {  // X^T's 1 x 128 tiles along the rows (tokens), the contraction of G^T X
-    m->be->fp8_cast_block(m->be, x, rows, k, 1, NULL, NULL, f->x8, f->x_si, fp8_block_amax(f, ix));
+    m->be->fp8_cast_block(m->be, x, rows, k, 1, NULL, NULL, f->x8, f->x_si, fp8_slot_amax(f, ix));
     m->be->gemm_fp8_block(m->be, n, k, (int)rows, f->g8t, 1, f->gt_si, f->x8, 1, f->x_si, 1, dw, K_F32);
     return;
   }

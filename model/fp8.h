@@ -36,6 +36,7 @@ typedef struct model_fp8 {
   int weights_stale;         // the weights changed since their FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
   int64_t x8_made;           // 1 + the input slot whose codes are in x8 already (model_fp8_fused_cast); 0 = none
+  int64_t g8_made;           // 1 + the gradient slot whose codes are in g8, g8t already (model_fp8_fused_grad_cast)
   int have_history;          // an update has run (or was loaded): until then delayed scaling
                              // scales like current scaling, so the first step's small gradients
                              // do not underflow at the initial scale of 1
@@ -96,6 +97,12 @@ void model_fp8_test_set_amax(model *m, float value);
 // and amax as fp8_cast would), and the next model_fp8_cast_input of that slot finds the codes
 // made. 0 where not: cast as usual.
 int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax);
+// The same for the output gradient of projection p: returns 1 with the scale, the format, the
+// buffers of the codes and of the transposed codes, and the amax that model_fp8_cast_grad would
+// use (the op writes them as fp8_cast would), and the next model_fp8_cast_grad of that slot finds
+// them made (its g is not read then: it may be NULL). 0 where not: cast as usual.
+int model_fp8_fused_grad_cast(model *m, int slot, int p, const float **scale, k_fp8 *fmt, uint8_t **codes,
+                              uint8_t **codes_t, float **amax);
 
 // The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
 // Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows
@@ -103,7 +110,8 @@ int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k);
 void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
                         float beta);
-// Backward: cast the output gradient G (rows, N) act (and its transpose); then the data
+// Backward: cast the output gradient G (rows, N) act (and its transpose; unless
+// model_fp8_fused_grad_cast's op made both); then the data
 // gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 += G^T X,
 // with X (rows, K) the layer's saved input, cast again (transposed) with its forward scale.
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n);

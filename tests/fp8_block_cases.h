@@ -1,5 +1,5 @@
 // The FP8 block-scaling rows of the op suite (fp8_cast_block, gemm_fp8_block), and SwiGLU and
-// RMSNorm with the FP8 codes of their output (swiglu_fwd_fp8, rmsnorm_fwd_fp8): a part of
+// RMSNorm with the FP8 codes of their output (swiglu_fwd_fp8, swiglu_bwd_fp8, rmsnorm_fwd_fp8): a part of
 // tests/test_backend_ops.c, included once by it after tests/fp8_cases.h and the RMSNorm rows,
 // whose helpers it uses.
 // The reference is kernels/cpu/fp8_cpu.h: the cast (codes, scales, padding untouched, amax) bit
@@ -183,6 +183,60 @@ static void run_swiglu_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
 static const op_shape swiglu_fwd_fp8_shapes[] = {SHF(16, 0, 1, 1, 0),    SHF(4, 0, 7, 13, 0),  SHF(0.5, 0, 4, 1000, 1),
                                                  SHF(64, 0, 64, 256, 0), SHF(2, 0, 70001, 8, 0), SHF(8, 0, 3, 300008, 1),
                                                  SHF(1024, 0, 256, 768, 1)};
+
+// swiglu_bwd_fp8: dgu against k_cpu_swiglu_bwd within swiglu_bwd's bounds (compare_act), and
+// dgu, the codes, the transposed codes and the amax bit for bit against this backend's swiglu_bwd
+// then fp8_cast (its definition); then again with dgu NULL (not written): the same codes and
+// amax. Shapes SHF(scale, 0, rows, n, fmt, inject, offset): widths of 8 with rows of 16 take the
+// vector path, others the element path; inject puts NaN and Inf into gu and dout; offset moves
+// both codes buffers a byte off their alignment (the element path); every other shape starts the
+// amax above every |dgu| (it must stay).
+
+static void run_swiglu_bwd_fp8(const op_case *c, const op_shape *s, int idx) {
+  char what[112];
+  const int64_t rows = s->i[0], m = rows * s->i[1];
+  const int n = (int)s->i[1], inject = (int)s->i[3], off = (int)s->i[4];
+  const k_fp8 f = (k_fp8)s->i[2];
+  const float scale = (float)s->f[0], a0 = idx % 2 ? 1e30f : 0.0f;
+  float *gu = rand_act(2 * m, 3.0), *dout = rand_act(m, 1.0), *dgu = malloc(sizeof(float) * (size_t)(2 * m));
+  if (inject && n >= 8) gu[1] = NAN, gu[n + 3] = NAN, gu[5] = INFINITY, gu[6] = -INFINITY, dout[7] = NAN;
+  void *d_gu = dev_put_act(gu, 2 * m), *d_d = dev_put_act(dout, m), *d_dgu = dev_alloc_act(2 * m),
+       *d_dgu2 = dev_alloc_act(2 * m);
+  uint8_t *codes[3], *codes_t[3];  // fused with dgu, fused without, the two ops
+  float *d_s = dev_putf(&scale, 1), *d_a[3], a[3];
+  for (int k = 0; k < 3; k++) {
+    codes[k] = G->alloc(G, (size_t)(2 * m + off)), codes_t[k] = G->alloc(G, (size_t)(2 * m + off));
+    d_a[k] = dev_putf(&a0, 1);
+  }
+  G->swiglu_bwd_fp8(G, d_d, d_gu, d_dgu, rows, n, d_s, f, codes[0] + off, codes_t[0] + off, d_a[0]);
+  G->swiglu_bwd_fp8(G, d_d, d_gu, NULL, rows, n, d_s, f, codes[1] + off, codes_t[1] + off, d_a[1]);
+  G->swiglu_bwd(G, d_d, d_gu, d_dgu2, rows, n);
+  G->fp8_cast(G, d_dgu2, rows, 2 * n, d_s, f, codes[2] + off, codes_t[2] + off, d_a[2]);
+  k_cpu_swiglu_bwd(dout, gu, dgu, rows, n);
+  snprintf(what, sizeof what, "swiglu_bwd_fp8 %s rows=%lld n=%d scale %g%s offset %d", k_fp8_name(f), (long long)rows, n,
+           scale, inject ? " +nan" : "", off);
+  compare_act(what, d_dgu, dgu, 2 * m, tol_act(c));
+  for (int k = 0; k < 3; k++) G->to_host(G, &a[k], d_a[k], sizeof a[k]);
+  const size_t gb = k_dtype_bytes(G->act) * (size_t)(2 * m), cb = (size_t)(2 * m + off);
+  for (int k = 0; k < 2; k++)
+    EXPECT((k || dev_equal_bytes(d_dgu, d_dgu2, gb)) && dev_equal_bytes(codes[k], codes[2], cb) &&
+               dev_equal_bytes(codes_t[k], codes_t[2], cb) && memcmp(&a[k], &a[2], 4) == 0,
+           "[%s] %s%s: dgu, codes, transposed codes or amax (%.9g, want %.9g) not bitwise swiglu_bwd then fp8_cast's",
+           LABEL, what, k ? " (dgu NULL)" : "", a[k], a[2]);
+  free(gu), free(dout), free(dgu);
+  dev_free(d_gu), dev_free(d_d), dev_free(d_dgu), dev_free(d_dgu2), dev_free(d_s);
+  for (int k = 0; k < 3; k++) dev_free(codes[k]), dev_free(codes_t[k]), dev_free(d_a[k]);
+}
+
+#define SB(sc, r, n, f, inj, o) SHF(sc, 0, r, n, f, inj, o)
+static const op_shape swiglu_bwd_fp8_shapes[] = {
+    // Element path: odd shapes, rows not a multiple of 16, misaligned codes.
+    SB(16, 1, 1, K_E4M3, 0, 0), SB(4, 7, 13, K_E5M2, 0, 0), SB(0.5, 4, 1000, K_E5M2, 1, 0),
+    SB(8, 128, 1000, K_E4M3, 0, 1), SB(64, 64, 256, K_E5M2, 1, 1),
+    // Vector path (n % 8 == 0, rows % 16 == 0): whole and partial 64 x 64 tiles; n = 2052 is
+    // vectorised for fp32 but not bf16; scale 1024 saturates.
+    SB(4, 16, 8, K_E4M3, 0, 0), SB(64, 64, 256, K_E4M3, 0, 0), SB(2, 48, 2052, K_E5M2, 1, 0),
+    SB(1024, 256, 768, K_E5M2, 1, 0), SB(1024, 256, 768, K_E4M3, 0, 0), SB(1, 1040, 72, K_E5M2, 0, 0)};
 
 // rmsnorm_fwd_fp8: y and rstd against k_cpu_rmsnorm_fwd within rmsnorm_fwd_act's bounds, and y,
 // rstd, the codes and the amax bit for bit against this backend's rmsnorm_fwd_act then fp8_cast

@@ -1216,8 +1216,8 @@ static void run_adamw_ranges(const op_case *c, const op_shape *s, int idx) {
 static const op_shape adamw_ranges_shapes[] = {SH(2, 0), SH(1, 77), SH(0, 0)};
 
 // ---------------------------------------------------------------------------------------------
-// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, and block scaling's fp8_cast_block,
-// gemm_fp8_block (their rows' functions and shapes).
+// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, swiglu_bwd_fp8, and block
+// scaling's fp8_cast_block, gemm_fp8_block (their rows' functions and shapes).
 
 #include "tests/fp8_cases.h"
 #include "tests/quant_cases.h"
@@ -1263,6 +1263,7 @@ static const op_case CASES[] = {
     {"dequant_i8",       run_dequant_i8,       SHAPES(dequant_i8_shapes),      ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
     {"swiglu_fwd_fp8",   run_swiglu_fwd_fp8,   SHAPES(swiglu_fwd_fp8_shapes),  ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
     {"rmsnorm_fwd_fp8",  run_rmsnorm_fwd_fp8,  SHAPES(rmsnorm_fwd_fp8_shapes), ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
+    {"swiglu_bwd_fp8",   run_swiglu_bwd_fp8,   SHAPES(swiglu_bwd_fp8_shapes),  ACT_ALL, {1e-5, 1e-5}, {1e-2, 1e-2}, {0, 0}},
     {"fp8_cast_block",   run_fp8_cast_block,   SHAPES(fp8_cast_block_shapes),  ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
     // act32 holds the bounds for every act dtype (no fast accumulation; see run_gemm_fp8_block)
     {"gemm_fp8_block",   run_gemm_fp8_block,   SHAPES(gemm_fp8_block_shapes),  ACT_ALL, {5e-3, 0x1p-8}, {0, 0},     {0, 0}},
@@ -1285,7 +1286,8 @@ static const struct op_slot {
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
            OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(grad_amax),
            OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8),
-           OP_SLOT(swiglu_fwd_fp8),  OP_SLOT(rmsnorm_fwd_fp8), OP_SLOT(fp8_cast_block),  OP_SLOT(gemm_fp8_block)};
+           OP_SLOT(swiglu_fwd_fp8),  OP_SLOT(rmsnorm_fwd_fp8), OP_SLOT(swiglu_bwd_fp8),  OP_SLOT(fp8_cast_block),
+           OP_SLOT(gemm_fp8_block)};
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {
@@ -1388,6 +1390,39 @@ static void bench_gemm(int M, int N, int K, k_dtype c_type, int wgrad, int reps)
   dev_free(A), dev_free(W), dev_free(C);
 }
 
+// SwiGLU's backward then the FP8 cast of dgu (codes and transposed codes, E5M2), against the
+// fused swiglu_bwd_fp8 writing dgu too and not: one MLP's output-gradient cast per layer.
+static void swiglu_bwd_fp8_variant(int v, void *dout, void *gu, void *dgu, int64_t rows, int n, float *scale, uint8_t *c,
+                                   uint8_t *ct, float *amax) {
+  if (v == 0) {
+    G->swiglu_bwd(G, dout, gu, dgu, rows, n);
+    G->fp8_cast(G, dgu, rows, 2 * n, scale, K_E5M2, c, ct, amax);
+  } else {
+    G->swiglu_bwd_fp8(G, dout, gu, v == 1 ? dgu : NULL, rows, n, scale, K_E5M2, c, ct, amax);
+  }
+}
+
+static void bench_swiglu_bwd_fp8(int64_t rows, int n, int reps) {
+  const int64_t m = rows * n;
+  float *h = rand_act(2 * m, 1.0);
+  void *gu = dev_put_act(h, 2 * m), *dout = dev_put_act(h, m), *dgu = dev_alloc_act(2 * m);
+  uint8_t *c = G->alloc(G, (size_t)(2 * m)), *ct = G->alloc(G, (size_t)(2 * m));
+  const float one = 1.0f;
+  float *scale = dev_putf(&one, 1), *amax = G->alloc(G, sizeof(float)), t[3];
+  free(h);
+  for (int v = 0; v < 3; v++) {
+    swiglu_bwd_fp8_variant(v, dout, gu, dgu, rows, n, scale, c, ct, amax);
+    G->sync(G);
+    const double t0 = now_s();
+    for (int r = 0; r < reps; r++) swiglu_bwd_fp8_variant(v, dout, gu, dgu, rows, n, scale, c, ct, amax);
+    G->sync(G);
+    t[v] = (float)((now_s() - t0) / reps);
+  }
+  printf("bench [%s] swiglu_bwd then fp8_cast rows=%lld n=%d: %.3f ms; swiglu_bwd_fp8 %.3f ms (dgu written), %.3f ms "
+         "(dgu not written)\n", LABEL, (long long)rows, n, 1e3 * t[0], 1e3 * t[1], 1e3 * t[2]);
+  dev_free(gu), dev_free(dout), dev_free(dgu), dev_free(c), dev_free(ct), dev_free(scale), dev_free(amax);
+}
+
 static void bench(void) {
   const int reps = 10;
   rng_seed("bench");
@@ -1398,6 +1433,7 @@ static void bench(void) {
   if (G->act != K_F32) bench_gemm(4096, 4096, 4096, K_F32, 0, reps);
   bench_gemm(4096, 4096, 4096, K_F32, 1, reps);
   bench_gemm(4096, 11008, 4096, G->act, 0, reps);  // 7B MLP up projection, 4096 tokens
+  bench_swiglu_bwd_fp8(8192, 11008, reps);          // 7b-layers' MLP, 8192 tokens
   // fp32 -> bf16 cast of 64 Mi elements (the per-step compute copy of the weights).
   const int64_t n = (int64_t)64 << 20;
   void *f = G->alloc(G, sizeof(float) * (size_t)n), *hb = G->alloc(G, sizeof(uint16_t) * (size_t)n);

@@ -291,6 +291,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->dequant_i8 = k_cuda_dequant_i8;
   b->swiglu_fwd_fp8 = k_cuda_swiglu_fwd_fp8;
   b->rmsnorm_fwd_fp8 = k_cuda_rmsnorm_fwd_fp8;
+  b->swiglu_bwd_fp8 = k_cuda_swiglu_bwd_fp8;
   b->fp8_cast_block = k_cuda_fp8_cast_block;
   b->gemm_fp8_block = k_cuda_gemm_fp8_block;
   return b;

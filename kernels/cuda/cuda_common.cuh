@@ -116,6 +116,13 @@ enum { K_CUDA_THREADS = 256 };
 
 // SwiGLU of one element, silu(g) * u: the one expression of swiglu_fwd and swiglu_fwd_fp8.
 __device__ __forceinline__ float k_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// SwiGLU's backward of one element: the gradients of gate g and up u from the output's d, with
+// d silu(g)/dg = sig(g) (1 + g (1 - sig(g))); the one expression of swiglu_bwd and swiglu_bwd_fp8.
+__device__ __forceinline__ void k_swiglu_grad(float g, float u, float d, float *dg, float *du) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  *dg = d * u * sig * (1.0f + g * (1.0f - sig));
+  *du = d * g * sig;
+}
 
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, no more.
 static inline unsigned k_cuda_blocks(int64_t n, int threads) {

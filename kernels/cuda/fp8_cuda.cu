@@ -1,5 +1,7 @@
-// FP8 on the GPU: the fused cast (scale, round to FP8, transpose, amax in one pass over x) and
-// delayed scaling's scale update; the FP8 GEMM is in gemm_lt.cu with the other cuBLASLt calls.
+// FP8 on the GPU: the fused cast (scale, round to FP8, transpose, amax in one pass over x), the
+// same cast fed by SwiGLU's backward, delayed scaling's scale update, SwiGLU with the codes of
+// its output, and block scaling's casts; the FP8 GEMMs are in gemm_lt.cu with the other
+// cuBLASLt calls.
 // Semantics and rounding are those of kernels/cpu/fp8_cpu.h, which the op suite compares with
 // bit for bit: the conversion is the hardware's cvt.rn.satfinite (round to nearest even), with
 // the input first clamped to +-largest finite (so saturation does not depend on how cvt treats
@@ -37,85 +39,180 @@ __device__ __forceinline__ void amax_commit(uint32_t v, float *amax) {
   }
 }
 
-// One 64 x 64 tile of x (rows, cols): block (blockIdx.x, blockIdx.y) = (row tile, column tile).
-// VEC: cols a multiple of the vector (16 bytes of E), x 16-byte and out 16 / sizeof(E)-byte
-// aligned; with TRANS also rows a multiple of 16 and out_t 16-byte aligned.
-template <typename E, k_fp8 F, bool TRANS, bool VEC>
-__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast(const E *x, int64_t rows, int cols, const float *scale, uint8_t *out,
+// Where the cast kernel reads its values. A source holds NT tensors of (rows, cols) side by side
+// in one (rows, NT cols) output: tensor t is columns [t cols, (t + 1) cols) of the codes and rows
+// [t cols, (t + 1) cols) of the transposed codes. load_vec gives the V = k_vec<elem>::N values at
+// columns [c, c + V) of row r of each tensor (16-byte vectors: c a multiple of V), load_one the
+// value at column c; both as stored in the act dtype, which is what the codes and the amax are of.
+
+// fp8_cast's source: x (rows, cols) itself.
+template <typename E>
+struct cast_src {
+  typedef E elem;
+  enum { NT = 1 };
+  const E *x;
+  int cols;
+  __device__ __forceinline__ void load_vec(int64_t r, int c, float (*f)[k_vec<E>::N]) const {
+    k_unpack<E>(*(const uint4 *)(x + r * cols + c), f[0]);
+  }
+  __device__ __forceinline__ void load_one(int64_t r, int c, float *f) const { f[0] = k_ld(x[r * cols + c]); }
+};
+
+// swiglu_bwd_fp8's source: the gradients of gate (tensor 0) and up (tensor 1) from dout (rows, n)
+// and gu (rows, 2n) (k_swiglu_grad, swiglu_bwd's expression), rounded to E, stored to dgu (rows,
+// 2n) unless it is NULL, and read back from that rounding.
+template <typename E>
+struct swiglu_bwd_src {
+  typedef E elem;
+  enum { NT = 2 };
+  const E *dout, *gu;
+  E *dgu;
+  int n;
+  __device__ __forceinline__ void load_vec(int64_t r, int c, float (*f)[k_vec<E>::N]) const {
+    constexpr int W = k_vec<E>::N;
+    float g[W], u[W], d[W];
+    const E *row = gu + r * 2 * n;
+    k_unpack<E>(*(const uint4 *)(row + c), g);
+    k_unpack<E>(*(const uint4 *)(row + n + c), u);
+    k_unpack<E>(*(const uint4 *)(dout + r * n + c), d);
+#pragma unroll
+    for (int e = 0; e < W; e++) k_swiglu_grad(g[e], u[e], d[e], &f[0][e], &f[1][e]);
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+      const uint4 p = k_pack<E>(f[t]);
+      if (dgu) *(uint4 *)(dgu + r * 2 * n + t * n + c) = p;
+      k_unpack<E>(p, f[t]);
+    }
+  }
+  __device__ __forceinline__ void load_one(int64_t r, int c, float *f) const {
+    const E *row = gu + r * 2 * n;
+    float dg, du;
+    k_swiglu_grad(k_ld(row[c]), k_ld(row[n + c]), k_ld(dout[r * n + c]), &dg, &du);
+    const E v[2] = {k_st<E>(dg), k_st<E>(du)};
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+      if (dgu) dgu[r * 2 * n + t * n + c] = v[t];
+      f[t] = k_ld(v[t]);
+    }
+  }
+};
+
+// The transposed store of one 64 x 64 tile of codes (tile rows tr, columns tc; the block's rows
+// [r0, r0 + 64) and columns [c0, c0 + 64) of a (rows, cols) tensor) into out_t (cols, rows),
+// after the barrier that completes the tile. VEC: a thread per column and 16 rows, one 16-byte
+// store (rows a multiple of 16, out_t 16-byte aligned); else byte by byte.
+template <bool VEC>
+__device__ __forceinline__ void tile_store_t(const uint8_t *tile, uint8_t *out_t, int64_t rows, int cols, int64_t r0,
+                                             int c0) {
+  if (VEC) {  // thread: column tc, rows [16 q, 16 q + 16) of the tile
+    const int tc = threadIdx.x >> 2, q = threadIdx.x & 3;
+    if (c0 + tc < cols && r0 + 16 * q < rows) {
+      uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 16; j++) w[j / 4] |= (uint32_t)tile[(16 * q + j) * T8_LD + tc] << (8 * (j % 4));
+      *(uint4 *)(out_t + (int64_t)(c0 + tc) * rows + r0 + 16 * q) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  } else {
+    for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
+      const int tc = e / T8, tr = e % T8;
+      if (r0 + tr < rows && c0 + tc < cols) out_t[(int64_t)(c0 + tc) * rows + r0 + tr] = tile[tr * T8_LD + tc];
+    }
+  }
+}
+
+// One 64 x 64 tile of each of the source's tensors: block (blockIdx.x, blockIdx.y) = (row tile,
+// column tile). VEC: cols a multiple of the vector (16 bytes of the element), the source's
+// pointers 16-byte and out 16 / sizeof(element)-byte aligned; with TRANS also rows a multiple
+// of 16 and out_t 16-byte aligned.
+template <typename Src, k_fp8 F, bool TRANS, bool VEC>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_cast(Src src, int64_t rows, int cols, const float *scale, uint8_t *out,
                                                         uint8_t *out_t, float *amax) {
-  __shared__ __align__(16) uint8_t tile[TRANS ? T8 * T8_LD : 1];
-  const int64_t r0 = (int64_t)blockIdx.x * T8;
+  constexpr int NT = Src::NT;
+  __shared__ __align__(16) uint8_t tile[NT][TRANS ? T8 * T8_LD : 1];
+  const int64_t r0 = (int64_t)blockIdx.x * T8, ld = (int64_t)NT * cols;
   const int c0 = blockIdx.y * T8;
   const float s = *scale;
   uint32_t m = 0;
   if (VEC) {
-    enum { V = 16 / sizeof(E), PER_ROW = T8 / V };  // elements per vector, vectors per tile row
+    enum { V = k_vec<typename Src::elem>::N, PER_ROW = T8 / V };  // elements per vector, vectors per tile row
 #pragma unroll
     for (int k = 0; k < T8 * PER_ROW / T8_THREADS; k++) {
       const int v = threadIdx.x + k * T8_THREADS, tr = v / PER_ROW, tc = v % PER_ROW * V;
       const int64_t r = r0 + tr;
       if (r >= rows || c0 + tc >= cols) continue;
-      float f[V];
-      k_unpack<E>(*(const uint4 *)(x + r * cols + c0 + tc), f);
-      uint32_t w[V / 4];
+      float f[NT][V];
+      src.load_vec(r, c0 + tc, f);
 #pragma unroll
-      for (int i = 0; i < V; i += 4) {
-        m = max(m, max(max(abs_bits(f[i]), abs_bits(f[i + 1])), max(abs_bits(f[i + 2]), abs_bits(f[i + 3]))));
-        w[i / 4] = fp8x2<F>(f[i] * s, f[i + 1] * s) | fp8x2<F>(f[i + 2] * s, f[i + 3] * s) << 16;
-      }
-      if (out) {  // 8 codes (bf16 x) in one 8-byte store, or 4 (fp32 x)
-        uint8_t *o = out + r * cols + c0 + tc;
-        if (V == 8) *(uint2 *)o = make_uint2(w[0], w[V / 4 - 1]);
-        else *(uint32_t *)o = w[0];
-      }
-      if (TRANS)
+      for (int t = 0; t < NT; t++) {
+        uint32_t w[V / 4];
 #pragma unroll
-        for (int i = 0; i < V / 4; i++) *(uint32_t *)&tile[tr * T8_LD + tc + 4 * i] = w[i];
+        for (int i = 0; i < V; i += 4) {
+          const float *x = f[t] + i;
+          m = max(m, max(max(abs_bits(x[0]), abs_bits(x[1])), max(abs_bits(x[2]), abs_bits(x[3]))));
+          w[i / 4] = fp8x2<F>(x[0] * s, x[1] * s) | fp8x2<F>(x[2] * s, x[3] * s) << 16;
+        }
+        if (out) {  // 8 codes (bf16 x) in one 8-byte store, or 4 (fp32 x)
+          uint8_t *o = out + r * ld + (int64_t)t * cols + c0 + tc;
+          if (V == 8) *(uint2 *)o = make_uint2(w[0], w[V / 4 - 1]);
+          else *(uint32_t *)o = w[0];
+        }
+        if (TRANS)
+#pragma unroll
+          for (int i = 0; i < V / 4; i++) *(uint32_t *)&tile[t][tr * T8_LD + tc + 4 * i] = w[i];
+      }
     }
   } else {
     for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
       const int tr = e / T8, tc = e % T8;
       const int64_t r = r0 + tr;
       if (r >= rows || c0 + tc >= cols) continue;
-      const float f = k_ld(x[r * cols + c0 + tc]);
-      m = max(m, abs_bits(f));
-      const uint8_t q = (uint8_t)fp8x2<F>(f * s, 0.0f);
-      if (out) out[r * cols + c0 + tc] = q;
-      if (TRANS) tile[tr * T8_LD + tc] = q;
+      float f[NT];
+      src.load_one(r, c0 + tc, f);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        m = max(m, abs_bits(f[t]));
+        const uint8_t q = (uint8_t)fp8x2<F>(f[t] * s, 0.0f);
+        if (out) out[r * ld + (int64_t)t * cols + c0 + tc] = q;
+        if (TRANS) tile[t][tr * T8_LD + tc] = q;
+      }
     }
   }
   if (TRANS) {
     __syncthreads();
-    if (VEC) {  // thread: column tc, rows [16 q, 16 q + 16) of the tile
-      const int tc = threadIdx.x >> 2, q = threadIdx.x & 3;
-      if (c0 + tc < cols && r0 + 16 * q < rows) {
-        uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int j = 0; j < 16; j++) w[j / 4] |= (uint32_t)tile[(16 * q + j) * T8_LD + tc] << (8 * (j % 4));
-        *(uint4 *)(out_t + (int64_t)(c0 + tc) * rows + r0 + 16 * q) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else {
-      for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
-        const int tc = e / T8, tr = e % T8;
-        if (r0 + tr < rows && c0 + tc < cols) out_t[(int64_t)(c0 + tc) * rows + r0 + tr] = tile[tr * T8_LD + tc];
-      }
-    }
+    for (int t = 0; t < NT; t++) tile_store_t<VEC>(tile[t], out_t + (int64_t)t * cols * rows, rows, cols, r0, c0);
   }
   amax_commit(m, amax);
 }
 
-template <typename E, k_fp8 F>
-static void fp8_cast_go(const E *x, int64_t rows, int cols, const float *scale, uint8_t *out, uint8_t *out_t, float *amax,
-                        cudaStream_t st) {
-  const int V = 16 / (int)sizeof(E);
-  const bool vec = cols % V == 0 && k_aligned16((uintptr_t)x) && (uintptr_t)out % V == 0 &&
-                   (!out_t || (rows % 16 == 0 && k_aligned16((uintptr_t)out_t)));
+// The launch over 64 x 64 tiles of (rows, cols); vec: the vector path's conditions hold.
+template <typename Src, k_fp8 F>
+static void fp8_cast_go(const Src &src, int64_t rows, int cols, bool vec, const float *scale, uint8_t *out, uint8_t *out_t,
+                        float *amax, cudaStream_t st) {
   const dim3 grid((unsigned)((rows + T8 - 1) / T8), (unsigned)((cols + T8 - 1) / T8));
-  if (out_t && vec) k_fp8_cast<E, F, true, true><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
-  else if (out_t) k_fp8_cast<E, F, true, false><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
-  else if (vec) k_fp8_cast<E, F, false, true><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
-  else k_fp8_cast<E, F, false, false><<<grid, T8_THREADS, 0, st>>>(x, rows, cols, scale, out, out_t, amax);
+  if (out_t && vec) k_fp8_cast<Src, F, true, true><<<grid, T8_THREADS, 0, st>>>(src, rows, cols, scale, out, out_t, amax);
+  else if (out_t) k_fp8_cast<Src, F, true, false><<<grid, T8_THREADS, 0, st>>>(src, rows, cols, scale, out, out_t, amax);
+  else if (vec) k_fp8_cast<Src, F, false, true><<<grid, T8_THREADS, 0, st>>>(src, rows, cols, scale, out, out_t, amax);
+  else k_fp8_cast<Src, F, false, false><<<grid, T8_THREADS, 0, st>>>(src, rows, cols, scale, out, out_t, amax);
   CUDA_LAUNCH_CHECK("k_fp8_cast");
+}
+
+// Whether the vector path fits: cols whole vectors of E, the act-dtype pointers (OR-ed into
+// act_ptrs) 16-byte aligned, out aligned to a vector's codes, and out_t (if any) to 16 bytes
+// with rows a multiple of 16.
+template <typename E>
+static bool fp8_cast_vec(int64_t rows, int cols, uintptr_t act_ptrs, const uint8_t *out, const uint8_t *out_t) {
+  const int V = k_vec<E>::N;
+  return cols % V == 0 && k_aligned16(act_ptrs) && (uintptr_t)out % V == 0 &&
+         (!out_t || (rows % 16 == 0 && k_aligned16((uintptr_t)out_t)));
+}
+
+template <typename E, k_fp8 F>
+static void fp8_cast_x(const E *x, int64_t rows, int cols, const float *scale, uint8_t *out, uint8_t *out_t, float *amax,
+                       cudaStream_t st) {
+  const cast_src<E> src = {x, cols};
+  fp8_cast_go<cast_src<E>, F>(src, rows, cols, fp8_cast_vec<E>(rows, cols, (uintptr_t)x, out, out_t), scale, out, out_t,
+                              amax, st);
 }
 
 extern "C" void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
@@ -126,11 +223,11 @@ extern "C" void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int c
   if (rows == 0 || cols == 0) return;
   k_cuda_ctx *c = k_cuda_ctx_of(b);
   if (c->act == K_BF16) {
-    if (fmt == K_E4M3) fp8_cast_go<k_bf16, K_E4M3>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
-    else fp8_cast_go<k_bf16, K_E5M2>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    if (fmt == K_E4M3) fp8_cast_x<k_bf16, K_E4M3>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    else fp8_cast_x<k_bf16, K_E5M2>((const k_bf16 *)x, rows, cols, scale, out, out_t, amax, c->stream);
   } else {
-    if (fmt == K_E4M3) fp8_cast_go<float, K_E4M3>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
-    else fp8_cast_go<float, K_E5M2>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    if (fmt == K_E4M3) fp8_cast_x<float, K_E4M3>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
+    else fp8_cast_x<float, K_E5M2>((const float *)x, rows, cols, scale, out, out_t, amax, c->stream);
   }
 }
 
@@ -235,6 +332,40 @@ extern "C" void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, i
   k_cuda_ctx *c = k_cuda_ctx_of(b);
   if (c->act == K_BF16) swiglu_fwd_fp8_go<k_bf16>((const k_bf16 *)gu, (k_bf16 *)out, rows, n, scale, out8, amax, c->stream);
   else swiglu_fwd_fp8_go<float>((const float *)gu, (float *)out, rows, n, scale, out8, amax, c->stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU's backward with the FP8 codes of its output dgu: the cast kernel above over the gate and
+// up halves of dgu as two tensors of (rows, n), its loader computing them (swiglu_bwd_src), so a
+// block reads dout and gu once for both halves and dgu need not be written or read again.
+
+template <typename E, k_fp8 F>
+static void swiglu_bwd_fp8_go(const E *dout, const E *gu, E *dgu, int64_t rows, int n, const float *scale, uint8_t *out8,
+                              uint8_t *out8_t, float *amax, cudaStream_t st) {
+  const swiglu_bwd_src<E> src = {dout, gu, dgu, n};
+  const uintptr_t act_ptrs = (uintptr_t)dout | (uintptr_t)gu | (uintptr_t)dgu;
+  fp8_cast_go<swiglu_bwd_src<E>, F>(src, rows, n, fp8_cast_vec<E>(rows, n, act_ptrs, out8, out8_t), scale, out8, out8_t,
+                                    amax, st);
+}
+
+extern "C" void k_cuda_swiglu_bwd_fp8(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n,
+                                      const float *scale, k_fp8 fmt, uint8_t *out8, uint8_t *out8_t, float *amax) {
+  CHECK(rows >= 0 && n >= 0, "swiglu_bwd_fp8 shape rows=%lld n=%d must be non-negative", (long long)rows, n);
+  CHECK(fmt == K_E4M3 || fmt == K_E5M2, "swiglu_bwd_fp8: unknown FP8 format %d", (int)fmt);
+  CHECK(out8 && out8_t, "swiglu_bwd_fp8: the codes and the transposed codes are both required");
+  CHECK((rows + T8 - 1) / T8 < ((int64_t)1 << 31) && (n + T8 - 1) / T8 < 65536,
+        "swiglu_bwd_fp8: rows=%lld n=%d too large", (long long)rows, n);
+  if (rows == 0 || n == 0) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  if (c->act == K_BF16) {
+    const k_bf16 *d = (const k_bf16 *)dout, *g = (const k_bf16 *)gu;
+    if (fmt == K_E4M3) swiglu_bwd_fp8_go<k_bf16, K_E4M3>(d, g, (k_bf16 *)dgu, rows, n, scale, out8, out8_t, amax, c->stream);
+    else swiglu_bwd_fp8_go<k_bf16, K_E5M2>(d, g, (k_bf16 *)dgu, rows, n, scale, out8, out8_t, amax, c->stream);
+  } else {
+    const float *d = (const float *)dout, *g = (const float *)gu;
+    if (fmt == K_E4M3) swiglu_bwd_fp8_go<float, K_E4M3>(d, g, (float *)dgu, rows, n, scale, out8, out8_t, amax, c->stream);
+    else swiglu_bwd_fp8_go<float, K_E5M2>(d, g, (float *)dgu, rows, n, scale, out8, out8_t, amax, c->stream);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -547,15 +547,15 @@ __global__ void k_swiglu_fwd(const E *gu, E *out, int64_t rows, int n) {
   }
 }
 
-// d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
 template <typename E>
 __global__ void k_swiglu_bwd(const E *dout, const E *gu, E *dgu, int64_t rows, int n) {
   SWIGLU_LOOP(r, j, n) {
     const E *row = gu + r * 2 * n;
     E *drow = dgu + r * 2 * n;
-    const float g = k_ld(row[j]), sig = 1.0f / (1.0f + expf(-g)), d = k_ld(dout[r * n + j]);
-    drow[j] = k_st<E>(d * k_ld(row[n + j]) * sig * (1.0f + g * (1.0f - sig)));
-    drow[n + j] = k_st<E>(d * g * sig);
+    float dg, du;
+    k_swiglu_grad(k_ld(row[j]), k_ld(row[n + j]), k_ld(dout[r * n + j]), &dg, &du);
+    drow[j] = k_st<E>(dg);
+    drow[n + j] = k_st<E>(du);
   }
 }
 
@@ -582,14 +582,11 @@ __global__ void k_swiglu_bwd_vec(const uint4 *dout, const uint4 *gu, uint4 *dgu,
     k_unpack<E>(gu[r * 2 * nv + j], g);
     k_unpack<E>(gu[r * 2 * nv + nv + j], u);
     k_unpack<E>(dout[r * nv + j], d);
+    float dg[W], du[W];
 #pragma unroll
-    for (int e = 0; e < W; e++) {
-      const float sig = 1.0f / (1.0f + expf(-g[e]));
-      u[e] = d[e] * u[e] * sig * (1.0f + g[e] * (1.0f - sig));  // dgate
-      g[e] = d[e] * g[e] * sig;                                 // dup
-    }
-    dgu[r * 2 * nv + j] = k_pack<E>(u);
-    dgu[r * 2 * nv + nv + j] = k_pack<E>(g);
+    for (int e = 0; e < W; e++) k_swiglu_grad(g[e], u[e], d[e], &dg[e], &du[e]);
+    dgu[r * 2 * nv + j] = k_pack<E>(dg);
+    dgu[r * 2 * nv + nv + j] = k_pack<E>(du);
   }
 }
 

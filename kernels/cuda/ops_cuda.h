@@ -39,6 +39,10 @@ void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *sc
 // SwiGLU writing the FP8 codes of its output too (fp8_cuda.cu; swiglu_fwd then fp8_cast, bit for bit).
 void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale, uint8_t *out8,
                            float *amax);
+// SwiGLU's backward writing the FP8 codes of dgu, transposed codes and amax too, dgu itself
+// optional (fp8_cuda.cu; swiglu_bwd then fp8_cast, bit for bit).
+void k_cuda_swiglu_bwd_fp8(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n,
+                           const float *scale, k_fp8 fmt, uint8_t *out8, uint8_t *out8_t, float *amax);
 // FP8 block scaling (kernels/cpu/fp8_cpu.h): the cast (fp8_cuda.cu, bit for bit) and the GEMM
 // (gemm_lt.cu, cuBLASLt's VEC128_32F / BLK128x128_32F scale modes).
 void k_cuda_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int cols, int tile, uint8_t *out, float *scale_inv,
