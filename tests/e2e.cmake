@@ -47,7 +47,7 @@ if(TRAINER_HAVE_CUDA)
   add_test(NAME gpu_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_kill_rank.sh)
   set_tests_properties(gpu_kill_rank PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
-  foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP INT8_EF)
+  foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP INT8_EF FP8_PGATHER)
     string(TOLOWER ${t} name)
     add_test(NAME gpu_resume_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_resume_layout.sh ${name} ${RESUME_${t}})
     set_tests_properties(gpu_resume_${name} PROPERTIES LABELS gpu ENVIRONMENT
