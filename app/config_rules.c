@@ -43,6 +43,22 @@ static int cfg_validate_offload(cfg *c, char *err, size_t n_err) {
   return 0;
 }
 
+// fp8.param_gather: the FP8 codes of one scale per tensor, gathered by the distributed optimizer.
+static int cfg_validate_param_gather(const cfg *c, char *err, size_t n_err) {
+  if (!c->optim.fp8_param_gather) return 0;
+  if (strcmp(c->train.precision, "fp8") != 0)
+    return check_errf(err, n_err, "fp8.param_gather = true gathers FP8 weights, but train.precision = %s: set "
+                      "train.precision=fp8 or fp8.param_gather=false", c->train.precision);
+  if (strcmp(c->fp8.recipe, "block") == 0)
+    return check_errf(err, n_err, "fp8.param_gather = true gathers codes of one scale per tensor, but fp8.recipe = "
+                      "block scales 128 x 128 tiles: set fp8.recipe to delayed or current, or fp8.param_gather=false");
+  if (!c->optim.distributed_optimizer)
+    return check_errf(err, n_err, "fp8.param_gather = true replaces the distributed optimizer's all-gather of the "
+                      "updated weights, but parallel.distributed_optimizer = false: set "
+                      "parallel.distributed_optimizer=true or fp8.param_gather=false");
+  return 0;
+}
+
 int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   const model_config *m = &c->model;
   cfg_parallel *p = &c->parallel;
@@ -110,6 +126,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(!from[0] || (strncmp(from, "hf:", 3) == 0 && from[3]),
            "checkpoint.init_from = '%s': expected hf:DIR (a Hugging Face Llama model directory) or empty", from);
   if (cfg_validate_offload(c, err, n_err) != 0) return -1;
+  if (cfg_validate_param_gather(c, err, n_err) != 0) return -1;
   if (world_size <= 0) return 0;
 
   // Products in long long: each factor is bounded by the table, their product is not by int.

@@ -1,6 +1,7 @@
 // Progress lines, metrics records and the run report (see report.h).
 #include "app/report.h"
 #include "parallel/step/grad_compress.h"
+#include "parallel/step/param_gather.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -38,6 +39,21 @@ void report_close(trainer *t) {
   t->metrics = NULL;
 }
 
+// fp8.param_gather: what the updated weights' all-gather brings each rank per step, as FP8 codes
+// and in the act dtype, against the compute copy alone (the rank that receives most; collective).
+static void report_param_gather(trainer *t) {
+  if (!t->c->optim.fp8_param_gather) return;
+  const param_gather *pg = t->o.pg;
+  double mib[3] = {0, 0, 0};
+  if (pg) mib[0] = pg->bytes_codes / 1048576, mib[1] = pg->bytes_act / 1048576, mib[2] = pg->bytes_plain / 1048576;
+  t->g->world->ops->all_reduce(t->g->world, mib, 3, COMM_F64, COMM_MAX);
+  if (t->g->world_rank != 0) return;
+  const char *act = t->be->act == K_BF16 ? "bf16" : "fp32";
+  if (mib[2] == 0) printf("fp8.param_gather: no effect with dp 1 (no weights to gather)\n");
+  else printf("fp8.param_gather: the updated weights reach a rank in %.3f MiB a step (%.3f MiB of FP8 codes, %.3f MiB in "
+              "%s) instead of %.3f MiB in %s\n", mib[0] + mib[1], mib[0], mib[1], act, mib[2], act);
+}
+
 void report_model_line(trainer *t) {
   const cfg *c = t->c;
   int64_t n_params_no_embed = 0, n_params = model_count_params(&c->model, &n_params_no_embed);
@@ -49,6 +65,7 @@ void report_model_line(trainer *t) {
            "per step, %s backend, %d rank%s, %d OpenMP thread%s per rank\n",
            n_params / 1e6, n_params_no_embed / 1e6, t->n_micro, c->train.micro_batch, c->model.seq_len, t->be->name,
            t->g->world_size, t->g->world_size > 1 ? "s" : "", -n_threads, n_threads < -1 ? "s" : "");
+  report_param_gather(t);
 }
 
 void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {

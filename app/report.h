@@ -10,7 +10,8 @@
 // warning, and the run goes on without it.
 int report_open(trainer *t);
 void report_close(trainer *t);
-// Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks.
+// Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks;
+// with fp8.param_gather, the bytes of the weights' all-gather per step.
 void report_model_line(trainer *t);
 
 #endif

@@ -46,6 +46,13 @@ typedef struct k_range {
   int64_t p_offset;
 } k_range;
 
+// A span of a flat buffer that belongs to one tensor of a list: n_elem elements from at, with the
+// tensor's index (its scale and amax) in tensor (fp8_cast_spans).
+typedef struct k_span {
+  int64_t at, n_elem;
+  int tensor;
+} k_span;
+
 typedef struct k_backend {
   const char *name;  // "cpu", "cuda"
   char device_name[128];  // e.g. "NVIDIA H200", or the CPU model
@@ -213,6 +220,16 @@ typedef struct k_backend {
   // both 128), K-major; C in c_type (act or K_F32); fp32 accumulation per 128-column block.
   void (*gemm_fp8_block)(struct k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
                          const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type);
+  // fp8_cast over a host list of spans of a flat buffer, one pass and no host round trip per span
+  // (fp8.param_gather: the parts of the weights a rank updated): for each span s, out[s.at, +
+  // s.n_elem) = fp8(x[same] * scale[s.tensor]) in fmt (no transpose), and amax[s.tensor] =
+  // max(amax[s.tensor], max |x[same]|) as fp8_cast takes it. x in act dtype; out or amax may be
+  // NULL (not written; scale is read only with out).
+  void (*fp8_cast_spans)(struct k_backend *b, const void *x, const k_span *spans, int n_spans, const float *scale,
+                         k_fp8 fmt, uint8_t *out, float *amax);
+  // codes_t (cols, rows) = codes (rows, cols) transposed, one byte each: an FP8 tensor's K-major
+  // copy from its codes, the same bytes fp8_cast writes to out_t.
+  void (*fp8_transpose)(struct k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t);
 } k_backend;
 
 #ifdef __cplusplus

@@ -192,6 +192,15 @@ static void cpu_gemm_fp8_block(k_backend *b, int M, int N, int K, const uint8_t 
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8_block asked for C dtype %d)", (int)c_type);
   k_cpu_gemm_fp8_block(M, N, K, A, a_tile, a_scale_inv, B, b_tile, b_scale_inv, beta, C);
 }
+static void cpu_fp8_cast_spans(k_backend *b, const void *x, const k_span *spans, int n_spans, const float *scale,
+                               k_fp8 fmt, uint8_t *out, float *amax) {
+  (void)b;
+  k_cpu_fp8_cast_spans(x, spans, n_spans, scale, fmt, out, amax);
+}
+static void cpu_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t) {
+  (void)b;
+  k_cpu_fp8_transpose(codes, rows, cols, codes_t);
+}
 static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                            int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
   (void)b;
@@ -286,6 +295,8 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->swiglu_bwd_fp8 = cpu_swiglu_bwd_fp8;
   b->fp8_cast_block = cpu_fp8_cast_block;
   b->gemm_fp8_block = cpu_gemm_fp8_block;
+  b->fp8_cast_spans = cpu_fp8_cast_spans;
+  b->fp8_transpose = cpu_fp8_transpose;
   return b;
 }
 

@@ -20,15 +20,36 @@ static void fp8_widths(const model *m, int *k_max, int *n_max) {
   if (m->fp8->head_w && dm->vocab > *n_max) *n_max = dm->vocab;
 }
 
-// Projection p of a layer: its (fused) weight in the compute dtype, N and K.
-static const void *fp8_weight(const model *m, const model_layer *ly, int p, int *n, int *k) {
+// Projection p of a layer: its (fused) weight's first tensor, N and K.
+static const model_tensor *fp8_weight(const model *m, const model_layer *ly, int p, int *n, int *k) {
   const model_dims *dm = &m->dims;
   int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd;
   const model_tensor *w[] = {ly->wq, ly->wo, ly->w_gate, ly->w_down};
   int ns[] = {qkvd, dm->d, 2 * dm->ffn, dm->d}, ks[] = {dm->d, qd, dm->d, dm->ffn};
   *n = ns[p];
   *k = ks[p];
-  return w[p]->pc;
+  return w[p];
+}
+
+// The FP8 weights of this rank in f->weights: every projection of the layers in FP8, then the
+// head's (fp8.head).
+static void fp8_list_weights(model *m) {
+  model_fp8 *f = m->fp8;
+  f->weights = XCALLOC((size_t)f->n_w, sizeof(model_fp8_weight));
+  for (int ci = 0; ci < m->vpp; ci++)
+    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
+      const model_layer *ly = &m->chunks[ci].layers[i];
+      if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
+      for (int p = 0; p < FP8_N_PROJ; p++) {
+        int n, k;
+        const model_tensor *t = fp8_weight(m, ly, p, &n, &k);
+        f->weights[f->n_weights++] = (model_fp8_weight){ly->fp8 * FP8_N_PROJ + p, t->offset, (int64_t)n * k, n, k, 0};
+      }
+    }
+  if (f->head_w)  // a tied head is the embedding table, which the lookup reads in the act dtype
+    f->weights[f->n_weights++] = (model_fp8_weight){f->n_layers * FP8_N_PROJ, f->head_w->offset,
+                                                    (int64_t)m->dims.vocab * m->dims.d, m->dims.vocab, m->dims.d,
+                                                    f->head_w->kind == MODEL_EMBED};
 }
 
 static float *fp8_upload(k_backend *be, int64_t n, float value) {
@@ -66,21 +87,10 @@ static void fp8_block_init(model *m, int k_max, int n_max) {
   int64_t rows = m->dims.rows;
   f->ws = XCALLOC((size_t)f->n_w, sizeof(float *));
   f->wst = XCALLOC((size_t)f->n_w, sizeof(float *));
-  for (int ci = 0; ci < m->vpp; ci++)
-    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
-      model_layer *ly = &m->chunks[ci].layers[i];
-      if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
-      for (int p = 0; p < FP8_N_PROJ; p++) {
-        int n, k, j = ly->fp8 * FP8_N_PROJ + p;
-        fp8_weight(m, ly, p, &n, &k);
-        f->ws[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(n, k, K_FP8_BLOCK));
-        f->wst[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(k, n, K_FP8_BLOCK));
-      }
-    }
-  if (f->head_w) {
-    int64_t j = (int64_t)f->n_layers * FP8_N_PROJ;
-    f->ws[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(m->dims.vocab, m->dims.d, K_FP8_BLOCK));
-    f->wst[j] = fp8_scales_alloc(be, k_fp8_block_scales_n(m->dims.d, m->dims.vocab, K_FP8_BLOCK));
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    f->ws[w->tensor] = fp8_scales_alloc(be, k_fp8_block_scales_n(w->n, w->k, K_FP8_BLOCK));
+    f->wst[w->tensor] = fp8_scales_alloc(be, k_fp8_block_scales_n(w->k, w->n, K_FP8_BLOCK));
   }
   int64_t nx = k_fp8_block_scales_n(rows, k_max, 1), nxt = k_fp8_block_scales_n(k_max, rows, 1);
   f->x_si = fp8_scales_alloc(be, nx > nxt ? nx : nxt);
@@ -118,23 +128,13 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->w_fmt = fp8_formats(be, f->n_w, FP8_N_PROJ, fp8_weight_format, 0);
   f->amax_sink = be->alloc(be, 2 * sizeof(float));
   f->n_nonfinite = be->alloc(be, sizeof(int));
+  fp8_list_weights(m);
   f->w8 = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
   f->w8t = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
-  for (int ci = 0; ci < m->vpp; ci++)
-    for (int i = 0; i < m->chunks[ci].n_layers; i++) {
-      model_layer *ly = &m->chunks[ci].layers[i];
-      if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
-      for (int p = 0; p < FP8_N_PROJ; p++) {
-        int n, k;
-        fp8_weight(m, ly, p, &n, &k);
-        f->w8[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
-        f->w8t[ly->fp8 * FP8_N_PROJ + p] = be->alloc(be, (size_t)n * k);
-      }
-    }
-  if (f->head_w) {
-    int64_t j = (int64_t)f->n_layers * FP8_N_PROJ, n_bytes = (int64_t)m->dims.vocab * m->dims.d;
-    f->w8[j] = be->alloc(be, (size_t)n_bytes);
-    f->w8t[j] = be->alloc(be, (size_t)n_bytes);
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    f->w8[w->tensor] = be->alloc(be, (size_t)w->n_elem);
+    f->w8t[w->tensor] = be->alloc(be, (size_t)w->n_elem);
   }
   int k_max, n_max;
   fp8_widths(m, &k_max, &n_max);
@@ -152,8 +152,9 @@ void model_fp8_free(model *m) {
   void *bufs[] = {f->amax, f->scale, f->scale_inv, f->history, f->fmt, f->w_amax, f->w_scale, f->w_scale_inv,
                   f->w_history, f->w_fmt, f->amax_sink, f->n_nonfinite, f->x8, f->g8, f->g8t};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+  if (f->codes) be->free(be, f->codes);
   for (int64_t j = 0; j < f->n_w; j++) {
-    if (f->w8[j]) be->free(be, f->w8[j]);
+    if (f->w8[j] && !f->codes) be->free(be, f->w8[j]);
     if (f->w8t[j]) be->free(be, f->w8t[j]);
     if (f->ws && f->ws[j]) be->free(be, f->ws[j]);
     if (f->wst && f->wst[j]) be->free(be, f->wst[j]);
@@ -166,6 +167,7 @@ void model_fp8_free(model *m) {
   free(f->ws);
   free(f->wst);
   free(f->layer_of);
+  free(f->weights);
   free(f);
   m->fp8 = NULL;
 }
@@ -204,28 +206,25 @@ static void fp8_cast_weight(model *m, int pass, int64_t j, const void *w, int n,
   else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
 }
 
-// The weights' FP8 copies, each scaled from its current amax (maxed over tp: a shard's amax is
-// not the tensor's).
+// The weight scales from their amaxes in w_amax (each the weight's, or this rank's part of it
+// over a group that holds the rest): maxed over tp (a shard's amax is not the tensor's), then
+// each weight scaled from its current amax.
+static void fp8_scale_weights(model *m) {
+  model_fp8 *f = m->fp8;
+  fp8_tp_max(m, f->w_amax, f->n_w);
+  m->be->fp8_scales(m->be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
+                    f->cfg.margin, 1, f->n_nonfinite);
+}
+
+// The weights' FP8 copies, each scaled from its current amax.
 static void fp8_cast_weights(model *m) {
   model_fp8 *f = m->fp8;
-  k_backend *be = m->be;
   for (int pass = 0; pass < 2; pass++) {
-    for (int ci = 0; ci < m->vpp; ci++)
-      for (int i = 0; i < m->chunks[ci].n_layers; i++) {
-        const model_layer *ly = &m->chunks[ci].layers[i];
-        if (!model_fp8_layer_on(m, ly->wq->layer)) continue;
-        for (int p = 0; p < FP8_N_PROJ; p++) {
-          int n, k;
-          const void *w = fp8_weight(m, ly, p, &n, &k);
-          fp8_cast_weight(m, pass, ly->fp8 * FP8_N_PROJ + p, w, n, k);
-        }
-      }
-    if (f->head_w) fp8_cast_weight(m, pass, (int64_t)f->n_layers * FP8_N_PROJ, f->head_w->pc, m->dims.vocab, m->dims.d);
-    if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) {
-      fp8_tp_max(m, f->w_amax, f->n_w);
-      be->fp8_scales(be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
-                     f->cfg.margin, 1, f->n_nonfinite);
+    for (int i = 0; i < f->n_weights; i++) {
+      const model_fp8_weight *w = &f->weights[i];
+      fp8_cast_weight(m, pass, w->tensor, (const char *)m->params_c + w->offset * (int64_t)m->act_bytes, w->n, w->k);
     }
+    if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) fp8_scale_weights(m);
   }
   f->weights_stale = 0;
 }
@@ -242,6 +241,38 @@ void model_fp8_begin_step(model *m, int training) {
 
 void model_fp8_weights_changed(model *m) {
   if (m->fp8) m->fp8->weights_stale = 1;
+}
+
+uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi) {
+  model_fp8 *f = m->fp8;
+  k_backend *be = m->be;
+  CHECK(!f->codes && hi > lo, "FP8 codes: one flat buffer, once (elements %lld to %lld)", (long long)lo, (long long)hi);
+  f->codes = be->alloc(be, (size_t)(hi - lo));
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    CHECK(w->offset >= lo && w->offset + w->n_elem <= hi, "FP8 codes: weight slot %d outside elements %lld to %lld",
+          w->tensor, (long long)lo, (long long)hi);
+    be->free(be, f->w8[w->tensor]);
+    f->w8[w->tensor] = f->codes + (w->offset - lo);
+  }
+  f->weights_stale = 1;
+  return f->codes;
+}
+
+void model_fp8_scale_weights(model *m) {
+  model_fp8 *f = m->fp8;
+  comm *dc = m->g->dp_c;
+  if (dc->size > 1) dc->ops->all_reduce(dc, f->w_amax, f->n_w, COMM_F32, COMM_MAX);
+  fp8_scale_weights(m);
+}
+
+void model_fp8_codes_ready(model *m) {
+  model_fp8 *f = m->fp8;
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    m->be->fp8_transpose(m->be, f->w8[w->tensor], w->n, w->k, f->w8t[w->tensor]);
+  }
+  f->weights_stale = 0;
 }
 
 void model_fp8_settle(model *m) {

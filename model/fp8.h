@@ -15,6 +15,15 @@
 enum { FP8_QKV, FP8_O, FP8_UP, FP8_DOWN, FP8_N_PROJ };
 enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
 
+// An FP8 weight of this rank: one range of the flat parameter buffer (the fused q|k|v and
+// gate|up are one each), cast as one (n, k) tensor.
+typedef struct model_fp8_weight {
+  int tensor;              // its weight slot: w_scale, w_amax, w8 and w8t are indexed by it
+  int64_t offset, n_elem;  // in the flat parameter buffer
+  int n, k;
+  int act_read;            // its compute copy is read as well (a tied LM head: the embedding lookup)
+} model_fp8_weight;
+
 typedef struct model_fp8 {
   model_fp8_config cfg;
   int n_layers;              // this rank's layers (over every chunk), each with slots
@@ -29,7 +38,10 @@ typedef struct model_fp8 {
   float *amax_sink;          // (2) where casts that must not record their amax write it, and the
                              // amax and history of a current-scaling cast
   int *n_nonfinite;          // (1) amaxes that were NaN or Inf at an update
+  model_fp8_weight *weights; // (n_weights) the weights in FP8 on this rank
+  int n_weights;
   uint8_t **w8, **w8t;       // (n_w) each weight (N, K) in FP8, and transposed (K, N)
+  uint8_t *codes;            // fp8.param_gather: the buffer w8 points into (model_fp8_codes_flat); else NULL
   uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
   uint8_t *g8, *g8t;         // (rows, widest output) an output gradient cast, and transposed
   int pending;               // activation amaxes recorded since the last update
@@ -71,6 +83,18 @@ int model_fp8_layer_on(const model *m, int layer);
 void model_fp8_begin_step(model *m, int training);
 // The weights changed (an update, init, load): their FP8 copies are remade before next use.
 void model_fp8_weights_changed(model *m);
+// fp8.param_gather (parallel/step/param_gather.h) makes the weights' FP8 copies itself, from the
+// parts of the compute copy this rank updated: the three calls below.
+// The weights' codes move into one buffer of one byte per element of the flat parameter buffer
+// from element lo to hi (covering every FP8 weight; w8 points into it), which is returned.
+uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi);
+// Collective over dp and tp: w_amax holds, for each weight, the amax of the part of it this rank
+// updated; maxed over dp (one all-reduce for every weight) and tp, it scales the weights as
+// model_fp8_begin_step would from the whole compute copy.
+void model_fp8_scale_weights(model *m);
+// The codes of every weight are in w8: their transposes are made from them (a byte transpose, the
+// codes fp8_cast would write), and the FP8 copies count as current.
+void model_fp8_codes_ready(model *m);
 // Collective. Folds pending amaxes into the scales now (before a checkpoint saves them); the
 // next begin_step then has nothing to fold. Same result as leaving it to begin_step.
 void model_fp8_settle(model *m);

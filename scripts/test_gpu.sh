@@ -4,7 +4,8 @@
 # op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
 # compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), FP8 block
-# scaling's parity, killing a rank of a dp2 run, the optimizer state in host memory (both engines
+# scaling's parity, FP8 weights all-gathered as codes against the bf16 gather (bitwise), killing
+# a rank of a dp2 run, the optimizer state in host memory (both engines
 # against the on-GPU optimizer, resume), sampling on the GPU against the CPU, and the
 # default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
@@ -58,6 +59,7 @@ LAYOUTS
 blk="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true $comm_arg"
 step "FP8 block scaling parity tp2_sp on $on vs 1 GPU (20 steps, tile-aligned model)" bash -c "TRAINER_TEST_ARGS='$blk' sh tests/test_parity.sh fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2 model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2 > '$logs/parity_fp8_block_tp2_sp.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_block_tp2_sp.log'; exit \$r"
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
+step "FP8 weights gathered as codes (fp8.param_gather) vs the bf16 gather on $on, bitwise" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_param_gather.sh $([ -z "$comm_arg" ] && echo dp2 dp2_offload) > '$logs/param_gather.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/param_gather.log'; exit \$r"
 # int8 DP gradients (docs/compression.md; fp16 and bf16 are in the parity list): against 1 GPU
 # uncompressed to 5e-2 (CPU ranks: 3.0e-2 worst), and a bitwise resume with error feedback.
 export TRAINER_PARITY_RTOL=5e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"

@@ -1,4 +1,5 @@
-// The FP8 rows of the op suite (fp8_cast, gemm_fp8, fp8_scales): a part of tests/test_backend_ops.c,
+// The FP8 rows of the op suite (fp8_cast, gemm_fp8, fp8_scales, fp8_cast_spans, fp8_transpose): a
+// part of tests/test_backend_ops.c,
 // included once by it just before its table (it uses that file's backend under test G, its
 // helpers and its tolerances), kept apart so the suite's file stays readable. The reference is
 // kernels/cpu/fp8_cpu.h: casts and scales must match it bit for bit on every backend, the GEMM
@@ -257,5 +258,123 @@ static void run_fp8_scales(const op_case *c, const op_shape *s, int idx) {
 
 static const op_shape fp8_scales_shapes[] = {SH(1, 1, 0, 0, 3),  SH(7, 4, 0, 1, 9),   SH(7, 4, 1, 0, 5),
                                              SH(9, 16, 8, 1, 20), SH(300, 1024, 2, 1, 3), SH(0, 1, 0, 0, 1)};
+
+// ---------------------------------------------------------------------------------------------
+// fp8_cast_spans: codes and per-tensor amaxes bit for bit against k_cpu_fp8_cast_spans, on a flat
+// x of random log-uniform values (specials as fp8_cast's), cut into spans of random lengths (0,
+// a few, about a slice of the GPU kernel, several slices), some left out (their bytes must keep
+// the sentinel), each of a random tensor of n_tensors with scales 2^k or 3.7 * 2^k; amaxes start
+// at 0.25, except tensor 1 at 1e30 (above every |x|: it must stay). Then with out NULL (the amax
+// alone, scale NULL) and with amax NULL (the codes alone). Shapes {n, n_spans, n_tensors, fmt,
+// specials}.
+
+static uint64_t span_draw(uint64_t n) { return n ? (uint64_t)((rng_uniform() + 1.0) * 0.5 * (double)n) % n : 0; }
+
+static int make_spans(int64_t n, int n_spans, int n_tensors, k_span *sp) {
+  static const int64_t lens[] = {0, 1, 3, 4095, 4096, 4097, 9000, 30000};
+  int k = 0;
+  for (int64_t at = 0; k < n_spans && at < n;) {
+    int64_t len = lens[span_draw(8)] + (int64_t)span_draw(50);
+    if (len > n - at) len = n - at;
+    if (span_draw(5)) sp[k++] = (k_span){at, len, (int)span_draw((uint64_t)n_tensors)};  // else a gap
+    at += len;
+  }
+  return k;
+}
+
+static void run_fp8_cast_spans(const op_case *c, const op_shape *s, int idx) {
+  (void)c, (void)idx;
+  const int64_t n = s->i[0];
+  const int n_tensors = (int)s->i[2], specials = (int)s->i[4];
+  const k_fp8 f = (k_fp8)s->i[3];
+  k_span *sp = malloc(sizeof(k_span) * (size_t)(s->i[1] + 1));
+  const int n_spans = make_spans(n, (int)s->i[1], n_tensors, sp);
+  float *x = malloc(sizeof(float) * (size_t)(n + 1)), sc[16], a0[16];
+  for (int t = 0; t < n_tensors; t++) {
+    sc[t] = (t % 2 ? 3.7f : 1.0f) * ldexpf(1.0f, t % 5 - 2);
+    a0[t] = t == 1 ? 1e30f : 0.25f;
+  }
+  const double hi = log2(1.2 * k_fp8_max(f)) + 2, lo = -18.0;  // past every tensor's top, below its subnormals
+  for (int64_t i = 0; i < n; i++) {
+    const double u = rng_uniform();
+    x[i] = (float)((u < 0 ? -1 : 1) * exp2(lo + (hi - lo) * fabs(rng_uniform())));
+  }
+  if (specials) {
+    float v[1200];
+    const int nv = fp8_specials(f, specials == 2, v, 1200);
+    for (int i = 0; i < nv && n > 0; i++) x[(i * 7919 + 13) % n] = v[i];
+  }
+  round_act(x, n);
+  uint8_t *ref = malloc((size_t)n + 1), *got = malloc((size_t)n + 1);
+  memset(ref, 0xA5, (size_t)n + 1);
+  float ref_amax[16], got_amax[16], amax_only[16];
+  memcpy(ref_amax, a0, sizeof a0);
+  k_cpu_fp8_cast_spans(x, sp, n_spans, sc, f, ref, ref_amax);
+  // The output starts as the sentinel outside the spans and as the complement of the reference in
+  // them, so that a code left unwritten differs.
+  memcpy(got, ref, (size_t)n + 1);
+  for (int k = 0; k < n_spans; k++)
+    for (int64_t i = sp[k].at; i < sp[k].at + sp[k].n_elem; i++) got[i] = (uint8_t)~ref[i];
+  void *dx = dev_put_act(x, n);
+  uint8_t *d_out = dev_put(got, (size_t)n + 1);
+  float *d_sc = dev_putf(sc, n_tensors), *d_amax = dev_putf(a0, n_tensors);
+  G->fp8_cast_spans(G, dx, sp, n_spans, d_sc, f, d_out, d_amax);
+  G->to_host(G, got, d_out, (size_t)n + 1);
+  G->to_host(G, got_amax, d_amax, sizeof(float) * (size_t)n_tensors);
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i <= n; i++)
+    if (got[i] != ref[i] && bad++ == 0) first = i;
+  EXPECT(bad == 0 && memcmp(got_amax, ref_amax, sizeof(float) * (size_t)n_tensors) == 0,
+         "[%s] fp8_cast_spans %s n=%lld, %d spans of %d tensors: %lld bytes differ (first at %lld: 0x%02X, want 0x%02X); "
+         "amaxes bitwise the reference's: %d", LABEL, k_fp8_name(f), (long long)n, n_spans, n_tensors, (long long)bad,
+         (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0,
+         memcmp(got_amax, ref_amax, sizeof(float) * (size_t)n_tensors) == 0);
+  // The amax alone (no codes written: they stay as they are), then the codes alone.
+  G->from_host(G, d_amax, a0, sizeof(float) * (size_t)n_tensors);
+  G->fp8_cast_spans(G, dx, sp, n_spans, NULL, f, NULL, d_amax);
+  G->to_host(G, amax_only, d_amax, sizeof(float) * (size_t)n_tensors);
+  G->zero(G, d_out, (size_t)n + 1);
+  G->fp8_cast_spans(G, dx, sp, n_spans, d_sc, f, d_out, NULL);
+  G->to_host(G, got, d_out, (size_t)n + 1);
+  bad = 0;
+  for (int k = 0; k < n_spans; k++) bad += memcmp(got + sp[k].at, ref + sp[k].at, (size_t)sp[k].n_elem) != 0;
+  EXPECT(bad == 0 && memcmp(amax_only, ref_amax, sizeof(float) * (size_t)n_tensors) == 0,
+         "[%s] fp8_cast_spans %s n=%lld: with amax NULL %lld spans' codes differ; with out NULL the amaxes bitwise the "
+         "reference's: %d", LABEL, k_fp8_name(f), (long long)n, (long long)bad,
+         memcmp(amax_only, ref_amax, sizeof(float) * (size_t)n_tensors) == 0);
+  free(sp), free(x), free(ref), free(got);
+  dev_free(dx), dev_free(d_out), dev_free(d_sc), dev_free(d_amax);
+}
+
+static const op_shape fp8_cast_spans_shapes[] = {SH(1, 1, 1, K_E4M3, 0),         SH(0, 0, 1, K_E4M3, 0),
+                                                 SH(1000, 7, 3, K_E5M2, 1),        SH(100000, 40, 5, K_E4M3, 2),
+                                                 SH(300000, 200, 16, K_E4M3, 1),   SH(70000, 30, 2, K_E5M2, 2)};
+
+// ---------------------------------------------------------------------------------------------
+// fp8_transpose: random bytes against k_cpu_fp8_transpose. Shapes {rows, cols, offset}: rows and
+// cols multiples of 16 take the vector path; odd shapes and offset > 0 (misaligned by that many
+// bytes) the element path.
+
+static void run_fp8_transpose(const op_case *c, const op_shape *s, int idx) {
+  (void)c, (void)idx;
+  const int64_t rows = s->i[0], n = rows * s->i[1];
+  const int cols = (int)s->i[1], off = (int)s->i[2];
+  uint8_t *in = malloc((size_t)(n + off + 1)), *ref = malloc((size_t)n + 1), *got = malloc((size_t)n + 1);
+  for (int64_t i = 0; i < n + off; i++) in[i] = (uint8_t)span_draw(256);
+  k_cpu_fp8_transpose(in + off, rows, cols, ref);
+  uint8_t *d_in = dev_put(in, (size_t)(n + off + 1)), *d_t = G->alloc(G, (size_t)(n + off + 1));
+  G->fp8_transpose(G, d_in + off, rows, cols, d_t + off);
+  G->to_host(G, got, d_t + off, (size_t)n);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad += got[i] != ref[i];
+  EXPECT(bad == 0, "[%s] fp8_transpose rows=%lld cols=%d offset %d: %lld bytes differ", LABEL, (long long)rows, cols, off,
+         (long long)bad);
+  free(in), free(ref), free(got);
+  dev_free(d_in), dev_free(d_t);
+}
+
+static const op_shape fp8_transpose_shapes[] = {SH(1, 1, 0),    SH(7, 13, 0),    SH(65, 130, 0),  SH(100, 37, 0),
+                                                SH(16, 16, 0),  SH(48, 80, 0),   SH(128, 256, 0), SH(1024, 768, 0),
+                                                SH(64, 64, 1),  SH(4096, 64, 0), SH(96, 4112, 0), SH(0, 5, 0)};
 
 #endif

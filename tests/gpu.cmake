@@ -36,6 +36,21 @@ if(TRAINER_HAVE_CUDA)
   trainer_add_parity(fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2
                      model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2)
 
+  # FP8 weights all-gathered as codes (fp8.param_gather) against the bf16 gather, bitwise: the
+  # 2-rank layouts on 2 GPUs over NCCL, and every layout on one GPU over the staged communicator.
+  foreach(variant gpu gpu1)
+    if(variant STREQUAL gpu)
+      set(pg_args dp2 dp2_offload)
+      set(pg_env "TRAINER_TEST_ARGS=train.device=cuda")
+    else()
+      set(pg_args "")
+      set(pg_env "TRAINER_TEST_ARGS=train.device=cuda parallel.gpu_comm=mpi" "CUDA_VISIBLE_DEVICES=0")
+    endif()
+    add_test(NAME ${variant}_param_gather COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_param_gather.sh ${pg_args})
+    set_tests_properties(${variant}_param_gather PROPERTIES LABELS gpu ENVIRONMENT
+                         "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};${pg_env}")
+  endforeach()
+
   # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/test_gpu.sh.
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4")
   trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)

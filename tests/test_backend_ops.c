@@ -1216,8 +1216,9 @@ static void run_adamw_ranges(const op_case *c, const op_shape *s, int idx) {
 static const op_shape adamw_ranges_shapes[] = {SH(2, 0), SH(1, 77), SH(0, 0)};
 
 // ---------------------------------------------------------------------------------------------
-// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, swiglu_bwd_fp8, and block
-// scaling's fp8_cast_block, gemm_fp8_block (their rows' functions and shapes).
+// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, swiglu_bwd_fp8,
+// fp8_cast_spans, fp8_transpose, and block scaling's fp8_cast_block, gemm_fp8_block (their rows'
+// functions and shapes).
 
 #include "tests/fp8_cases.h"
 #include "tests/quant_cases.h"
@@ -1267,6 +1268,8 @@ static const op_case CASES[] = {
     {"fp8_cast_block",   run_fp8_cast_block,   SHAPES(fp8_cast_block_shapes),  ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
     // act32 holds the bounds for every act dtype (no fast accumulation; see run_gemm_fp8_block)
     {"gemm_fp8_block",   run_gemm_fp8_block,   SHAPES(gemm_fp8_block_shapes),  ACT_ALL, {5e-3, 0x1p-8}, {0, 0},     {0, 0}},
+    {"fp8_cast_spans",   run_fp8_cast_spans,   SHAPES(fp8_cast_spans_shapes),  ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
+    {"fp8_transpose",    run_fp8_transpose,    SHAPES(fp8_transpose_shapes),   ACT_ALL, {0, 0},       {0, 0},       {0, 0}},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -1286,8 +1289,9 @@ static const struct op_slot {
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
            OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(grad_amax),
            OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8),
-           OP_SLOT(swiglu_fwd_fp8),  OP_SLOT(rmsnorm_fwd_fp8), OP_SLOT(swiglu_bwd_fp8),  OP_SLOT(fp8_cast_block),
-           OP_SLOT(gemm_fp8_block)};
+// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, swiglu_bwd_fp8,
+// fp8_cast_spans, fp8_transpose, and block scaling's fp8_cast_block, gemm_fp8_block (their rows'
+// functions and shapes).
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {

@@ -282,6 +282,18 @@ static void test_validate(void) {
           "fp8.head", "= 1000 is not a multiple of 16", "nearest legal value is 1008");
   char *fp8_no_head[] = {"train.precision=fp8", "model.vocab_size=1000"};
   EXPECT(validates(1, 2, fp8_no_head, &c), "fp8 without fp8.head takes a vocabulary of 1000");
+  // fp8.param_gather: FP8, per-tensor scales and the distributed optimizer; with dp 1 it has nothing to do.
+  INVALID(0, OV("fp8.param_gather=true", "parallel.distributed_optimizer=true"), "fp8.param_gather = true",
+          "train.precision = auto", "set train.precision=fp8 or fp8.param_gather=false");
+  INVALID(0, OV("fp8.param_gather=true", "parallel.distributed_optimizer=true", "train.precision=fp8",
+                "fp8.recipe=block"), "fp8.param_gather = true", "fp8.recipe = block",
+          "set fp8.recipe to delayed or current, or fp8.param_gather=false");
+  INVALID(0, OV("fp8.param_gather=true", "train.precision=fp8"), "fp8.param_gather = true",
+          "parallel.distributed_optimizer = false", "set parallel.distributed_optimizer=true or fp8.param_gather=false");
+  char *pgather[] = {"train.precision=fp8", "fp8.recipe=current", "parallel.distributed_optimizer=true",
+                     "fp8.param_gather=true"};
+  EXPECT(validates(2, 4, pgather, &c) && c.optim.fp8_param_gather, "fp8.param_gather with current scaling on dp 2");
+  EXPECT(validates(1, 4, pgather, &c) && c.parallel.dp == 1, "fp8.param_gather with dp 1 (no effect)");
   // Rules with no world size are not layout rules.
   char *layout_only[] = {"parallel.tp=3", "parallel.vpp=2"};
   EXPECT(validates(0, 2, layout_only, &c), "world_size 0 skips layout rules");

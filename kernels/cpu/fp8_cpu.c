@@ -80,6 +80,35 @@ void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 f
   memcpy(amax, &m, sizeof m);
 }
 
+void k_cpu_fp8_cast_spans(const float *x, const k_span *spans, int n_spans, const float *scale, k_fp8 fmt, uint8_t *out,
+                          float *amax) {
+  CHECK(n_spans >= 0 && (fmt == K_E4M3 || fmt == K_E5M2), "fp8_cast_spans: %d spans, format %d", n_spans, (int)fmt);
+  for (int k = 0; k < n_spans; k++) {
+    const k_span *s = &spans[k];
+    CHECK(s->at >= 0 && s->n_elem >= 0 && s->tensor >= 0, "fp8_cast_spans: span %d (%lld elements at %lld, tensor %d)",
+          k, (long long)s->n_elem, (long long)s->at, s->tensor);
+    const float sc = out ? scale[s->tensor] : 0.0f;
+    uint32_t m = 0;
+    if (amax) memcpy(&m, &amax[s->tensor], sizeof m);
+#pragma omp parallel for schedule(static) reduction(max : m)
+    for (int64_t i = s->at; i < s->at + s->n_elem; i++) {
+      if (out) out[i] = k_cpu_fp8_encode(x[i] * sc, fmt);
+      uint32_t u;
+      memcpy(&u, &x[i], sizeof u);
+      u &= 0x7fffffffu;
+      if (u > m) m = u;
+    }
+    if (amax) memcpy(&amax[s->tensor], &m, sizeof m);
+  }
+}
+
+void k_cpu_fp8_transpose(const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t) {
+  CHECK(rows >= 0 && cols >= 0, "fp8_transpose shape rows=%lld cols=%d must be non-negative", (long long)rows, cols);
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < cols; c++)
+    for (int64_t r = 0; r < rows; r++) codes_t[(int64_t)c * rows + r] = codes[r * cols + c];
+}
+
 void k_cpu_gemm_fp8(k_isa isa, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, float a_scale_inv, const uint8_t *B,
                     k_fp8 b_fmt, float b_scale_inv, float beta, float *C) {
   char msg[256];

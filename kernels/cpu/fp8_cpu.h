@@ -116,6 +116,14 @@ float k_cpu_fp8_decode(uint8_t code, k_fp8 fmt);
 // exceeds Inf), so a NaN in x makes *amax NaN. *amax must be non-negative or NaN.
 void k_cpu_fp8_cast(const float *x, int64_t rows, int cols, float scale, k_fp8 fmt, uint8_t *out, uint8_t *out_t, float *amax);
 
+// k_cpu_fp8_cast over spans of a flat x (kernels/backend.h, fp8_cast_spans): for each span s,
+// out[s.at, + s.n_elem) = encode(x * scale[s.tensor]) (out NULL: not written), and amax[s.tensor]
+// (NULL: not taken) as k_cpu_fp8_cast takes it.
+void k_cpu_fp8_cast_spans(const float *x, const k_span *spans, int n_spans, const float *scale, k_fp8 fmt, uint8_t *out,
+                          float *amax);
+// codes_t (cols, rows) = codes (rows, cols) transposed, byte by byte.
+void k_cpu_fp8_transpose(const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t);
+
 // C (M,N) fp32 = beta C + alpha (A B^T), alpha = a_scale_inv * b_scale_inv (rounded to fp32):
 // A (M,K) and B (N,K) decoded exactly to fp32 and multiplied by k_cpu_gemm_isa, so the scale
 // multiplies the fp32 sum, as cuBLASLt applies it. Checks k_fp8_gemm_check.

@@ -294,5 +294,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->swiglu_bwd_fp8 = k_cuda_swiglu_bwd_fp8;
   b->fp8_cast_block = k_cuda_fp8_cast_block;
   b->gemm_fp8_block = k_cuda_gemm_fp8_block;
+  b->fp8_cast_spans = k_cuda_fp8_cast_spans;
+  b->fp8_transpose = k_cuda_fp8_transpose;
   return b;
 }

@@ -232,6 +232,46 @@ extern "C" void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int c
 }
 
 // ---------------------------------------------------------------------------------------------
+// The transpose of FP8 codes: the cast's 64 x 64 tiles without the cast. VEC: cols a multiple of
+// 16 and codes 16-byte aligned (each thread loads 16 codes of a row), and the store's conditions
+// (tile_store_t).
+
+template <bool VEC>
+__global__ void __launch_bounds__(T8_THREADS) k_fp8_transpose(const uint8_t *codes, int64_t rows, int cols,
+                                                             uint8_t *codes_t) {
+  __shared__ __align__(16) uint8_t tile[T8 * T8_LD];
+  const int64_t r0 = (int64_t)blockIdx.x * T8;
+  const int c0 = blockIdx.y * T8;
+  if (VEC) {  // thread: row tr of the tile, columns [tc, tc + 16)
+    const int tr = threadIdx.x >> 2, tc = (threadIdx.x & 3) * 16;
+    if (r0 + tr < rows && c0 + tc < cols) {
+      const uint4 v = *(const uint4 *)(codes + (r0 + tr) * cols + c0 + tc);
+      uint32_t *t = (uint32_t *)&tile[tr * T8_LD + tc];  // T8_LD is a multiple of 4
+      t[0] = v.x, t[1] = v.y, t[2] = v.z, t[3] = v.w;
+    }
+  } else {
+    for (int e = threadIdx.x; e < T8 * T8; e += T8_THREADS) {
+      const int tr = e / T8, tc = e % T8;
+      if (r0 + tr < rows && c0 + tc < cols) tile[tr * T8_LD + tc] = codes[(r0 + tr) * cols + c0 + tc];
+    }
+  }
+  __syncthreads();
+  tile_store_t<VEC>(tile, codes_t, rows, cols, r0, c0);
+}
+
+extern "C" void k_cuda_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t) {
+  CHECK(rows >= 0 && cols >= 0, "fp8_transpose shape rows=%lld cols=%d must be non-negative", (long long)rows, cols);
+  CHECK((rows + T8 - 1) / T8 < ((int64_t)1 << 31), "fp8_transpose: rows=%lld too many", (long long)rows);
+  if (rows == 0 || cols == 0) return;
+  const cudaStream_t st = k_cuda_ctx_of(b)->stream;
+  const bool vec = cols % 16 == 0 && rows % 16 == 0 && k_aligned16((uintptr_t)codes) && k_aligned16((uintptr_t)codes_t);
+  const dim3 grid((unsigned)((rows + T8 - 1) / T8), (unsigned)((cols + T8 - 1) / T8));
+  if (vec) k_fp8_transpose<true><<<grid, T8_THREADS, 0, st>>>(codes, rows, cols, codes_t);
+  else k_fp8_transpose<false><<<grid, T8_THREADS, 0, st>>>(codes, rows, cols, codes_t);
+  CUDA_LAUNCH_CHECK("k_fp8_transpose");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Delayed scaling: one thread per tensor, k_cpu_fp8_scales's expressions in its order (IEEE
 // division, exact ldexpf; no fast-math), so the scales agree bit for bit.
 

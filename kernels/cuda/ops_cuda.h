@@ -36,6 +36,8 @@ void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const 
                      uint8_t *out_t, float *amax);
 void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
                        int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+// FP8 codes (rows, cols) transposed (fp8_cuda.cu, the cast's tiles).
+void k_cuda_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t);
 // SwiGLU writing the FP8 codes of its output too (fp8_cuda.cu; swiglu_fwd then fp8_cast, bit for bit).
 void k_cuda_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale, uint8_t *out8,
                            float *amax);

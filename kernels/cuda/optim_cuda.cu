@@ -1,4 +1,4 @@
-// Multi-tensor optimizer ops on the GPU (see optim_cuda.h). The ranges are laid end to end in
+// Multi-tensor ops on the GPU (see optim_cuda.h). The ranges are laid end to end in
 // a virtual concatenation; each block takes a fixed slice of it, finds its first range by
 // binary search and walks on, so one launch covers every tensor whatever their sizes. The range
 // table lives on the device and is uploaded only when the list changes (the optimizer's lists
@@ -12,19 +12,34 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_cuda.cuh"
 
 namespace {
 
+// A k_range, or a k_span (offset and p_offset its at, tensor its tensor).
 struct dev_range {
   int64_t offset, n_elem, vstart;  // vstart: where the range begins in the concatenation
   int64_t p_offset;
-  int decay;
+  int decay, tensor;
 };
+
+// One entry i of a caller's list (k_range or k_span) as a dev_range, vstart aside.
+typedef void (*range_fill)(const void *list, int i, dev_range *d);
+
+void fill_range(const void *list, int i, dev_range *d) {
+  const k_range *r = (const k_range *)list + i;
+  d->offset = r->offset, d->n_elem = r->n_elem, d->p_offset = r->p_offset, d->decay = r->decay, d->tensor = 0;
+}
+
+void fill_span(const void *list, int i, dev_range *d) {
+  const k_span *s = (const k_span *)list + i;
+  d->offset = d->p_offset = s->at, d->n_elem = s->n_elem, d->decay = 0, d->tensor = s->tensor;
+}
 
 // A device copy of one host range list, refreshed when the list differs from what was uploaded.
 struct range_table {
-  const k_range *key;  // the caller's list this copy is for
-  k_range *host;       // (n) what was uploaded
+  const void *key;     // the caller's list this copy is for
+  char *host;          // (n entries of the caller's type) what was uploaded
   dev_range *dev;      // (n)
   int n, cap;
   int64_t total;       // elements of all ranges
@@ -39,7 +54,8 @@ struct range_cache {
   unsigned long long used[RANGE_TABLES], clock;
 };
 
-const range_table *table_get(range_cache *c, const k_range *r, int n, cudaStream_t s) {
+// The device table of the caller's list r (n entries of elem bytes, made by fill).
+const range_table *table_get(range_cache *c, const void *r, int n, size_t elem, range_fill fill, cudaStream_t s) {
   int slot = 0;
   for (int i = 0; i < RANGE_TABLES; i++) {
     if (c->t[i].key == r) {
@@ -51,13 +67,13 @@ const range_table *table_get(range_cache *c, const k_range *r, int n, cudaStream
   c->used[slot] = ++c->clock;
   range_table *t = &c->t[slot];
   t->key = r;
-  if (n == t->n && t->host && memcmp(t->host, r, sizeof(k_range) * (size_t)n) == 0) return t;
+  if (n == t->n && t->host && memcmp(t->host, r, elem * (size_t)n) == 0) return t;
   CUDA_CHECK(cudaStreamSynchronize(s));  // earlier launches may still read the old table
   if (n > t->cap) {
     if (t->dev) CUDA_CHECK(cudaFree(t->dev));
     free(t->host);
     CUDA_CHECK(cudaMalloc((void **)&t->dev, sizeof(dev_range) * (size_t)n));
-    t->host = (k_range *)malloc(sizeof(k_range) * (size_t)n);
+    t->host = (char *)malloc(elem * (size_t)n);
     CHECK(t->host, "optimizer ranges: out of host memory for %d ranges", n);
     t->cap = n;
   }
@@ -65,16 +81,13 @@ const range_table *table_get(range_cache *c, const k_range *r, int n, cudaStream
   CHECK(d, "optimizer ranges: out of host memory for %d ranges", n);
   int64_t v = 0;
   for (int i = 0; i < n; i++) {
-    d[i].offset = r[i].offset;
-    d[i].n_elem = r[i].n_elem;
+    fill(r, i, &d[i]);
     d[i].vstart = v;
-    d[i].decay = r[i].decay;
-    d[i].p_offset = r[i].p_offset;
-    v += r[i].n_elem;
+    v += d[i].n_elem;
   }
   if (n) CUDA_CHECK(cudaMemcpy(t->dev, d, sizeof(dev_range) * (size_t)n, cudaMemcpyHostToDevice));
   free(d);
-  memcpy(t->host, r, sizeof(k_range) * (size_t)n);
+  memcpy(t->host, r, elem * (size_t)n);
   t->n = n;
   t->total = v;
   return t;
@@ -171,11 +184,47 @@ __global__ void sumsq_ranges_total(const double *part, int64_t n_part, double *t
   if (threadIdx.x == 0) *total = s;
 }
 
+// fp8_cast_spans: the same slices. A slice inside one span (nearly every one) casts with its
+// tensor's scale and commits the block's amax once per warp; a slice across spans walks them,
+// each thread committing its amax of a span as it leaves it. Integer max on the |x| bits: the
+// amax does not depend on the order (fp8_cuda.cuh).
+template <typename E, k_fp8 F>
+__global__ void fp8_spans_kernel(const E *x, const dev_range *r, int n, int64_t total, const float *scale, uint8_t *out,
+                                 float *amax) {
+  const int64_t j0 = (int64_t)blockIdx.x * OPT_SLICE;
+  int k = find_range(r, n, j0);
+  uint32_t m = 0;
+  if (j0 + OPT_SLICE <= r[k].vstart + r[k].n_elem) {  // the same for every thread of the block
+    const int64_t base = r[k].offset - r[k].vstart;
+    const float s = out ? scale[r[k].tensor] : 0.0f;
+#pragma unroll 4
+    for (int it = 0; it < OPT_PER_THREAD; it++) {
+      const int64_t i = base + j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+      const float f = k_ld(x[i]);
+      m = max(m, abs_bits(f));
+      if (out) out[i] = (uint8_t)fp8x2<F>(f * s, 0.0f);
+    }
+    if (amax) amax_commit_warp(m, amax + r[k].tensor);
+    return;
+  }
+  for (int it = 0; it < OPT_PER_THREAD; it++) {
+    const int64_t j = j0 + (int64_t)it * OPT_THREADS + threadIdx.x;
+    if (j >= total) break;
+    for (; j >= r[k].vstart + r[k].n_elem; k++, m = 0)
+      if (amax && m) atomicMax((unsigned int *)(amax + r[k].tensor), m);
+    const int64_t i = r[k].offset + (j - r[k].vstart);
+    const float f = k_ld(x[i]);
+    m = max(m, abs_bits(f));
+    if (out) out[i] = (uint8_t)fp8x2<F>(f * scale[r[k].tensor], 0.0f);
+  }
+  if (amax && m) atomicMax((unsigned int *)(amax + r[k].tensor), m);
+}
+
 }  // namespace
 
 // The optimizer ops' state in a backend's context, made on the first call.
 struct k_cuda_optim {
-  range_cache sumsq_tables, adamw_tables;
+  range_cache sumsq_tables, adamw_tables, fp8_tables;
   double *part;        // device partial sums, then the total
   int64_t part_cap;
   double *total_host;  // pinned: the one read of the step
@@ -192,8 +241,8 @@ static k_cuda_optim *optim_of(k_cuda_ctx *c) {
 void k_cuda_optim_free(k_cuda_optim **op) {
   if (!op || !*op) return;
   k_cuda_optim *o = *op;
-  range_cache *caches[2] = {&o->sumsq_tables, &o->adamw_tables};
-  for (int k = 0; k < 2; k++)
+  range_cache *caches[3] = {&o->sumsq_tables, &o->adamw_tables, &o->fp8_tables};
+  for (int k = 0; k < 3; k++)
     for (int i = 0; i < RANGE_TABLES; i++) {
       if (caches[k]->t[i].dev) CUDA_CHECK(cudaFree(caches[k]->t[i].dev));
       free(caches[k]->t[i].host);
@@ -209,7 +258,7 @@ extern "C" double k_cuda_sumsq_ranges(k_backend *b, const float *x, const k_rang
   k_cuda_ctx *c = k_cuda_ctx_of(b);
   k_cuda_optim *o = optim_of(c);
   cudaStream_t s = c->stream;
-  const range_table *t = table_get(&o->sumsq_tables, r, n_ranges, s);
+  const range_table *t = table_get(&o->sumsq_tables, r, n_ranges, sizeof *r, fill_range, s);
   if (t->total == 0) return 0.0;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
   if (nb + 1 > o->part_cap) {
@@ -235,7 +284,7 @@ extern "C" void k_cuda_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc
   if (n_ranges <= 0) return;
   k_cuda_ctx *c = k_cuda_ctx_of(b);
   cudaStream_t s = c->stream;
-  const range_table *t = table_get(&optim_of(c)->adamw_tables, r, n_ranges, s);
+  const range_table *t = table_get(&optim_of(c)->adamw_tables, r, n_ranges, sizeof *r, fill_range, s);
   if (t->total == 0) return;
   const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
   CHECK(nb < (int64_t)1 << 31, "adamw_ranges: %lld elements is too many for one launch", (long long)t->total);
@@ -248,4 +297,31 @@ extern "C" void k_cuda_adamw_ranges(k_backend *b, float *p, void *pc, k_dtype pc
                                                                    beta1, beta2, eps, weight_decay, bc1, bc2, g_scale);
   }
   CUDA_LAUNCH_CHECK("adamw_ranges_kernel");
+}
+
+template <typename E>
+static void fp8_spans_go(const E *x, const range_table *t, const float *scale, k_fp8 fmt, uint8_t *out, float *amax,
+                         cudaStream_t s) {
+  const int64_t nb = (t->total + OPT_SLICE - 1) / OPT_SLICE;
+  CHECK(nb < (int64_t)1 << 31, "fp8_cast_spans: %lld elements is too many for one launch", (long long)t->total);
+  if (fmt == K_E4M3)
+    fp8_spans_kernel<E, K_E4M3><<<(unsigned)nb, OPT_THREADS, 0, s>>>(x, t->dev, t->n, t->total, scale, out, amax);
+  else
+    fp8_spans_kernel<E, K_E5M2><<<(unsigned)nb, OPT_THREADS, 0, s>>>(x, t->dev, t->n, t->total, scale, out, amax);
+  CUDA_LAUNCH_CHECK("fp8_spans_kernel");
+}
+
+extern "C" void k_cuda_fp8_cast_spans(k_backend *b, const void *x, const k_span *spans, int n_spans, const float *scale,
+                                      k_fp8 fmt, uint8_t *out, float *amax) {
+  CHECK(n_spans >= 0 && (fmt == K_E4M3 || fmt == K_E5M2), "fp8_cast_spans: %d spans, format %d", n_spans, (int)fmt);
+  for (int k = 0; k < n_spans; k++)
+    CHECK(spans[k].at >= 0 && spans[k].n_elem >= 0 && spans[k].tensor >= 0,
+          "fp8_cast_spans: span %d (%lld elements at %lld, tensor %d)", k, (long long)spans[k].n_elem,
+          (long long)spans[k].at, spans[k].tensor);
+  if (n_spans == 0 || (!out && !amax)) return;
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  const range_table *t = table_get(&optim_of(c)->fp8_tables, spans, n_spans, sizeof *spans, fill_span, c->stream);
+  if (t->total == 0) return;
+  if (c->act == K_BF16) fp8_spans_go((const k_bf16 *)x, t, scale, fmt, out, amax, c->stream);
+  else fp8_spans_go((const float *)x, t, scale, fmt, out, amax, c->stream);
 }

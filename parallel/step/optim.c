@@ -1,6 +1,7 @@
 // Gradient synchronisation and AdamW (see optim.h).
 #include "parallel/step/optim.h"
 #include "parallel/step/grad_compress.h"
+#include "parallel/step/param_gather.h"
 #include "model/fp8.h"
 #include "kernels/check.h"
 #include "kernels/trace.h"
@@ -35,8 +36,11 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
   opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
   o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
-  if (o->zero && m->params_c != (void *)m->params)
+  // fp8.param_gather gathers no norms: they are shared here even where the compute copy is the master.
+  const int pg = param_gather_on(oc, m, o->zero);
+  if (o->zero && (m->params_c != (void *)m->params || pg))
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
+  if (pg) o->pg = param_gather_init(o);
 
   o->n_micro = n_micro > 0 ? n_micro : 1;
   o->t_group = XCALLOC(m->n_tensors, sizeof(int));
@@ -70,6 +74,7 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
   grad_compress_free(&o->gc, be);
+  param_gather_free(&o->pg);
   if (o->norm_pack) be->free(be, o->norm_pack);
   opt_offload_free(o);
   free(o->norm_ranges);
@@ -164,6 +169,24 @@ static void opt_unpack_norms(opt_state *o) {
   }
 }
 
+// Starts the all-gather of the compute copy's buckets [b0, b0 + nb) (counted from the lowest);
+// with fp8.param_gather those that do not travel as codes.
+static void opt_gather_start(opt_state *o, int b0, int nb) {
+  comm *dc = o->m->g->dp_c;
+  if (o->pg) param_gather_start_act(o, b0, nb);
+  else if (nb > 0)
+    dc->ops->all_gather_regions_start(dc, o->m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb, opt_act_comm(o));
+}
+
+// After the wait for the gathers: the norms in place, and the FP8 copies remade at the next step
+// (or, with fp8.param_gather, finished now).
+static void opt_weights_arrived(opt_state *o) {
+  if (o->norm_pack) opt_unpack_norms(o);
+  model_sync_norms(o->m);
+  if (o->pg) param_gather_finish(o);
+  else model_fp8_weights_changed(o->m);
+}
+
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
@@ -237,17 +260,14 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     int b0 = o->piece_bucket[k], nb = o->piece_bucket[k + 1] - b0;
     opt_offload_update(o, b0, b0 + nb, grad, lr, bc1, bc2, g_scale);
     be->copy_join(be);  // the cpu engine's new weights are in place before they are gathered or read
-    if (o->zero && nb > 0)
-      dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb,
-                                        be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+    if (o->zero) opt_gather_start(o, b0, nb);
   }
   opt_offload_norms_back(o);  // the device share's norms, which forward reads through m->params
+  if (o->pg) param_gather_start_codes(o);  // every part of every FP8 weight is updated now
   if (o->norm_pack) opt_share_norms(o);
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
-  if (o->norm_pack) opt_unpack_norms(o);
-  model_sync_norms(m);
-  model_fp8_weights_changed(m);
+  opt_weights_arrived(o);
   opt_offload_start_delayed(o, lr, bc1, bc2, g_scale);  // after the norms: it writes master weights
   trace_pop_range();
   if (o->timing) {
@@ -266,12 +286,9 @@ void opt_flush(opt_state *o) {
   opt_offload_update(o, 0, o->n_buckets, NULL, 0, 0, 0, 0);  // the copies back
   o->upload_pending = 0;
   be->copy_join(be);
-  if (o->zero)
-    dc->ops->all_gather_regions_start(dc, m->params_c, o->bucket_lo, o->bucket_len, o->n_buckets,
-                                      be->act == K_BF16 ? COMM_BF16 : COMM_F32);
+  if (o->zero) opt_gather_start(o, 0, o->n_buckets);
+  if (o->pg) param_gather_start_codes(o);
   if (o->norm_pack) opt_share_norms(o);
   if (o->zero) dc->ops->wait(dc);
-  if (o->norm_pack) opt_unpack_norms(o);
-  model_sync_norms(m);
-  model_fp8_weights_changed(m);
+  opt_weights_arrived(o);
 }

@@ -31,6 +31,7 @@ typedef struct opt_state {
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
   struct grad_compress *gc;  // parallel.grad_compress (dp > 1): grad_compress.h; NULL = fp32
+  struct param_gather *pg;  // fp8.param_gather (ZeRO, FP8): param_gather.h; NULL = the compute copy gathered
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
   int64_t norm_pack_n;      // elements of all norm tensors (optim_layout.c)
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
@@ -91,6 +92,9 @@ typedef struct opt_state {
   struct opt_delay *delay;
   int upload_pending;
 } opt_state;
+
+// The wire type of the compute copy's all-gather: the backend's activation dtype.
+static inline comm_dtype opt_act_comm(const opt_state *o) { return o->m->be->act == K_BF16 ? COMM_BF16 : COMM_F32; }
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
 void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
