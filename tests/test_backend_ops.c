@@ -1289,9 +1289,8 @@ static const struct op_slot {
            OP_SLOT(ce_loss),         OP_SLOT(add),             OP_SLOT(sumsq_ranges),   OP_SLOT(adamw_ranges),
            OP_SLOT(fp8_cast),        OP_SLOT(gemm_fp8),        OP_SLOT(fp8_scales),     OP_SLOT(grad_amax),
            OP_SLOT(quant16),         OP_SLOT(dequant16),       OP_SLOT(quant_i8),       OP_SLOT(dequant_i8),
-// FP8: fp8_cast, gemm_fp8, fp8_scales, swiglu_fwd_fp8, rmsnorm_fwd_fp8, swiglu_bwd_fp8,
-// fp8_cast_spans, fp8_transpose, and block scaling's fp8_cast_block, gemm_fp8_block (their rows'
-// functions and shapes).
+           OP_SLOT(swiglu_fwd_fp8),  OP_SLOT(rmsnorm_fwd_fp8), OP_SLOT(swiglu_bwd_fp8),  OP_SLOT(fp8_cast_block),
+           OP_SLOT(gemm_fp8_block),  OP_SLOT(fp8_cast_spans),  OP_SLOT(fp8_transpose)};
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
 static int op_index(const char *name) {
