@@ -169,8 +169,9 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
          f->mean_tps / n, f->mean_tflops);
   if (be->peak_tflops > 0)
     printf(", MFU %.1f%% of %.1f (%s)", 100 * f->mfu, be->peak_tflops, be->device_name);
-  printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f, final val loss %.4f\n",
-         mem_peak / 1073741824.0, s->last_loss, s->last_val);
+  printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f", mem_peak / 1073741824.0, s->last_loss);
+  if (isnan(s->last_val)) printf(", no val loss\n");
+  else printf(", final val loss %.4f\n", s->last_val);
   if (t->o.gc && t->c->optim.grad_compress == COMM_COMPRESS_FP16)
     printf("gradient compression fp16: %lld gradient values of rank 0 rounded to zero over this run "
            "(docs/compression.md)\n", (long long)grad_compress_underflow(&t->o));
