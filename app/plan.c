@@ -156,7 +156,6 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
           if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
             for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
               if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
-        if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
         if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
