@@ -10,7 +10,8 @@
 // warning, and the run goes on without it.
 int report_open(trainer *t);
 void report_close(trainer *t);
-// Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks.
+// Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks;
+// with optimizer.offload a second line: the pinned host memory of the optimizer's state.
 void report_model_line(trainer *t);
 
 #endif
