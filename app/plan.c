@@ -215,12 +215,13 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                           "FP8 cast buffers");
   if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
-    printf("offload: the master weights and moments of offload_fraction %g of the buckets, %s, in pinned host "
-           "memory (offload_update=%s): up to %.2f "
-           "GiB per rank, up to %.2f GiB per node of %d ranks; the table above is device memory\n",
-           (double)c->optim.offload_fraction,
-           c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated", c->optimizer.offload_update,
-           gib(host_max), gib(host_max * rpn), rpn);
+    const char *spread = dp == 1                              ? ""
+                         : c->optim.distributed_optimizer ? ", sharded over dp"
+                                                          : ", whole on each dp rank";
+    printf("offload: the master weights and moments of offload_fraction %g of the buckets%s, in pinned host memory "
+           "(offload_update=%s): up to %.2f GiB per rank, up to %.2f GiB per node of %d ranks; the table above is "
+           "device memory\n", (double)c->optim.offload_fraction, spread, c->optimizer.offload_update, gib(host_max),
+           gib(host_max * rpn), rpn);
   }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;
