@@ -284,7 +284,9 @@ double opt_step(opt_state *o, float lr, int64_t t) {
 void opt_flush(opt_state *o) {
   opt_offload_join(o);
   if (!o->upload_pending) return;
-  opt_offload_update(o, 0, o->n_buckets, NULL, 0, 0, 0, 0);  // the copies back
+  // The copies back: the host buckets only (the highest, counted from the lowest), as the
+  // device share's were updated in their step and have no gradient now.
+  opt_offload_update(o, o->n_buckets - o->n_host, o->n_buckets, NULL, 0, 0, 0, 0);
   o->upload_pending = 0;
   o->m->be->copy_join(o->m->be);
   opt_refresh_model(o);
