@@ -161,8 +161,8 @@ static const cfg_key cfg_keys[] = {
              "rank's cores, new weights copied back per bucket) | gpu (the AdamW kernel reads and writes the "
              "host memory in place over NVLink-C2C or PCIe, no staging copies)"),
   CFG_FLOAT_IN(optimizer, offload_fraction, optim.offload_fraction, 0, 1, 1,
-               "offload=host: share of the gradient buckets (the last layers first) whose moments live and update "
-               "in host memory; the rest stay in backend memory and update on the GPU"),
+               "offload=host: share of the gradient buckets (the last layers first) whose master weights and "
+               "moments live and update in host memory; the rest stay in backend memory and update on the GPU"),
   CFG_INT_IN(optimizer, offload_delay, optim.offload_delay, 0, 1, 0,
              "1: the host update of step k runs during step k + 1 (one-step delayed update: step k + 1 computes "
              "its gradients on the weights before step k's update, which changes the arithmetic); needs "

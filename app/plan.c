@@ -103,7 +103,8 @@ double plan_host_bytes(const cfg *c, int64_t n) {
   // and new weights.
   double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
   double slots = o->offload_delay || 4.0 * part > share ? share : 4.0 * part;  // delayed: every bucket
-  return 4.0 * n + 8.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
+  // The master weights (4 bytes) and both moments (8) of this rank's part of the host share.
+  return 12.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
 }
 
 int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
@@ -125,8 +126,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
   int gpu = strcmp(c->train.device, "cuda") == 0, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
-  const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy (fp32 masters on the host)"
-                                                     : "fp32 compute copy (fp32 masters on the host)")
+  const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
+                                                     : "fp32 compute copy + fp32 masters of the device share")
                         : bf16_act ? "fp32 master weights + bf16 compute copy" : "fp32 master weights";
   printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
          "moments %s):\n", gpu ? "cuda" : c->train.device, weights,
@@ -156,7 +157,6 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
           if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
             for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
               if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
-        if (last) n += local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
         if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
         int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
         if (a > act) act = a;
@@ -215,10 +215,13 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                           "FP8 cast buffers");
   if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
-    printf("offload: the master weights, and the moments of offload_fraction %g of the buckets, in pinned host memory "
-           "(offload_update=%s): up to %.2f "
-           "GiB per rank, up to %.2f GiB per node of %d ranks; the table above is device memory\n",
-           (double)c->optim.offload_fraction, c->optimizer.offload_update, gib(host_max), gib(host_max * rpn), rpn);
+    const char *spread = dp == 1                              ? ""
+                         : c->optim.distributed_optimizer ? ", sharded over dp"
+                                                          : ", whole on each dp rank";
+    printf("offload: the master weights and moments of offload_fraction %g of the buckets%s, in pinned host memory "
+           "(offload_update=%s): up to %.2f GiB per rank, up to %.2f GiB per node of %d ranks; the table above is "
+           "device memory\n", (double)c->optim.offload_fraction, spread, c->optimizer.offload_update, gib(host_max),
+           gib(host_max * rpn), rpn);
   }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;

@@ -18,8 +18,9 @@ typedef struct plan_launch {
 // Local parameters of a rank at pipeline stage pp_rank (every tp rank holds as many).
 int64_t plan_rank_params(const cfg *c, int pp_rank);
 // Pinned host memory in bytes of a rank holding n local parameters under optimizer.offload
-// (0 without offload): the master weights, the host share of the moments, and the cpu engine's
-// copies of a few buckets of gradient and new weights.
+// (0 without offload): the master weights and moments of the host share (sharded over dp with
+// the distributed optimizer), and the cpu engine's copies of a few buckets of gradient and new
+// weights.
 double plan_host_bytes(const cfg *c, int64_t n);
 // Prints the plan of c (validated for world_size ranks) to stdout. Returns 0.
 int run_plan(const cfg *c, int world_size, const plan_launch *launch);

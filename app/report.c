@@ -54,6 +54,18 @@ static void report_param_gather(trainer *t) {
               "%s) instead of %.3f MiB in %s\n", mib[0] + mib[1], mib[0], mib[1], act, mib[2], act);
 }
 
+// optimizer.offload: the pinned host memory the optimizer's state took (its own allocations), on
+// rank 0 per parameter it holds, and on the fullest rank.
+static void report_offload_line(trainer *t) {
+  if (!t->c->optim.offload) return;
+  double most = (double)t->o.host_bytes;
+  t->g->world->ops->all_reduce(t->g->world, &most, 1, COMM_F64, COMM_MAX);
+  if (t->g->world_rank != 0) return;
+  printf("offload: %lld bytes of pinned host memory for the optimizer state of rank 0's %lld parameters (%.2f "
+         "bytes each; %.2f GiB, the fullest rank %.2f GiB)\n", (long long)t->o.host_bytes, (long long)t->m.n_params,
+         (double)t->o.host_bytes / (double)t->m.n_params, t->o.host_bytes / 1073741824.0, most / 1073741824.0);
+}
+
 void report_model_line(trainer *t) {
   const cfg *c = t->c;
   int64_t n_params_no_embed = 0, n_params = model_count_params(&c->model, &n_params_no_embed);
@@ -66,6 +78,7 @@ void report_model_line(trainer *t) {
            n_params / 1e6, n_params_no_embed / 1e6, t->n_micro, c->train.micro_batch, c->model.seq_len, t->be->name,
            t->g->world_size, t->g->world_size > 1 ? "s" : "", -n_threads, n_threads < -1 ? "s" : "");
   report_param_gather(t);
+  report_offload_line(t);
 }
 
 void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {

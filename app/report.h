@@ -11,7 +11,8 @@
 int report_open(trainer *t);
 void report_close(trainer *t);
 // Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks;
-// with fp8.param_gather, the bytes of the weights' all-gather per step.
+// with fp8.param_gather a line with the bytes of the weights' all-gather per step, and with
+// optimizer.offload one with the pinned host memory of the optimizer's state.
 void report_model_line(trainer *t);
 
 #endif

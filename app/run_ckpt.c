@@ -274,9 +274,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   ckpt_meta meta = {0};
   rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
-    m->be->from_host(m->be, m->params, host[0], (size_t)m->n_params * sizeof(float));
-    model_sync_compute_weights(m);
-    opt_set_params(o);
+    opt_set_params(o, host[0]);
     opt_set_moments(o, host[1], host[2]);
     *step = meta.step;
     *samples_seen = meta.samples_seen;
@@ -300,7 +298,8 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   return rc;
 }
 
-int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err) {
+int run_hf_load(const char *dir, const cfg *c, opt_state *o, char *err, size_t n_err) {
+  model *m = o->m;
   char msg[1536] = "";
   // Every rank reads the small files and its own blocks itself (a file system all ranks share,
   // as for checkpoints); the checks see the whole model, so ranks fail alike.
@@ -311,10 +310,7 @@ int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err
   if (rc == 0) rc = hf_read_model(&h, m, host, msg, sizeof msg);
   hf_dir_close(&h);
   rc = ckpt_agree(m->g->world->mpi, rc, msg, (int)sizeof msg);
-  if (rc == 0) {
-    m->be->from_host(m->be, m->params, host, (size_t)m->n_params * sizeof(float));
-    model_sync_compute_weights(m);
-  }
+  if (rc == 0) opt_set_params(o, host);
   free(host);
   snprintf(err, n_err, "%s", rc == 0 ? "" : msg);
   return rc;

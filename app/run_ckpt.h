@@ -19,8 +19,8 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
                   char *err, size_t n_err);
 // Collective. Starts the model from a Hugging Face Llama directory (checkpoint.init_from=hf:DIR):
 // checks its config.json against c->model, reads this rank's block of every parameter (fp32,
-// bf16 or fp16 in the files) and refreshes the compute copy; the optimizer state stays fresh.
+// bf16 or fp16 in the files) into the master weights (opt_set_params); the moments stay fresh.
 // Returns 0, or -1 with the same message on every rank.
-int run_hf_load(const char *dir, const cfg *c, model *m, char *err, size_t n_err);
+int run_hf_load(const char *dir, const cfg *c, opt_state *o, char *err, size_t n_err);
 
 #endif

@@ -147,8 +147,9 @@ static int trainer_resume(trainer *t, char *path, size_t n_path, char *err, size
   return rc == 0 ? 0 : -1;
 }
 
-// Loads the weights the start point names (the random init is done by then when it applies).
+// Sets the weights the start point names: the random init, a checkpoint or Hugging Face weights.
 static int trainer_load_start(trainer *t, trainer_start start, char *path, size_t n_path, char *err, size_t n_err) {
+  if (start == TRAINER_START_FRESH) opt_init_weights(&t->o, t->c->train.seed);
   if (start == TRAINER_START_RESUME) {
     if (trainer_resume(t, path, n_path, err, n_err) != 0) return -1;
     if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
@@ -158,9 +159,8 @@ static int trainer_load_start(trainer *t, trainer_start start, char *path, size_
   } else if (start == TRAINER_START_INIT_FROM) {
     const char *dir = t->c->checkpoint.init_from + 3;  // after "hf:" (cfg_validate)
     char msg[1536];
-    if (run_hf_load(dir, t->c, &t->m, msg, sizeof msg) != 0)
+    if (run_hf_load(dir, t->c, &t->o, msg, sizeof msg) != 0)
       return snprintf(err, n_err, "checkpoint.init_from: %s", msg), -1;
-    opt_set_params(&t->o);
     if (t->g->world_rank == 0)
       printf("initialised from %s: %.2fM parameters, fresh optimizer state\n", t->c->checkpoint.init_from,
              model_count_params(&t->c->model, NULL) / 1e6);
@@ -186,7 +186,6 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   if (run_offload_check(c, g, be, err, n_err) != 0) return -1;  // before the host state is pinned
   const model_layout ml = cfg_model_layout(c);
   model_init(&t->m, &c->model, &ml, g, be);
-  if (start != TRAINER_START_INIT_FROM) model_init_weights(&t->m, c->train.seed);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
   model_set_timing(&t->m, c->log.time_tp ? &t->stats.tm : NULL);
   opt_init(&t->o, &t->m, &c->optim, t->n_micro);

@@ -109,10 +109,11 @@ void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what) {
   return p;
 }
 
-// With the master weights in host memory, forward and backward read the norm weights (the only
-// fp32 weights they read) from a copy in backend memory, packed one after the other: no reads
-// over the host link, and an update running on the host (optimizer.offload_delay) cannot change
-// them under a step. model_sync_norms refreshes it.
+// With the master weights in host memory (held by the optimizer, sharded like its moments),
+// forward and backward read the norm weights (the only fp32 weights they read) from a copy in
+// backend memory, packed one after the other in tensor order: no reads over the host link, and
+// an update running on the host (optimizer.offload_delay) cannot change them under a step. The
+// optimizer refreshes it after every update (parallel/step/optim.c, opt_share_norms).
 static void model_place_norms(model *m) {
   if (!m->master_on_host) return;
   int64_t n = 0;
@@ -124,14 +125,6 @@ static void model_place_norms(model *m) {
     if (!t->tp_replicated) continue;
     t->p = m->norm_copy + n;
     n += t->n_elem;
-  }
-}
-
-void model_sync_norms(model *m) {
-  if (!m->norm_copy) return;
-  for (int i = 0; i < m->n_tensors; i++) {
-    model_tensor *t = &m->tensors[i];
-    if (t->tp_replicated) m->be->copy(m->be, t->p, m->params + t->offset, (size_t)t->n_elem * sizeof(float));
   }
 }
 
@@ -196,9 +189,10 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
   int64_t unit = (int64_t)g->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
+  // With the master weights in host memory the optimizer holds them, only its shard on each dp
+  // rank (parallel/step/optim_offload.c): the model then has no fp32 flat buffer of weights.
   m->master_on_host = ml->master_on_host;
-  m->params = m->master_on_host ? model_host_alloc(be, (size_t)m->n_params * sizeof(float), "the fp32 master weights")
-                                : be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->params = m->master_on_host ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
   // Master weights in host memory: the compute copy stays in backend memory even in fp32.
@@ -206,7 +200,7 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
                                                         : be->alloc(be, (size_t)m->n_params * m->act_bytes);
   model_place_norms(m);
   for (int i = 0; i < n; i++) {
-    if (!m->tensors[i].p) m->tensors[i].p = m->params + m->tensors[i].offset;
+    if (!m->tensors[i].p && m->params) m->tensors[i].p = m->params + m->tensors[i].offset;
     m->tensors[i].g = m->grads + m->tensors[i].offset;
     m->tensors[i].pc = (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes;
   }
@@ -220,8 +214,7 @@ void model_free(model *m) {
   model_work_free(m);
   if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
   if (m->norm_copy) m->be->free(m->be, m->norm_copy);
-  if (m->master_on_host) m->be->host_free(m->be, m->params);
-  else m->be->free(m->be, m->params);
+  if (m->params) m->be->free(m->be, m->params);
   m->be->free(m->be, m->grads);
   for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
   free(m->chunks);
@@ -250,28 +243,34 @@ static float normal_at(uint64_t key, uint64_t i) {
 }
 
 void model_sync_compute_weights(model *m) {
-  model_sync_norms(m);
+  CHECK(m->params, "the optimizer holds the master weights (optimizer.offload=host): it refreshes the compute copy");
   if (m->params_c != (void *)m->params) m->be->cast(m->be, m->params_c, m->be->act, m->params, K_F32, m->n_params);
   model_fp8_weights_changed(m);
 }
 
+void model_init_tensor(const model *m, int i, uint64_t seed, float *block) {
+  const model_tensor *t = &m->tensors[i];
+  int init = model_specs[t->kind].init;
+  float std = m->cfg.init_std * (init == 1 ? 1.0f / sqrtf(2.0f * m->cfg.n_layers) : 1.0f);
+  uint64_t key = splitmix64(seed) ^ hash_name(t->name);
+  // Each value depends on (key, index) alone, so the threads' split does not change the bits;
+  // the 1B-7B shapes take minutes on one core.
+#pragma omp parallel for schedule(static) if (t->n_elem > ((int64_t)1 << 16))
+  for (int64_t r = 0; r < t->count[0]; r++)
+    for (int64_t c = 0; c < t->count[1]; c++) {
+      uint64_t idx = (uint64_t)((t->start[0] + r) * t->full[1] + t->start[1] + c);
+      block[r * t->count[1] + c] = init == 2 ? 1.0f : std * normal_at(key, idx);
+    }
+}
+
 void model_init_weights(model *m, uint64_t seed) {
+  CHECK(m->params, "the optimizer holds the master weights (optimizer.offload=host): opt_init_weights sets them");
   for (int i = 0; i < m->n_tensors; i++) {
     model_tensor *t = &m->tensors[i];
-    float *host = XMALLOC((size_t)t->n_elem * sizeof(float));
-    int init = model_specs[t->kind].init;
-    float std = m->cfg.init_std * (init == 1 ? 1.0f / sqrtf(2.0f * m->cfg.n_layers) : 1.0f);
-    uint64_t key = splitmix64(seed) ^ hash_name(t->name);
-    // Each value depends on (key, index) alone, so the threads' split does not change the bits;
-    // the 1B-7B shapes take minutes on one core.
-#pragma omp parallel for schedule(static) if (t->n_elem > ((int64_t)1 << 16))
-    for (int64_t r = 0; r < t->count[0]; r++)
-      for (int64_t c = 0; c < t->count[1]; c++) {
-        uint64_t idx = (uint64_t)((t->start[0] + r) * t->full[1] + t->start[1] + c);
-        host[r * t->count[1] + c] = init == 2 ? 1.0f : std * normal_at(key, idx);
-      }
-    m->be->from_host(m->be, m->params + t->offset, host, (size_t)t->n_elem * sizeof(float));
-    free(host);
+    float *block = XMALLOC((size_t)t->n_elem * sizeof(float));
+    model_init_tensor(m, i, seed, block);
+    m->be->from_host(m->be, m->params + t->offset, block, (size_t)t->n_elem * sizeof(float));
+    free(block);
   }
   model_sync_compute_weights(m);
 }

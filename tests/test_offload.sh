@@ -8,11 +8,35 @@
 # equal; on GPUs, scripts/test_gpu.sh, the cpu engine's host arithmetic may round differently
 # from the GPU kernel's, and the script states its tolerance). Then bitwise resume with
 # offload, and a resume that switches offload off (and on) at the checkpoint; then the delayed
-# update (offload_delay=1).
+# update (offload_delay=1). With the gpu engine, that the host state is only this rank's part:
+# the pinned bytes the run reports, and those --dry-run plans.
 . "$(dirname "$0")/lib.sh"
 name=$1; np=$2; shift 2
 make_corpus
 rtol=${TRAINER_OFFLOAD_RTOL:-0}
+# The parts the host state is cut into: dp with the distributed optimizer, else 1.
+parts=1
+case " $* " in
+  *" parallel.distributed_optimizer=true "*) parts=$(printf '%s\n' "$@" | sed -n 's/^parallel\.dp=//p') ;;
+esac
+# host_bytes RUN FRACTION: the pinned host memory the run reports at start-up (the sum of its own
+# allocations) is the master weights and both moments of rank 0's part of the host share: 12 bytes
+# a parameter times the share (FRACTION of the buckets, rounded to whole ones: within a fifth)
+# over the parts. A master kept whole on every rank would add 4 bytes a parameter, 4 - 4 / dp of
+# the host share more. The gpu engine pins nothing else (the cpu engine adds its copy slots).
+host_bytes() {
+  python3 - "$WORK/$1/log" "$2" "$parts" <<'PY'
+import re, sys
+text, fraction, parts = open(sys.argv[1]).read(), float(sys.argv[2]), int(sys.argv[3])
+m = re.search(r"^offload: (\d+) bytes of pinned host memory for the optimizer state of rank 0's (\d+) parameters",
+              text, re.M)
+if not m:
+    sys.exit("no offload line in the log")
+per, want = int(m.group(1)) / int(m.group(2)), 12 * fraction / parts
+print("pinned host memory: %.4f bytes a parameter, expected about %.4f" % (per, want))
+sys.exit(0 if abs(per - want) <= (0.001 if fraction == 1 else 0.2) * want else 1)
+PY
+}
 base="train.steps=20 train.warmup_steps=4 parallel.bucket_mb=0.02 checkpoint.every=10"
 # shellcheck disable=SC2086
 run reference "$np" $base "$@" || fail "run without offload: $(tail -5 "$WORK/reference/log")"
@@ -30,7 +54,26 @@ for engine in cpu gpu; do
       || fail "$run losses differ"
     "$BUILD/ckpt_compare" "$WORK/reference/ckpt/ckpt_00000020.h5" "$WORK/$run/ckpt/ckpt_00000020.h5" --rtol "$rtol" \
       --prefix "" && pass "$run weights and moments equal the run without offload" || fail "$run checkpoints differ"
+    if [ "$engine" = gpu ]; then
+      host_bytes "$run" "$fraction" && pass "$run pins 12 bytes a parameter of its part ($parts) of the host share" \
+        || fail "$run pins other than its part of the host share: $(grep '^offload:' "$WORK/$run/log")"
+    fi
   done
+done
+# --dry-run counts the same for the 7B shape on 8 ranks (gpu engine: no copy slots): 12 bytes a
+# parameter of the rank, over dp 8 with the distributed optimizer, whole without it.
+for zero in true false; do
+  "$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 8 parallel.dp=8 parallel.distributed_optimizer=$zero \
+    optimizer.offload=host optimizer.offload_update=gpu > "$WORK/plan_$zero.txt" 2>&1
+  python3 - "$WORK/plan_$zero.txt" "$zero" <<'PY' && pass "dry run: pinned host memory, distributed_optimizer=$zero" \
+    || fail "dry run: pinned host memory with distributed_optimizer=$zero: $(grep '^offload' "$WORK/plan_$zero.txt")"
+import re, sys
+text, dp = open(sys.argv[1]).read(), 8 if sys.argv[2] == "true" else 1
+n = float(re.search(r"^  0 +0 .* ([0-9.]+)M ", text, re.M).group(1)) * 1e6
+gib = float(re.search(r"^offload: .* up to ([0-9.]+) GiB per rank", text, re.M).group(1))
+print("dry run: %.2f GiB per rank, expected %.2f" % (gib, 12 * n / dp / 2**30))
+sys.exit(0 if abs(gib - 12 * n / dp / 2**30) < 0.01 else 1)
+PY
 done
 # Bitwise resume with offload (the host share's moments saved and loaded), and from a
 # checkpoint of the run with offload into one without it, and the other way round.
@@ -71,9 +114,11 @@ print("without delay", [round(a[s], 4) for s in (1, 2, 20)], "with delay", [roun
 sys.exit(0 if a[1] == b[1] and a[3] != b[3] and b[20] < b[1] - 0.5 else 1)
 PY
 # A checkpoint after every step completes each update before the next step: the delayed engine
-# then gives the run without delay bit for bit (its host update, copies back and norms are right).
+# then gives the run without delay bit for bit (its host update, copies back and norms are right),
+# here beside a device share that is not delayed (offload_fraction 0.5).
 # shellcheck disable=SC2086
-run delay_every "$np" $base "$@" $delay checkpoint.every=1 checkpoint.keep=2 || fail "delayed update, checkpoint.every=1"
+run delay_every "$np" $base "$@" $delay optimizer.offload_fraction=0.5 checkpoint.every=1 checkpoint.keep=2 \
+  || fail "delayed update, checkpoint.every=1: $(tail -5 "$WORK/delay_every/log")"
 same_losses reference delay_every "$rtol" && pass "delayed update flushed every step equals the run without delay" \
   || fail "delayed update flushed every step differs from the run without delay"
 "$BUILD/ckpt_compare" "$WORK/reference/ckpt/ckpt_00000020.h5" "$WORK/delay_every/ckpt/ckpt_00000020.h5" --rtol "$rtol" \

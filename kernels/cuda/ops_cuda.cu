@@ -65,9 +65,8 @@ extern "C" void k_cuda_cast(k_backend *b, void *dst, k_dtype dst_type, const voi
         "cast: unknown dtype (%d -> %d)", (int)src_type, (int)dst_type);
   if (n <= 0) return;
   cudaStream_t s = k_cuda_ctx_of(b)->stream;
-  if (dst_type == src_type) {
-    if (dst != src)
-      CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * k_dtype_bytes(dst_type), cudaMemcpyDeviceToDevice, s));
+  if (dst_type == src_type) {  // Default: either side may be host_alloc memory (offloaded master weights)
+    if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * k_dtype_bytes(dst_type), cudaMemcpyDefault, s));
     return;
   }
   const float *f = (const float *)(dst_type == K_F32 ? dst : src);

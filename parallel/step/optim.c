@@ -149,23 +149,34 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
 // stale; but the norms (the tp-replicated tensors) are read in fp32 by forward and backward.
 // Every rank packs the norm elements it owns, zeros elsewhere, and the dp sum (exact: one
 // term per element is not zero) gives every rank, owner included, the same values. Started
-// here; opt_unpack_norms takes the result after the wait.
+// here; opt_unpack_norms takes the result after the wait. With offload the norms come from the
+// optimizer's master (m->params is NULL) and go to m->norm_copy, which forward reads; without
+// ZeRO straight there, as every rank updates every element.
 static void opt_share_norms(opt_state *o) {
   model *m = o->m;
   k_backend *be = m->be;
-  be->zero(be, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
-  for (int k = 0; k < o->n_norm_own; k++) {
+  float *pack = o->norm_pack ? o->norm_pack : m->norm_copy;
+  if (!pack) return;  // forward reads the master itself
+  if (o->norm_pack) be->zero(be, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
+  if (o->cfg.offload) opt_offload_norms_out(o, pack);
+  for (int k = 0; !o->cfg.offload && k < o->n_norm_own; k++) {
     const k_range *r = &o->norm_own[k];
-    be->copy(be, o->norm_pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
+    be->copy(be, pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
   }
-  m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
+  if (o->norm_pack) m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
 }
 
 static void opt_unpack_norms(opt_state *o) {
-  k_backend *be = o->m->be;
+  model *m = o->m;
+  k_backend *be = m->be;
+  if (!o->norm_pack) return;
+  if (m->norm_copy) {  // laid out as the pack
+    be->copy(be, m->norm_copy, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
+    return;
+  }
   for (int k = 0; k < o->n_norm_all; k++) {
     const k_range *r = &o->norm_all[k];
-    be->copy(be, o->m->params + r->p_offset, o->norm_pack + r->offset, (size_t)r->n_elem * sizeof(float));
+    be->copy(be, m->params + r->p_offset, o->norm_pack + r->offset, (size_t)r->n_elem * sizeof(float));
   }
 }
 
@@ -181,10 +192,21 @@ static void opt_gather_start(opt_state *o, int b0, int nb) {
 // After the wait for the gathers: the norms in place, and the FP8 copies remade at the next step
 // (or, with fp8.param_gather, finished now).
 static void opt_weights_arrived(opt_state *o) {
-  if (o->norm_pack) opt_unpack_norms(o);
-  model_sync_norms(o->m);
+  opt_unpack_norms(o);
   if (o->pg) param_gather_finish(o);
   else model_fp8_weights_changed(o->m);
+}
+
+// After this rank's part of every bucket of the compute copy changed (queued): the other ranks'
+// parts gathered with ZeRO (with fp8.param_gather the FP8 weights as codes), the norms shared,
+// the FP8 weights remade.
+static void opt_refresh_model(opt_state *o) {
+  comm *dc = o->m->g->dp_c;
+  if (o->zero) opt_gather_start(o, 0, o->n_buckets);
+  if (o->pg) param_gather_start_codes(o);
+  opt_share_norms(o);
+  if (o->zero) dc->ops->wait(dc);
+  opt_weights_arrived(o);
 }
 
 double opt_step(opt_state *o, float lr, int64_t t) {
@@ -233,10 +255,14 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments
     // and FP8 scaling state stay finite (the caller stops the run or skips the step, and
     // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
-    opt_offload_skip(o);
+    const int uploaded = opt_offload_skip(o);
     be->copy_join(be);  // the cpu engine's gradient copies read m->grads
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     model_fp8_discard_step(m);
+    if (uploaded) {  // the previous update's weights are all back (dp 1): its norms and FP8 copies too
+      opt_share_norms(o);
+      opt_weights_arrived(o);
+    }
     trace_pop_range();
     if (o->timing) {
       o->timing->dp_comm += t1 - t0;
@@ -248,8 +274,8 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // The update also writes the compute copy of this rank's elements (when the copy is not the
   // master itself). With ZeRO the other ranks' parts of the copy are then all-gathered, bucket by
   // bucket: only the compute copy, so the master weights outside this rank's shard are stale
-  // (opt_get_params gathers them) except the norms, which forward reads in fp32
-  // (opt_share_norms).
+  // (with offload not held at all; opt_get_params gathers them) except the norms, which forward
+  // reads in fp32 (opt_share_norms).
   void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
   // With offload, the piece's device share updates first (queued), then its host buckets.
   for (int k = 0; k < o->n_pieces; k++) {
@@ -262,9 +288,8 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     be->copy_join(be);  // the cpu engine's new weights are in place before they are gathered or read
     if (o->zero) opt_gather_start(o, b0, nb);
   }
-  opt_offload_norms_back(o);  // the device share's norms, which forward reads through m->params
   if (o->pg) param_gather_start_codes(o);  // every part of every FP8 weight is updated now
-  if (o->norm_pack) opt_share_norms(o);
+  opt_share_norms(o);
   be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
   if (o->zero) dc->ops->wait(dc);
   opt_weights_arrived(o);
@@ -280,15 +305,19 @@ double opt_step(opt_state *o, float lr, int64_t t) {
 void opt_flush(opt_state *o) {
   opt_offload_join(o);
   if (!o->upload_pending) return;
-  model *m = o->m;
-  k_backend *be = m->be;
-  comm *dc = m->g->dp_c;
-  opt_offload_update(o, 0, o->n_buckets, NULL, 0, 0, 0, 0);  // the copies back
+  // The copies back: the host buckets only (the highest, counted from the lowest), as the
+  // device share's were updated in their step and have no gradient now.
+  opt_offload_update(o, o->n_buckets - o->n_host, o->n_buckets, NULL, 0, 0, 0, 0);
   o->upload_pending = 0;
-  be->copy_join(be);
-  if (o->zero) opt_gather_start(o, 0, o->n_buckets);
-  if (o->pg) param_gather_start_codes(o);
-  if (o->norm_pack) opt_share_norms(o);
-  if (o->zero) dc->ops->wait(dc);
-  opt_weights_arrived(o);
+  o->m->be->copy_join(o->m->be);
+  opt_refresh_model(o);
+}
+
+void opt_weights_set(opt_state *o) {
+  if (!o->cfg.offload) {
+    model_sync_compute_weights(o->m);  // every rank holds the whole master
+    return;
+  }
+  opt_offload_cast_master(o);
+  opt_refresh_model(o);
 }

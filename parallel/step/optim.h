@@ -4,7 +4,8 @@
 // updates its part of every bucket), the global gradient norm, clipping, the update, and (ZeRO-1)
 // the all-gather of the updated compute weights.
 // Parameters are fp32 and are the master weights; moments are fp32. With optimizer.offload=host
-// the master weights and a share of the moments live in host memory (optim_offload.c).
+// the optimizer holds the master weights itself (the model has no m->params), and those of a share
+// of the buckets live in host memory with their moments, sharded like them (optim_offload.c).
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
 
@@ -53,24 +54,27 @@ typedef struct opt_state {
   k_range *norm_all;        // every norm tensor: offset in norm_pack, p_offset flat
   k_range *norm_own;        // the norm elements this rank updates, the same way
   int n_norm_all, n_norm_own;
-  // optimizer.offload (optim_offload.c). Buckets [0, n_host) (the highest, which backward
-  // finishes first) keep their state in host memory: their master weights in m->params (host
-  // memory, flat) and their moments in host_m / host_v; in shard order they are [dev_n,
-  // shard_n), and host_m / host_v are indexed from dev_n. The other buckets (shard [0, dev_n))
-  // keep theirs in backend memory: moments in exp_avg / exp_avg_sq and, with offload, master
-  // weights in dev_master (shard order; their elements of m->params are then stale except the
-  // norms, copied back after every update). Without offload n_host is 0, dev_n shard_n, and
-  // upd_ranges[0, n_dev_ranges) update the whole shard as before; with offload n_dev_ranges is
-  // 0 and every bucket updates on its own (opt_offload_update).
+  // optimizer.offload (optim_offload.c). The master weights are then the optimizer's, in shard
+  // order like the moments: only this rank's part of every bucket (m->params is NULL). Buckets
+  // [0, n_host) (the highest, which backward finishes first) keep their state in host memory:
+  // master weights in host_master, moments in host_m / host_v; in shard order they are [dev_n,
+  // shard_n), and the three are indexed from dev_n. The other buckets (shard [0, dev_n)) keep
+  // theirs in backend memory: master weights in dev_master, moments in exp_avg / exp_avg_sq.
+  // Forward reads the norms from m->norm_copy, refreshed from master_norms after every update
+  // (opt_share_norms). Without offload n_host is 0, dev_n shard_n, and upd_ranges[0,
+  // n_dev_ranges) update the whole shard as before; with offload n_dev_ranges is 0 and every
+  // bucket updates on its own (opt_offload_update).
   int n_host;
   int64_t dev_n;
   int n_dev_ranges;
+  float *host_master;       // (shard_n - dev_n) backend host memory
   float *host_m, *host_v;   // (shard_n - dev_n) backend host memory
   float *dev_master;        // (dev_n) backend memory, offload only
+  int64_t host_bytes;       // backend host memory the optimizer's state takes on this rank
   k_range *part_ranges;     // bucket b's update ranges from part_first[b], offsets from its part's start
   int *part_first;          // (n_buckets + 1)
-  k_range *dev_norms;       // the norm elements of the device share: offset in dev_master, p_offset flat
-  int n_dev_norms;
+  k_range *master_norms;    // the norm elements this rank updates: offset in the shard, p_offset in m->norm_copy
+  int n_master_norms;
   // The cpu engine (offload_update=cpu) takes the host buckets from the lowest (j = 0 is bucket
   // n_host - 1): bucket j's gradient part is copied into slot j % n_slots of host_g (ticket
   // grad_ticket[j]), the host's cores update it and write the new compute weights into the same
@@ -110,8 +114,9 @@ void opt_offload_copy_grads(opt_state *o, const float *grad);
 // Called as backward finishes gradients: with dp = 1, starts the copies of the host buckets whose
 // gradients are final, from the lowest, into the free slots.
 void opt_offload_grads_final(opt_state *o);
-// A step whose update is skipped: completes what opt_offload_grads_final began to copy back.
-void opt_offload_skip(opt_state *o);
+// A step whose update is skipped: completes what opt_offload_grads_final began to copy back;
+// 1 if it did (the norms and FP8 copies must then follow the new weights).
+int opt_offload_skip(opt_state *o);
 // Updates the host buckets among buckets [asc_lo, asc_hi) counted from the lowest (a piece);
 // with offload_delay it copies back the results of the previous step's update instead.
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
@@ -129,13 +134,15 @@ void opt_flush(opt_state *o);
 // into host memory (shard_n elements); and back.
 void opt_moment_to_host(opt_state *o, int which, float *shard_host);
 void opt_moment_from_host(opt_state *o, int which, const float *shard_host);
-// The device share's master weights (dev_master) into this rank's shard of host memory
-// (shard_host: shard order, or flat without ZeRO), over what was read from m->params; and
-// from m->params after it was loaded (opt_set_params).
+// The master weights of this rank's shard (dev_master, host_master) into host memory in shard
+// order (shard_n elements; flat order without ZeRO).
 void opt_offload_params_to_host(opt_state *o, float *shard_host);
-void opt_offload_take_params(opt_state *o);
-// After the device share's update: its norm elements back into m->params (see above).
-void opt_offload_norms_back(opt_state *o);
+// n_elem master weights at shard offset shard_off (within one bucket part) from host memory.
+void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_host, int64_t n_elem);
+// This rank's part of every bucket of the compute copy, cast from the master weights.
+void opt_offload_cast_master(opt_state *o);
+// The master's norm elements this rank updates into pack (laid out as m->norm_copy).
+void opt_offload_norms_out(opt_state *o, float *pack);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.
 float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
@@ -150,12 +157,20 @@ float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // overflow Adam's fp32 second moment.
 double opt_step(opt_state *o, float lr, int64_t t);
 // Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
-// into host arrays of m->n_params elements; and the moments back.
+// into host arrays of m->n_params elements; and the moments back. Collective over dp with ZeRO.
 void opt_get_params(opt_state *o, float *params_host);
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);
-// m->params was loaded (a checkpoint, Hugging Face weights): the optimizer takes its master
-// weights from it where it keeps them elsewhere (offload's device share).
-void opt_set_params(opt_state *o);
+// Setting the weights (the random init, a checkpoint, Hugging Face weights): opt_set_tensor puts
+// tensor i's block on this rank (its n_elem values, host memory) into the master weights, all of
+// it where the model holds them (m->params), only this rank's shard of it with offload; after
+// every tensor, opt_weights_set (collective over dp) refreshes what the model reads from the
+// master: the compute copy (with offload each rank casts its shard and the parts are gathered),
+// the norms' copy and the FP8 weights. opt_set_params does both from a whole flat host array
+// (m->n_params); opt_init_weights from model_init_tensor, tensor by tensor.
+void opt_set_tensor(opt_state *o, int i, const float *block);
+void opt_weights_set(opt_state *o);
+void opt_set_params(opt_state *o, const float *params_host);
+void opt_init_weights(opt_state *o, uint64_t seed);
 
 #endif

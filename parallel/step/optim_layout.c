@@ -1,6 +1,6 @@
 // The distributed optimizer's layout (see optim.h): the DP buckets, each rank's part of each
-// bucket (its shard), the update and norm ranges and pieces, and the gathers and scatters of
-// shards that checkpoints use.
+// bucket (its shard), the update and norm ranges and pieces, the gathers and scatters of
+// shards that checkpoints use, and the placing of weights into the master.
 #include <string.h>
 
 #include "kernels/check.h"
@@ -138,17 +138,18 @@ static void gather_moment(opt_state *o, int which, float *host) {
 void opt_get_params(opt_state *o, float *params_host) {
   model *m = o->m;
   k_backend *be = m->be;
-  if (!o->zero) {
+  if (!o->zero && !o->cfg.offload) {
     be->to_host(be, params_host, m->params, (size_t)m->n_params * sizeof(float));
-    opt_offload_params_to_host(o, params_host);  // the shard is the flat buffer
     return;
   }
-  float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));  // this rank's part of every bucket
-  for (int b = 0; b < o->n_buckets; b++) {
+  // This rank's part of every bucket; without ZeRO that is the whole flat buffer.
+  float *mine = o->zero ? XMALLOC((size_t)o->shard_n * sizeof(float)) : params_host;
+  if (o->cfg.offload) opt_offload_params_to_host(o, mine);
+  for (int b = 0; !o->cfg.offload && b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
     be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
-  opt_offload_params_to_host(o, mine);
+  if (!o->zero) return;
   gather_host(o, mine, params_host);
   free(mine);
 }
@@ -178,4 +179,33 @@ void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_a
   scatter_moment(o, 1, exp_avg_sq_host);
 }
 
-void opt_set_params(opt_state *o) { opt_offload_take_params(o); }
+void opt_set_tensor(opt_state *o, int i, const float *block) {
+  model *m = o->m;
+  const model_tensor *t = &m->tensors[i];
+  if (!o->cfg.offload) {
+    m->be->from_host(m->be, m->params + t->offset, block, (size_t)t->n_elem * sizeof(float));
+    return;
+  }
+  // The tensor's pieces in this rank's parts (the update ranges: each lies in one tensor).
+  for (int k = 0; k < o->n_upd_ranges; k++) {
+    const k_range *r = &o->upd_ranges[k];
+    if (r->p_offset >= t->offset && r->p_offset < t->offset + t->n_elem)
+      opt_offload_set_master(o, r->offset, block + (r->p_offset - t->offset), r->n_elem);
+  }
+}
+
+void opt_set_params(opt_state *o, const float *params_host) {
+  for (int i = 0; i < o->m->n_tensors; i++) opt_set_tensor(o, i, params_host + o->m->tensors[i].offset);
+  opt_weights_set(o);
+}
+
+void opt_init_weights(opt_state *o, uint64_t seed) {
+  model *m = o->m;
+  for (int i = 0; i < m->n_tensors; i++) {
+    float *block = XMALLOC((size_t)m->tensors[i].n_elem * sizeof(float));
+    model_init_tensor(m, i, seed, block);
+    opt_set_tensor(o, i, block);
+    free(block);
+  }
+  opt_weights_set(o);
+}

@@ -1,8 +1,9 @@
 // The optimizer's state in host memory (optimizer.offload=host; see optim.h). The fp32 master
-// weights (m->params, allocated in the backend's host memory by model_init) and the moments of
-// the host share of the buckets live there; the gradients and the compute copy stay in backend
-// memory, and so does the whole state of the other buckets (the device share: dev_master and
-// the moments, updated on the GPU as without offload). Two engines update the host share:
+// weights (host_master) and the moments of the host share of the buckets live there, sharded
+// over dp like the moments (this rank's part of each bucket only; the model keeps no flat fp32
+// copy); the gradients and the compute copy stay in backend memory, and so does the whole state
+// of the other buckets (the device share: dev_master and the moments, updated on the GPU as
+// without offload). Two engines update the host share:
 //   gpu: the multi-tensor AdamW kernel reads the gradient in device memory and reads and writes
 //        the master weights and moments in host memory in place (mapped memory, zero-copy);
 //   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
@@ -16,7 +17,7 @@
 // go back then too (backward no longer reads them this step). With dp > 1 both wait for the DP
 // reduction.
 // Every call is made per bucket part, with pointers moved to the part's start, so the
-// gradient (shard order), the host moments (host order), the master and the compute copy (flat
+// gradient (shard order), the host master and moments (host order), and the compute copy (flat
 // order) each keep their own indexing and no pointer leaves its array.
 #include <math.h>
 #include <pthread.h>
@@ -32,13 +33,14 @@ static int64_t part_lo(const opt_state *o, const opt_bucket *k) { return k->lo +
 
 // Every bucket's update ranges, bucket by bucket, with offset and p_offset counted from the
 // start of the bucket's part (the two agree: a part is contiguous in the shard and flat); and
-// the norm elements of the device share's parts.
+// the norm elements of every part: offset in the shard, p_offset in m->norm_copy (each norm
+// tensor's t->p points there).
 static void build_part_ranges(opt_state *o) {
   const model *m = o->m;
   int cap = 1;
   for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
   o->part_ranges = XCALLOC(cap, sizeof(k_range));
-  o->dev_norms = XCALLOC(cap, sizeof(k_range));
+  o->master_norms = XCALLOC(cap, sizeof(k_range));
   o->part_first = XCALLOC(o->n_buckets + 1, sizeof(int));
   int n = 0;
   for (int b = 0; b < o->n_buckets; b++) {
@@ -50,11 +52,13 @@ static void build_part_ranges(opt_state *o) {
       if (r->offset < k->shard_off || r->offset >= k->shard_off + k->len) continue;
       o->part_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - plo};
     }
-    for (int i = k->t_lo; b >= o->n_host && i < k->t_hi; i++) {
+    for (int i = k->t_lo; i < k->t_hi; i++) {
       const model_tensor *t = &m->tensors[i];
       int64_t lo = t->offset > plo ? t->offset : plo, hi = t->offset + t->n_elem;
       if (hi > plo + k->len) hi = plo + k->len;
-      if (t->tp_replicated && hi > lo) o->dev_norms[o->n_dev_norms++] = (k_range){k->shard_off + lo - plo, hi - lo, 0, lo};
+      if (t->tp_replicated && hi > lo)
+        o->master_norms[o->n_master_norms++] =
+            (k_range){k->shard_off + lo - plo, hi - lo, 0, (t->p - m->norm_copy) + lo - t->offset};
     }
   }
   o->part_first[o->n_buckets] = n;
@@ -73,7 +77,9 @@ struct opt_delay {
 enum { OFFLOAD_SLOTS = 4 };
 
 static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
-  return model_host_alloc(o->m->be, (size_t)(n_elem ? n_elem : 1) * elem_bytes, what);
+  const size_t n_bytes = (size_t)(n_elem ? n_elem : 1) * elem_bytes;
+  o->host_bytes += (int64_t)n_bytes;
+  return model_host_alloc(o->m->be, n_bytes, what);
 }
 
 void opt_offload_init(opt_state *o) {
@@ -83,12 +89,14 @@ void opt_offload_init(opt_state *o) {
   o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
   o->n_dev_ranges = c->offload ? 0 : o->n_upd_ranges;
   if (!c->offload) return;
+  CHECK(o->m->master_on_host, "optimizer.offload=host on a model that holds its master weights: "
+        "model_layout.master_on_host must be set (cfg_model_layout sets it)");
   int64_t n_host_elem = o->shard_n - o->dev_n;
+  o->host_master = host_state(o, n_host_elem, sizeof(float), "the fp32 master weights");
   o->host_m = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   build_part_ranges(o);
   o->dev_master = o->m->be->alloc(o->m->be, (size_t)(o->dev_n ? o->dev_n : 1) * sizeof(float));
-  opt_offload_take_params(o);  // the weights model_init_weights left in m->params
   if (!c->offload_cpu) return;
   // A delayed update reads its gradients while the next step makes new ones: every bucket a slot.
   o->n_slots = o->n_host < OFFLOAD_SLOTS || c->offload_delay ? o->n_host : OFFLOAD_SLOTS;
@@ -105,18 +113,19 @@ void opt_offload_free(opt_state *o) {
   opt_offload_join(o);
   free(o->delay);
   o->delay = NULL;
-  void *host[] = {o->host_m, o->host_v, o->host_g, o->host_pc};
+  void *host[] = {o->host_master, o->host_m, o->host_v, o->host_g, o->host_pc};
   for (size_t i = 0; i < sizeof host / sizeof *host; i++)
     if (host[i]) be->host_free(be, host[i]);
-  o->host_m = o->host_v = o->host_g = NULL;
+  o->host_master = o->host_m = o->host_v = o->host_g = NULL;
+  o->host_bytes = 0;
   o->host_pc = NULL;
   if (o->dev_master) be->free(be, o->dev_master);
   o->dev_master = NULL;
   free(o->part_ranges);
   free(o->part_first);
-  free(o->dev_norms);
+  free(o->master_norms);
   free(o->grad_ticket);
-  o->part_ranges = o->dev_norms = NULL;
+  o->part_ranges = o->master_norms = NULL;
   o->part_first = NULL;
   o->grad_ticket = NULL;
 }
@@ -144,7 +153,7 @@ static void adamw_on_host(opt_state *o, int b, float lr, float bc1, float bc2, f
   const opt_bucket *k = &o->buckets[b];
   const int64_t hoff = k->shard_off - o->dev_n, slot = ((o->n_host - 1 - b) % o->n_slots) * o->slot_elem;
   const int n = o->part_first[b + 1] - o->part_first[b];
-  k_cpu_adamw_ranges(m->params + part_lo(o, k), (char *)o->host_pc + slot * (int64_t)m->act_bytes, m->be->act,
+  k_cpu_adamw_ranges(o->host_master + hoff, (char *)o->host_pc + slot * (int64_t)m->act_bytes, m->be->act,
                      o->host_g + slot, o->host_m + hoff, o->host_v + hoff, o->part_ranges + o->part_first[b], n, lr,
                      hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
 }
@@ -185,11 +194,12 @@ void opt_offload_grads_final(opt_state *o) {
 
 // A skipped step (non-finite gradient) after some of the previous update's weights went back
 // during backward: the rest go back too, so that the next step computes with one set of weights.
-void opt_offload_skip(opt_state *o) {
-  if (!o->delay || !o->upload_pending || !o->n_early_up) return;
+int opt_offload_skip(opt_state *o) {
+  if (!o->delay || !o->upload_pending || !o->n_early_up) return 0;
   for (int b = 0; b < o->n_host - o->n_early_up; b++) copy_back(o, b);
   o->upload_pending = 0;
   o->n_early_up = 0;
+  return 1;
 }
 
 // The cpu engine's update of host bucket b within its step: its gradient's host copy, the host
@@ -259,30 +269,50 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
     } else if (hp->offload_cpu) {
       update_on_host(o, b, lr, bc1, bc2, g_scale);
     } else {
-      be->adamw_ranges(be, m->params + plo, pc, be->act, grad + k->shard_off, o->host_m + hoff, o->host_v + hoff, r, n,
-                       lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
+      be->adamw_ranges(be, o->host_master + hoff, pc, be->act, grad + k->shard_off, o->host_m + hoff,
+                       o->host_v + hoff, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1, bc2, g_scale);
     }
   }
 }
 
-void opt_offload_norms_back(opt_state *o) {
+// The master weights at shard offset off (n_elem of them, within one bucket part): dev_master
+// below dev_n, host_master above.
+static float *master_at(const opt_state *o, int64_t off) {
+  return off < o->dev_n ? o->dev_master + off : o->host_master + (off - o->dev_n);
+}
+
+void opt_offload_norms_out(opt_state *o, float *pack) {
   k_backend *be = o->m->be;
-  for (int i = 0; i < o->n_dev_norms; i++) {
-    const k_range *r = &o->dev_norms[i];
-    be->copy(be, o->m->params + r->p_offset, o->dev_master + r->offset, (size_t)r->n_elem * sizeof(float));
+  for (int i = 0; i < o->n_master_norms; i++) {
+    const k_range *r = &o->master_norms[i];
+    be->copy(be, pack + r->p_offset, master_at(o, r->offset), (size_t)r->n_elem * sizeof(float));
+  }
+}
+
+void opt_offload_cast_master(opt_state *o) {
+  model *m = o->m;
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    m->be->cast(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes, m->be->act,
+                master_at(o, k->shard_off), K_F32, k->len);
   }
 }
 
 void opt_offload_params_to_host(opt_state *o, float *shard_host) {
-  if (o->dev_master) o->m->be->to_host(o->m->be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
+  k_backend *be = o->m->be;
+  be->to_host(be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
+  be->sync(be);  // the gpu engine's kernels have written the host share
+  memcpy(shard_host + o->dev_n, o->host_master, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
 }
 
-void opt_offload_take_params(opt_state *o) {
+void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_host, int64_t n_elem) {
   k_backend *be = o->m->be;
-  for (int b = o->n_host; o->dev_master && b < o->n_buckets; b++) {
-    const opt_bucket *k = &o->buckets[b];
-    be->copy(be, o->dev_master + k->shard_off, o->m->params + part_lo(o, k), (size_t)k->len * sizeof(float));
+  if (shard_off < o->dev_n) {
+    be->from_host(be, o->dev_master + shard_off, src_host, (size_t)n_elem * sizeof(float));
+    return;
   }
+  be->sync(be);  // no update in flight reads the host share
+  memcpy(o->host_master + (shard_off - o->dev_n), src_host, (size_t)n_elem * sizeof(float));
 }
 
 void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
