@@ -76,6 +76,9 @@ struct opt_delay {
 // keep the copy engines and the cores busy together; the host memory they take is a few buckets.
 enum { OFFLOAD_SLOTS = 4 };
 
+// What opt_offload_grads_final started for host bucket j during backward (opt_state.early).
+enum { EARLY_GRAD = 1, EARLY_UP = 2 };
+
 static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
   const size_t n_bytes = (size_t)(n_elem ? n_elem : 1) * elem_bytes;
   o->host_bytes += (int64_t)n_bytes;
@@ -106,6 +109,7 @@ void opt_offload_init(opt_state *o) {
   o->host_g = host_state(o, o->n_slots * o->slot_elem, sizeof(float), "the gradients' host copy");
   o->host_pc = host_state(o, o->n_slots * o->slot_elem, o->m->act_bytes, "the compute weights' host copy");
   o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
+  o->early = XCALLOC(o->n_host + 1, 1);
 }
 
 void opt_offload_free(opt_state *o) {
@@ -125,6 +129,8 @@ void opt_offload_free(opt_state *o) {
   free(o->part_first);
   free(o->master_norms);
   free(o->grad_ticket);
+  free(o->early);
+  o->early = NULL;
   o->part_ranges = o->master_norms = NULL;
   o->part_first = NULL;
   o->grad_ticket = NULL;
@@ -141,7 +147,9 @@ static void copy_grad(opt_state *o, int j) {
 void opt_offload_copy_grads(opt_state *o, const float *grad) {
   if (!o->host_g) return;
   o->grad_src = grad;
-  for (int j = o->n_early; j < o->n_slots; j++) copy_grad(o, j);
+  for (int j = 0; j < o->n_slots; j++)
+    if (!(o->early[j] & EARLY_GRAD)) copy_grad(o, j);
+  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_GRAD;
   o->n_early = 0;
 }
 
@@ -185,20 +193,28 @@ void opt_offload_grads_final(opt_state *o) {
     opt_offload_join(o);
   }
   o->grad_src = o->m->grads;
-  for (; o->n_early < o->n_slots && host_bucket_final(o, o->n_early); o->n_early++) {
-    copy_grad(o, o->n_early);
-    if (o->upload_pending) copy_back(o, o->n_host - 1 - o->n_early);
+  // Backward finishes the highest buckets first (j = n_host - 1 first); only the slots' first
+  // buckets (j < n_slots) have a free slot before the update.
+  for (int j = o->n_slots - 1; j >= 0; j--) {
+    if ((o->early[j] & EARLY_GRAD) || !host_bucket_final(o, j)) continue;
+    copy_grad(o, j);
+    o->early[j] |= EARLY_GRAD;
+    o->n_early++;
+    if (o->upload_pending) copy_back(o, o->n_host - 1 - j), o->early[j] |= EARLY_UP;
   }
-  if (o->upload_pending) o->n_early_up = o->n_early;
 }
 
 // A skipped step (non-finite gradient) after some of the previous update's weights went back
 // during backward: the rest go back too, so that the next step computes with one set of weights.
 int opt_offload_skip(opt_state *o) {
-  if (!o->delay || !o->upload_pending || !o->n_early_up) return 0;
-  for (int b = 0; b < o->n_host - o->n_early_up; b++) copy_back(o, b);
+  if (!o->delay || !o->upload_pending) return 0;
+  int any = 0;
+  for (int j = 0; j < o->n_host; j++) any |= o->early[j] & EARLY_UP;
+  if (!any) return 0;
+  for (int j = 0; j < o->n_host; j++)
+    if (!(o->early[j] & EARLY_UP)) copy_back(o, o->n_host - 1 - j);
   o->upload_pending = 0;
-  o->n_early_up = 0;
+  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_UP;
   return 1;
 }
 
@@ -237,7 +253,7 @@ void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, flo
   if (!o->delay || o->n_host == 0) return;
   struct opt_delay *d = o->delay;
   o->upload_pending = 0;
-  o->n_early_up = 0;
+  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_UP;
   // The copies queued on the compute stream that read or write the master weights (the norms'
   // refresh, their ZeRO exchange) are done before the thread writes them.
   o->m->be->sync(o->m->be);
@@ -265,7 +281,7 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
                        o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
                        bc2, g_scale);
     } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
-      if (o->upload_pending && o->n_host - 1 - b >= o->n_early_up) copy_back(o, b);
+      if (o->upload_pending && !(o->early[o->n_host - 1 - b] & EARLY_UP)) copy_back(o, b);
     } else if (hp->offload_cpu) {
       update_on_host(o, b, lr, bc1, bc2, g_scale);
     } else {
