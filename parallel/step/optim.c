@@ -259,10 +259,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     be->copy_join(be);  // the cpu engine's gradient copies read m->grads
     be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     model_fp8_discard_step(m);
-    if (uploaded) {  // the previous update's weights are all back (dp 1): its norms and FP8 copies too
-      opt_share_norms(o);
-      opt_weights_arrived(o);
-    }
+    if (uploaded) opt_refresh_model(o);  // the previous update's weights are all back: norms and FP8 copies follow
     trace_pop_range();
     if (o->timing) {
       o->timing->dp_comm += t1 - t0;

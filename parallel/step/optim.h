@@ -87,7 +87,6 @@ typedef struct opt_state {
   int64_t *grad_ticket;     // (n_host)
   int64_t last_ticket;      // the newest copy queued
   const float *grad_src;    // the gradient the copies read (this step's)
-  int n_early;              // gradient copies started during this step's backward (dp = 1)
   char *early;              // (n_host) per host bucket j: its gradient copy (1) and, with
                             // offload_delay, its new weights' copy back (2) started during backward
   // offload_delay: every host bucket has its own slot; the host update of a step runs on a thread

@@ -79,6 +79,11 @@ enum { OFFLOAD_SLOTS = 4 };
 // What opt_offload_grads_final started for host bucket j during backward (opt_state.early).
 enum { EARLY_GRAD = 1, EARLY_UP = 2 };
 
+// Clears flag of every host bucket.
+static void early_clear(opt_state *o, int flag) {
+  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~flag;
+}
+
 static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const char *what) {
   const size_t n_bytes = (size_t)(n_elem ? n_elem : 1) * elem_bytes;
   o->host_bytes += (int64_t)n_bytes;
@@ -149,8 +154,7 @@ void opt_offload_copy_grads(opt_state *o, const float *grad) {
   o->grad_src = grad;
   for (int j = 0; j < o->n_slots; j++)
     if (!(o->early[j] & EARLY_GRAD)) copy_grad(o, j);
-  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_GRAD;
-  o->n_early = 0;
+  early_clear(o, EARLY_GRAD);
 }
 
 // Host memory only (the update thread runs it): AdamW on the host's cores over host bucket b from
@@ -188,7 +192,7 @@ static int host_bucket_final(const opt_state *o, int j) {
 
 void opt_offload_grads_final(opt_state *o) {
   if (!o->host_g || o->m->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
-  if (o->n_early == 0 && o->delay && o->delay->running) {
+  if (o->delay && o->delay->running) {
     if (!atomic_load(&o->delay->done)) return;  // its slots are still being read: copy at opt_step
     opt_offload_join(o);
   }
@@ -199,7 +203,6 @@ void opt_offload_grads_final(opt_state *o) {
     if ((o->early[j] & EARLY_GRAD) || !host_bucket_final(o, j)) continue;
     copy_grad(o, j);
     o->early[j] |= EARLY_GRAD;
-    o->n_early++;
     if (o->upload_pending) copy_back(o, o->n_host - 1 - j), o->early[j] |= EARLY_UP;
   }
 }
@@ -209,12 +212,12 @@ void opt_offload_grads_final(opt_state *o) {
 int opt_offload_skip(opt_state *o) {
   if (!o->delay || !o->upload_pending) return 0;
   int any = 0;
-  for (int j = 0; j < o->n_host; j++) any |= o->early[j] & EARLY_UP;
+  for (int j = 0; j < o->n_host && !any; j++) any = o->early[j] & EARLY_UP;
   if (!any) return 0;
   for (int j = 0; j < o->n_host; j++)
     if (!(o->early[j] & EARLY_UP)) copy_back(o, o->n_host - 1 - j);
   o->upload_pending = 0;
-  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_UP;
+  early_clear(o, EARLY_UP);
   return 1;
 }
 
@@ -253,7 +256,7 @@ void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, flo
   if (!o->delay || o->n_host == 0) return;
   struct opt_delay *d = o->delay;
   o->upload_pending = 0;
-  for (int j = 0; j < o->n_host; j++) o->early[j] &= ~EARLY_UP;
+  early_clear(o, EARLY_UP);
   // The copies queued on the compute stream that read or write the master weights (the norms'
   // refresh, their ZeRO exchange) are done before the thread writes them.
   o->m->be->sync(o->m->be);
