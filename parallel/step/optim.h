@@ -105,6 +105,8 @@ void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
 // Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);
+// This rank's part of bucket k: its first element in the flat buffer.
+int64_t opt_part_lo(const opt_state *o, const opt_bucket *k);
 // optimizer.offload (optim_offload.c): after opt_layout_build, splits the buckets into the host
 // share and the device share and allocates the host state.
 void opt_offload_init(opt_state *o);

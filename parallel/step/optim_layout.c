@@ -40,8 +40,7 @@ static void opt_build_buckets(opt_state *o) {
   }
 }
 
-// This rank's part of bucket k, in flat elements.
-static int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
 
 // Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
 // p_offset in the flat buffer. All of them are updated; those this rank counts are in the

@@ -28,9 +28,6 @@
 #include "kernels/cpu/optim_cpu.h"
 #include "parallel/step/optim.h"
 
-// This rank's part of bucket k, in flat elements.
-static int64_t part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
-
 // Every bucket's update ranges, bucket by bucket, with offset and p_offset counted from the
 // start of the bucket's part (the two agree: a part is contiguous in the shard and flat); and
 // the norm elements of every part: offset in the shard, p_offset in m->norm_copy (each norm
@@ -45,7 +42,7 @@ static void build_part_ranges(opt_state *o) {
   int n = 0;
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    const int64_t plo = part_lo(o, k);
+    const int64_t plo = opt_part_lo(o, k);
     o->part_first[b] = n;
     for (int i = 0; i < o->n_upd_ranges; i++) {
       const k_range *r = &o->upd_ranges[i];
@@ -177,9 +174,10 @@ static void copy_back(opt_state *o, int b) {
   model *m = o->m;
   const opt_bucket *k = &o->buckets[b];
   const int j = o->n_host - 1 - b;
-  const int64_t slot = (j % o->n_slots) * o->slot_elem;
-  o->grad_ticket[j] = o->last_ticket = m->be->copy_async(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes,
-                                     (char *)o->host_pc + slot * (int64_t)m->act_bytes, (size_t)k->len * m->act_bytes);
+  const int64_t slot = (j % o->n_slots) * o->slot_elem, act_bytes = m->act_bytes;
+  o->grad_ticket[j] = o->last_ticket =
+      m->be->copy_async(m->be, (char *)m->params_c + opt_part_lo(o, k) * act_bytes,
+                        (char *)o->host_pc + slot * act_bytes, (size_t)(k->len * act_bytes));
 }
 
 // Whether host bucket j's gradient is final this step.
@@ -277,7 +275,7 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
     const opt_bucket *k = &o->buckets[b];
     const k_range *r = o->part_ranges + o->part_first[b];
     const int n = o->part_first[b + 1] - o->part_first[b];
-    const int64_t plo = part_lo(o, k), hoff = k->shard_off - o->dev_n;
+    const int64_t plo = opt_part_lo(o, k), hoff = k->shard_off - o->dev_n;
     char *pc = (char *)m->params_c + plo * (int64_t)m->act_bytes;
     if (b >= o->n_host) {  // the device share: all of its state in backend memory
       be->adamw_ranges(be, o->dev_master + k->shard_off, pc, be->act, grad + k->shard_off, o->exp_avg + k->shard_off,
@@ -312,7 +310,7 @@ void opt_offload_cast_master(opt_state *o) {
   model *m = o->m;
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    m->be->cast(m->be, (char *)m->params_c + part_lo(o, k) * (int64_t)m->act_bytes, m->be->act,
+    m->be->cast(m->be, (char *)m->params_c + opt_part_lo(o, k) * (int64_t)m->act_bytes, m->be->act,
                 master_at(o, k->shard_off), K_F32, k->len);
   }
 }
