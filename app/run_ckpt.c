@@ -133,7 +133,7 @@ static void fp8_to_host(const model *m, fp8_host *h) {
   const model_fp8 *f = m->fp8;
   k_backend *be = m->be;
   be->to_host(be, h->scale, f->scale, (size_t)f->n_act * sizeof(float));
-  be->to_host(be, h->scale_inv, f->scale_inv, (size_t)f->n_act * sizeof(float));
+  model_fp8_scale_inv_to_host(m, h->scale_inv);
   be->to_host(be, h->history, f->history, (size_t)(f->n_act * h->len) * sizeof(float));
 }
 
@@ -141,7 +141,7 @@ static void fp8_from_host(model *m, const fp8_host *h, int64_t step) {
   model_fp8 *f = m->fp8;
   k_backend *be = m->be;
   be->from_host(be, f->scale, h->scale, (size_t)f->n_act * sizeof(float));
-  be->from_host(be, f->scale_inv, h->scale_inv, (size_t)f->n_act * sizeof(float));
+  model_fp8_scale_inv_from_host(m, h->scale_inv);
   be->from_host(be, f->history, h->history, (size_t)(f->n_act * h->len) * sizeof(float));
   be->sync(be);  // the host buffers are freed next
   f->pos = step % h->len;  // one update per step: model_fp8_settle ran before the save

@@ -153,24 +153,27 @@ typedef struct k_backend {
   // makes it NaN. One pass over x.
   void (*fp8_cast)(struct k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
                    uint8_t *out_t, float *amax);
-  // C (M,N) = beta C + (A B^T) * *a_scale_inv * *b_scale_inv: A (M,K) and B (N,K) FP8 codes, both
-  // K-major (row-major, K innermost: the one layout Hopper's FP8 GEMMs take), fp32 accumulation;
-  // C (ldc N) in c_type (act or K_F32); beta 0 overwrites C without reading it, beta 1
-  // accumulates (the weight gradient). The scale pointers are read when the GEMM runs. M, N, K
-  // positive multiples of 16, pointers 16-byte aligned; E5M2 x E5M2 is refused (k_fp8_gemm_check).
+  // C (M,N) = beta C_in + (A B^T) * *a_scale_inv * *b_scale_inv: A (M,K) and B (N,K) FP8 codes,
+  // both K-major (row-major, K innermost: the one layout Hopper's FP8 GEMMs take), fp32
+  // accumulation; C (ldc N) in c_type (act or K_F32); C_in is c_in, or C itself (in place) when
+  // c_in is NULL; c_in (same dtype and shape) is only read, so a residual add needs no copy into
+  // C first. beta 0 overwrites C without reading either, beta 1 accumulates (the weight
+  // gradient). The scale pointers are read when the GEMM runs. M, N, K positive multiples of 16,
+  // pointers 16-byte aligned; E5M2 x E5M2 is refused (k_fp8_gemm_check).
   // fast_accum: the GPU may skip the periodic promotion of partial sums to fp32 (faster, less
   // accurate; usually forward only).
   void (*gemm_fp8)(struct k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv,
-                   const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type,
-                   int fast_accum);
+                   const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, const void *c_in, void *C,
+                   k_dtype c_type, int fast_accum);
   // Delayed scaling's update for n tensors at once (len 1 with use_max 0: current scaling).
   // amax_history (n, len): row i gets amax[i] at column pos; a = the row's max (use_max; a NaN
   // in the row wins) or amax[i]; if a is finite and > 0, scale[i] = fp8_max(fmt[i]) / a /
-  // 2^margin, clamped to [FLT_MIN, FLT_MAX], and scale_inv[i] = 1 / scale[i]; otherwise both
-  // stay. amax[i] is reset to 0. *n_nonfinite (1 int) += the number of tensors whose amax[i]
+  // 2^margin, clamped to [FLT_MIN, FLT_MAX], and scale_inv[i * inv_stride] = 1 / scale[i]
+  // (a stride of 4 keeps each one 16-byte aligned, as cuBLASLt's scale pointers must be);
+  // otherwise both stay. amax[i] is reset to 0. *n_nonfinite (1 int) += the number of tensors whose amax[i]
   // (this step's) is NaN or Inf. fmt (n) holds k_fp8 values. Scales start at 1 (the caller's).
-  void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
-                     int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+  void (*fp8_scales)(struct k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, int inv_stride,
+                     const uint8_t *fmt, int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
   // Gradient compression for the DP reduction (kernels/cpu/quant_cpu.h: formats, rounding,
   // scales; every backend bit for bit). res (NULL: none) is the error-feedback residual: what is
   // quantised is x + res, and res becomes what the quantisation dropped. Pointers to amax, scales

@@ -153,10 +153,11 @@ static void cpu_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, co
   k_cpu_fp8_cast(x, rows, cols, *scale, fmt, out, out_t, amax);
 }
 static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv,
-                         const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type,
-                         int fast_accum) {
+                         const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, const void *c_in, void *C,
+                         k_dtype c_type, int fast_accum) {
   (void)fast_accum;  // the CPU sums in fp32 either way
   CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
+  if (c_in && c_in != C && beta != 0.0f) memcpy(C, c_in, (size_t)M * (size_t)N * sizeof(float));
   k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
 }
 static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
@@ -201,10 +202,10 @@ static void cpu_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t rows, 
   (void)b;
   k_cpu_fp8_transpose(codes, rows, cols, codes_t);
 }
-static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
-                           int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
+static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, int inv_stride,
+                           const uint8_t *fmt, int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
   (void)b;
-  k_cpu_fp8_scales(amax_history, amax, scale, scale_inv, fmt, n, len, pos, margin, use_max, n_nonfinite);
+  k_cpu_fp8_scales(amax_history, amax, scale, scale_inv, inv_stride, fmt, n, len, pos, margin, use_max, n_nonfinite);
 }
 
 static void cpu_release(k_backend *b) {

@@ -262,7 +262,7 @@ static void proj_rows(model *m, const model_layer *ly, const model_tensor *w, in
                       int K, const void *a, void *c, k_dtype ct, float beta) {
   if (r1 <= r0) return;
   if (fp8_on(m, ly)) {
-    model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, N, K, c, ct, beta);
+    model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, N, K, NULL, c, ct, beta);
     return;
   }
   m->be->gemm(m->be, 0, 1, (int)(r1 - r0), N, K, 1, at(m, (void *)a, r0 * K), K, w->pc, K, beta, c, N, ct);
@@ -332,12 +332,8 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
   size_t n_bytes = (size_t)(rs * d) * sizeof(float);
   if (fp8) model_fp8_cast_input(m, ly->fp8, p, a, rows, K);
   if (exit_is_copy(R)) {
-    if (!fp8) {
-      be->linear_residual(be, (int)rows, d, K, a, w->pc, xin, xout);
-    } else {
-      be->copy(be, xout, xin, n_bytes);
-      proj_rows(m, ly, w, p, 0, rows, d, K, a, xout, K_F32, 1);
-    }
+    if (!fp8) be->linear_residual(be, (int)rows, d, K, a, w->pc, xin, xout);
+    else model_fp8_fwd_rows(m, ly->fp8, p, 0, rows, d, K, xin, xout, K_F32, 1);  // xout = xin + a w^T
     return;
   }
   if (!R->sp) {
@@ -534,7 +530,7 @@ static void head_fwd(model *m, const model_tensor *w, model_acts *a) {
     return;
   }
   model_fp8_cast_input(m, hs, 0, a->hfin, dm->rows, dm->d);
-  model_fp8_fwd_rows(m, hs, 0, 0, dm->rows, dm->vocab, dm->d, a->logits, m->be->act, 0);
+  model_fp8_fwd_rows(m, hs, 0, 0, dm->rows, dm->vocab, dm->d, NULL, a->logits, m->be->act, 0);
 }
 
 static void head_dgrad(model *m, const model_tensor *w, model_acts *a, float *dx) {

@@ -118,12 +118,12 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   int len = fc->recipe == MODEL_FP8_DELAYED ? fc->amax_history : 1;
   f->amax = be->alloc(be, (size_t)f->n_act * sizeof(float));
   f->scale = fp8_upload(be, f->n_act, 1.0f);
-  f->scale_inv = fp8_upload(be, f->n_act, 1.0f);
+  f->scale_inv = fp8_upload(be, f->n_act * FP8_INV_STRIDE, 1.0f);
   f->history = be->alloc(be, (size_t)(f->n_act * len) * sizeof(float));
   f->fmt = fp8_formats(be, f->n_act, FP8_ACT_SLOTS, fp8_act_format, fc->hybrid);
   f->w_amax = be->alloc(be, (size_t)f->n_w * sizeof(float));
   f->w_scale = fp8_upload(be, f->n_w, 1.0f);
-  f->w_scale_inv = fp8_upload(be, f->n_w, 1.0f);
+  f->w_scale_inv = fp8_upload(be, f->n_w * FP8_INV_STRIDE, 1.0f);
   f->w_history = be->alloc(be, (size_t)f->n_w * sizeof(float));
   f->w_fmt = fp8_formats(be, f->n_w, FP8_N_PROJ, fp8_weight_format, 0);
   f->amax_sink = be->alloc(be, 2 * sizeof(float));
@@ -187,7 +187,7 @@ static void fp8_fold(model *m) {
   fp8_tp_max(m, f->amax, f->n_act);
   comm *dc = m->g->dp_c;
   if (dc->size > 1) dc->ops->all_reduce(dc, f->amax, f->n_act, COMM_F32, COMM_MAX);
-  be->fp8_scales(be, f->history, f->amax, f->scale, f->scale_inv, f->fmt, (int)f->n_act, f->cfg.amax_history,
+  be->fp8_scales(be, f->history, f->amax, f->scale, f->scale_inv, FP8_INV_STRIDE, f->fmt, (int)f->n_act, f->cfg.amax_history,
                  (int)f->pos, f->cfg.margin, f->cfg.amax_max, f->n_nonfinite);
   f->pos = (f->pos + 1) % f->cfg.amax_history;
   f->pending = 0;
@@ -212,7 +212,7 @@ static void fp8_cast_weight(model *m, int pass, int64_t j, const void *w, int n,
 static void fp8_scale_weights(model *m) {
   model_fp8 *f = m->fp8;
   fp8_tp_max(m, f->w_amax, f->n_w);
-  m->be->fp8_scales(m->be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, f->w_fmt, (int)f->n_w, 1, 0,
+  m->be->fp8_scales(m->be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, FP8_INV_STRIDE, f->w_fmt, (int)f->n_w, 1, 0,
                     f->cfg.margin, 1, f->n_nonfinite);
 }
 
@@ -237,6 +237,23 @@ void model_fp8_begin_step(model *m, int training) {
   if (f->weights_stale) fp8_cast_weights(m);
   f->recording = training;
   if (training) f->pending = f->cfg.recipe == MODEL_FP8_DELAYED;  // an evaluation keeps the step's amaxes
+}
+
+void model_fp8_scale_inv_to_host(const model *m, float *host) {
+  const model_fp8 *f = m->fp8;
+  float *padded = XMALLOC((size_t)(f->n_act * FP8_INV_STRIDE) * sizeof(float));
+  m->be->to_host(m->be, padded, f->scale_inv, (size_t)(f->n_act * FP8_INV_STRIDE) * sizeof(float));
+  for (int64_t i = 0; i < f->n_act; i++) host[i] = *fp8_inv(padded, i);
+  free(padded);
+}
+
+void model_fp8_scale_inv_from_host(model *m, const float *host) {
+  const model_fp8 *f = m->fp8;
+  float *padded = XMALLOC((size_t)(f->n_act * FP8_INV_STRIDE) * sizeof(float));
+  for (int64_t i = 0; i < f->n_act * FP8_INV_STRIDE; i++) padded[i] = host[i / FP8_INV_STRIDE];
+  m->be->from_host(m->be, f->scale_inv, padded, (size_t)(f->n_act * FP8_INV_STRIDE) * sizeof(float));
+  m->be->sync(m->be);  // padded is freed next
+  free(padded);
 }
 
 void model_fp8_weights_changed(model *m) {
@@ -296,7 +313,7 @@ static void fp8_cast_slot(model *m, int64_t i, k_fp8 fmt, const void *x, int64_t
     be->zero(be, a, sizeof(float));
     be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, NULL, NULL, a);
     fp8_tp_max(m, a, 1);
-    be->fp8_scales(be, a + 1, a, f->scale + i, f->scale_inv + i, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
+    be->fp8_scales(be, a + 1, a, f->scale + i, fp8_inv(f->scale_inv, i), FP8_INV_STRIDE, f->fmt + i, 1, 1, 0, f->cfg.margin, 1,
                    f->n_nonfinite);
   }
   be->fp8_cast(be, x, rows, cols, f->scale + i, fmt, out, out_t, fp8_slot_amax(f, i));
@@ -372,17 +389,18 @@ void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows
   fp8_cast_slot(m, fp8_x_slot(slot, p), K_E4M3, x, rows, k, m->fp8->x8, NULL);
 }
 
-void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
-                        float beta) {
+void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, const void *y_in, void *y,
+                        k_dtype c_type, float beta) {
   if (r1 <= r0) return;
   model_fp8 *f = m->fp8;
   if (fp8_block(f)) {
+    if (y_in && beta != 0.0f) m->be->copy(m->be, y, y_in, (size_t)((r1 - r0) * n) * k_dtype_bytes(c_type));
     fp8_block_fwd_rows(m, slot, p, r0, r1, n, k, y, c_type, beta);
     return;
   }
   int64_t ix = fp8_x_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
-  m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8 + r0 * k, K_E4M3, f->scale_inv + ix, f->w8[j], K_E4M3,
-                  f->w_scale_inv + j, beta, y, c_type, f->cfg.fast_accum);
+  m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8 + r0 * k, K_E4M3, fp8_inv(f->scale_inv, ix), f->w8[j], K_E4M3,
+                  fp8_inv(f->w_scale_inv, j), beta, y_in, y, c_type, f->cfg.fast_accum);
 }
 
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n) {
@@ -402,8 +420,8 @@ void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void
     m->be->gemm_fp8_block(m->be, (int)rows, k, n, f->g8, 1, f->g_si, f->w8t[j], K_FP8_BLOCK, f->wst[j], 0, dx, c_type);
     return;
   }
-  m->be->gemm_fp8(m->be, (int)rows, k, n, f->g8, fp8_grad_format(f), f->scale_inv + ig, f->w8t[j], K_E4M3,
-                  f->w_scale_inv + j, 0, dx, c_type, 0);
+  m->be->gemm_fp8(m->be, (int)rows, k, n, f->g8, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->w8t[j], K_E4M3,
+                  fp8_inv(f->w_scale_inv, j), 0, NULL, dx, c_type, 0);
 }
 
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw) {
@@ -415,8 +433,8 @@ void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int
     return;
   }
   fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
-  m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), f->scale_inv + ig, f->x8, K_E4M3,
-                  f->scale_inv + ix, 1, dw, K_F32, 0);
+  m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->x8, K_E4M3,
+                  fp8_inv(f->scale_inv, ix), 1, NULL, dw, K_F32, 0);
 }
 
 int model_fp8_count_nonfinite(model *m) {

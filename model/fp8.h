@@ -15,6 +15,11 @@
 enum { FP8_QKV, FP8_O, FP8_UP, FP8_DOWN, FP8_N_PROJ };
 enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
 
+// Each 1 / scale is 16 bytes from the next (fp8_scales' inv_stride), so that the GEMMs can read
+// it where it is: cuBLASLt takes only 16-byte aligned scale pointers.
+enum { FP8_INV_STRIDE = 4 };
+static inline float *fp8_inv(float *scale_inv, int64_t i) { return scale_inv + i * FP8_INV_STRIDE; }
+
 // An FP8 weight of this rank: one range of the flat parameter buffer (the fused q|k|v and
 // gate|up are one each), cast as one (n, k) tensor.
 typedef struct model_fp8_weight {
@@ -29,9 +34,9 @@ typedef struct model_fp8 {
   int n_layers;              // this rank's layers (over every chunk), each with slots
   int64_t n_act;             // FP8_ACT_SLOTS * (n_layers + 1): the last set is the head's
   int64_t n_w;               // FP8_N_PROJ * (n_layers + 1)
-  // Backend memory. Activation group (n_act): amax since the last update, scale, 1 / scale,
-  // amax history (n_act, history), format (k_fp8 per slot). Weight group (n_w) likewise, with a
-  // history of one.
+  // Backend memory. Activation group (n_act): amax since the last update, scale, 1 / scale
+  // (n_act * FP8_INV_STRIDE: fp8_inv), amax history (n_act, history), format (k_fp8 per slot).
+  // Weight group (n_w) likewise, with a history of one.
   float *amax, *scale, *scale_inv, *history;
   float *w_amax, *w_scale, *w_scale_inv, *w_history;
   uint8_t *fmt, *w_fmt;
@@ -95,6 +100,10 @@ void model_fp8_scale_weights(model *m);
 // The codes of every weight are in w8: their transposes are made from them (a byte transpose, the
 // codes fp8_cast would write), and the FP8 copies count as current.
 void model_fp8_codes_ready(model *m);
+// The activation group's 1 / scale, n_act values packed (as checkpoints hold them), from backend
+// memory into host memory and back.
+void model_fp8_scale_inv_to_host(const model *m, float *host);
+void model_fp8_scale_inv_from_host(model *m, const float *host);
 // Collective. Folds pending amaxes into the scales now (before a checkpoint saves them); the
 // next begin_step then has nothing to fold. Same result as leaving it to begin_step.
 void model_fp8_settle(model *m);
@@ -130,10 +139,11 @@ int model_fp8_fused_grad_cast(model *m, int slot, int p, const float **scale, k_
 
 // The roles, for a layer's slots `slot` (model_layer.fp8) and projection p (FP8_QKV ...).
 // Forward: model_fp8_cast_input casts X (rows, K) act, every row; then y (r1 - r0, N) = rows
-// [r0, r1) of X times W^T, into c_type, with beta 0 or 1 (adding into an fp32 y).
+// [r0, r1) of X times W^T, into c_type, with beta 0 or 1 (adding y_in, or y itself where y_in
+// is NULL, in fp32).
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k);
-void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *y, k_dtype c_type,
-                        float beta);
+void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, const void *y_in, void *y,
+                        k_dtype c_type, float beta);
 // Backward: cast the output gradient G (rows, N) act (and its transpose; unless
 // model_fp8_fused_grad_cast's op made both); then the data
 // gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 += G^T X,

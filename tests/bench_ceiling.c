@@ -320,7 +320,7 @@ typedef struct fp8_gemm {
 } fp8_gemm;
 static void fp8_gemm_call(const void *p) {
   const fp8_gemm *g = p;
-  G->gemm_fp8(G, g->M, g->N, g->K, g->A, g->af, g->a_si, g->B, g->bf, g->b_si, g->beta, g->C, g->ct, g->fast);
+  G->gemm_fp8(G, g->M, g->N, g->K, g->A, g->af, g->a_si, g->B, g->bf, g->b_si, g->beta, NULL, g->C, g->ct, g->fast);
 }
 
 typedef struct fp8_cast_args {
@@ -387,8 +387,9 @@ static void fp8_proj_bench(const char *name, const op bf[3], const attn_bufs *ab
   void *x = alloc_filled(A, (int64_t)R * k), *w = alloc_filled(A, (int64_t)n * k), *dy = alloc_filled(A, (int64_t)R * n);
   uint8_t *x8 = G->alloc(G, (size_t)R * k), *x8t = G->alloc(G, (size_t)R * k), *w8 = G->alloc(G, (size_t)n * k),
           *w8t = G->alloc(G, (size_t)n * k), *dy8 = G->alloc(G, (size_t)R * n), *dy8t = G->alloc(G, (size_t)R * n);
-  // Scales for the pool's values in [-1, 1): x, w, dy.
-  const float sc[3] = {400.0f, 400.0f, 50000.0f}, si[3] = {1 / 400.0f, 1 / 400.0f, 1 / 50000.0f};
+  // Scales for the pool's values in [-1, 1): x, w, dy; the inverse ones 16 bytes apart, as
+  // cuBLASLt takes scale pointers (fp8_best_algo calls it directly).
+  const float sc[3] = {400.0f, 400.0f, 50000.0f}, si[9] = {1 / 400.0f, 0, 0, 0, 1 / 400.0f, 0, 0, 0, 1 / 50000.0f};
   float *d_sc = G->alloc(G, sizeof sc), *d_si = G->alloc(G, sizeof si), *d_amax = G->alloc(G, 3 * sizeof(float));
   G->from_host(G, d_sc, sc, sizeof sc);
   G->from_host(G, d_si, si, sizeof si);
@@ -401,9 +402,9 @@ static void fp8_proj_bench(const char *name, const op bf[3], const attn_bufs *ab
   void *cy = alloc_filled(resid ? K_F32 : A, (int64_t)R * n), *cdx = alloc_filled(bf[1].c_type, (int64_t)R * k);
   void *cdw = alloc_filled(K_F32, (int64_t)n * k);
   const fp8_gemm g8[3] = {
-      {R, n, k, x8, w8, K_E4M3, K_E4M3, d_si, d_si + 1, resid ? 1.0f : 0.0f, cy, resid ? K_F32 : A, 0},
-      {R, k, n, dy8, w8t, K_E5M2, K_E4M3, d_si + 2, d_si + 1, 0.0f, cdx, bf[1].c_type, 0},
-      {n, k, R, dy8t, x8t, K_E5M2, K_E4M3, d_si + 2, d_si, 1.0f, cdw, K_F32, 0}};
+      {R, n, k, x8, w8, K_E4M3, K_E4M3, d_si, d_si + 4, resid ? 1.0f : 0.0f, cy, resid ? K_F32 : A, 0},
+      {R, k, n, dy8, w8t, K_E5M2, K_E4M3, d_si + 8, d_si + 4, 0.0f, cdx, bf[1].c_type, 0},
+      {n, k, R, dy8t, x8t, K_E5M2, K_E4M3, d_si + 8, d_si, 1.0f, cdw, K_F32, 0}};
   const char *role[3] = {"fwd", "dX", "dW"};
   for (int i = 0; i < 3; i++) {
     double t16, t8, t8f = -1, tb;

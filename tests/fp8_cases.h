@@ -121,8 +121,8 @@ static const op_shape fp8_cast_shapes[] = {
 // beta 0 starts C as NaN (it must not be read). Bounds per element: |got - ref| <= elem *
 // (alpha sum_k |a_k b_k| + |beta C0|) + (bf16 C: 2^-8 |ref|, its one rounding), and the
 // normalised error <= norm (at least 1e-2 for a bf16 C). The row's act32 column holds the bounds
-// without fast accumulation, act16 those with it, whatever the act dtype. Both run twice: the
-// second C must be bitwise the first.
+// without fast accumulation, act16 those with it, whatever the act dtype. In place, and reading
+// C from a separate c_in (twice: bitwise repeatable); both within the bounds.
 // Why they are looser than the bf16 GEMM's 1e-4: the products of two FP8 values are exact, but
 // Hopper's FP8 tensor cores add them with about 14 significant bits (truncating), so each K=32
 // step of a WGMMA errs by up to ~2^-13 of the running sum. cuBLASLt without fast accumulation
@@ -189,20 +189,31 @@ static void run_gemm_fp8(const op_case *c, const op_shape *s, int idx) {
   float *d_sa = dev_putf(sa, 3), *d_sb = dev_putf(sb, 3);
   float *d_asi = idx % 2 ? d_sa + 1 : d_sa, *d_bsi = idx % 2 ? d_sb + 2 : d_sb;
   if (idx % 2 == 0) G->from_host(G, d_asi, &a_si, sizeof a_si), G->from_host(G, d_bsi, &b_si, sizeof b_si);
-  void *dC = dev_put_typed(C0, nc, ct), *dC2 = dev_put_typed(C0, nc, ct);
-  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC, ct, fast);
-  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC2, ct, fast);
-  float *got = dev_get_typed(dC, nc, ct);
+  // In place (C read and written), then twice reading C from c_in into a C that starts as NaN
+  // (only written; cuBLASLt's result may differ in its last bits from the in-place one).
+  float *nans = malloc(sizeof(float) * (size_t)nc);
+  for (int64_t i = 0; i < nc; i++) nans[i] = NAN;
+  void *dC = dev_put_typed(C0, nc, ct), *dC_in = dev_put_typed(C0, nc, ct);
+  void *dC2 = dev_put_typed(nans, nc, ct), *dC3 = dev_put_typed(nans, nc, ct);
+  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, NULL, dC, ct, fast);
+  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC_in, dC2, ct, fast);
+  G->gemm_fp8(G, M, N, K, dA, af, d_asi, dB, bf, d_bsi, beta, dC_in, dC3, ct, fast);
   const double tol_norm = ct == K_BF16 && t.norm < 1e-2 ? 1e-2 : t.norm;
-  const fp8_gemm_err r = fp8_gemm_measure(got, ref, bound, C0, beta, nc, t.elem, ct);
-  EXPECT(r.nan_ok && r.norm <= tol_norm && r.worst <= 1.0 && r.n_diff == 0,
-         "[%s] gemm_fp8 M=%d N=%d K=%d %s x %s C %s beta %g fast_accum %d: nan_ok %d, norm err %.3g (bound %.3g), "
-         "worst/bound %.3g, %lld elements not bitwise equal (checked when exact)", LABEL, M, N, K, k_fp8_name(af),
-         k_fp8_name(bf), ct == K_BF16 ? "bf16" : "f32", beta, fast, r.nan_ok, r.norm, tol_norm, r.worst, (long long)r.n_diff);
-  EXPECT(dev_equal_bytes(dC, dC2, k_dtype_bytes(ct) * (size_t)nc), "[%s] gemm_fp8 M=%d N=%d K=%d not bitwise repeatable",
+  void *const outs[2] = {dC, dC2};
+  for (int o = 0; o < 2; o++) {
+    float *got = dev_get_typed(outs[o], nc, ct);
+    const fp8_gemm_err r = fp8_gemm_measure(got, ref, bound, C0, beta, nc, t.elem, ct);
+    EXPECT(r.nan_ok && r.norm <= tol_norm && r.worst <= 1.0 && r.n_diff == 0,
+           "[%s] gemm_fp8 M=%d N=%d K=%d %s x %s C %s beta %g fast_accum %d, C %s: nan_ok %d, norm err %.3g (bound %.3g), "
+           "worst/bound %.3g, %lld elements not bitwise equal (checked when exact)", LABEL, M, N, K, k_fp8_name(af),
+           k_fp8_name(bf), ct == K_BF16 ? "bf16" : "f32", beta, fast, o ? "from c_in" : "in place", r.nan_ok, r.norm,
+           tol_norm, r.worst, (long long)r.n_diff);
+    free(got);
+  }
+  EXPECT(dev_equal_bytes(dC2, dC3, k_dtype_bytes(ct) * (size_t)nc), "[%s] gemm_fp8 M=%d N=%d K=%d not bitwise repeatable",
          LABEL, M, N, K);
-  free(A), free(B), free(fa), free(fb), free(C0), free(ref), free(bound), free(got);
-  dev_free(dA), dev_free(dB), dev_free(d_sa), dev_free(d_sb), dev_free(dC), dev_free(dC2);
+  free(A), free(B), free(fa), free(fb), free(C0), free(ref), free(bound), free(nans);
+  dev_free(dA), dev_free(dB), dev_free(d_sa), dev_free(d_sb), dev_free(dC), dev_free(dC2), dev_free(dC3), dev_free(dC_in);
 }
 
 // The block's roles: forward X W^T (E4M3 x E4M3), dgrad dY W (E5M2 x E4M3, W transposed), wgrad
@@ -224,34 +235,36 @@ static const op_shape gemm_fp8_shapes[] = {
 // k_cpu_fp8_scales. Shapes {n, len, margin, use_max, steps}.
 
 static void run_fp8_scales(const op_case *c, const op_shape *s, int idx) {
-  (void)c, (void)idx;
+  (void)c;
   const int n = (int)s->i[0], len = (int)s->i[1], margin = (int)s->i[2], use_max = (int)s->i[3], steps = (int)s->i[4];
-  const int64_t nh = (int64_t)n * len;
+  const int stride = idx % 2 ? 4 : 1;  // odd rows: scale_inv 16-byte strided, the rest between untouched
+  const int64_t nh = (int64_t)n * len, nsi = (int64_t)n * stride;
   float *h = malloc(sizeof(float) * (size_t)nh), *am = malloc(sizeof(float) * (size_t)n);
-  float *sc = malloc(sizeof(float) * (size_t)n), *si = malloc(sizeof(float) * (size_t)n);
+  float *sc = malloc(sizeof(float) * (size_t)n), *si = malloc(sizeof(float) * (size_t)(nsi ? nsi : 1));
   uint8_t *fm = malloc((size_t)n);
   for (int64_t i = 0; i < nh; i++) h[i] = (float)(2.0 * fabs(rng_uniform()));
   if (nh > 5) h[5] = NAN;
-  for (int i = 0; i < n; i++) sc[i] = 1.0f, si[i] = 1.0f, fm[i] = (uint8_t)(i % 2 ? K_E5M2 : K_E4M3);
+  for (int i = 0; i < n; i++) sc[i] = 1.0f, fm[i] = (uint8_t)(i % 2 ? K_E5M2 : K_E4M3);
+  for (int64_t i = 0; i < nsi; i++) si[i] = i % stride ? -2.0f : 1.0f;
   float *d_h = dev_putf(h, nh), *d_am = G->alloc(G, sizeof(float) * (size_t)n), *d_sc = dev_putf(sc, n),
-        *d_si = dev_putf(si, n);
+        *d_si = dev_putf(si, nsi);
   uint8_t *d_fm = dev_put(fm, (size_t)n);
   int n_bad = 3, *d_bad = dev_put(&n_bad, sizeof n_bad);
   const float special[] = {2.0f, 0.0f, NAN, INFINITY, 1e-40f, 3e38f, 0.01f, 300.0f};
   for (int step = 0; step < steps; step++) {
     for (int i = 0; i < n; i++) am[i] = (i + step) % 3 ? special[(i + step) % 8] : (float)(100.0 * fabs(rng_uniform()));
     G->from_host(G, d_am, am, sizeof(float) * (size_t)n);
-    G->fp8_scales(G, d_h, d_am, d_sc, d_si, d_fm, n, len, step % len, margin, use_max, d_bad);
-    k_cpu_fp8_scales(h, am, sc, si, fm, n, len, step % len, margin, use_max, &n_bad);
+    G->fp8_scales(G, d_h, d_am, d_sc, d_si, stride, d_fm, n, len, step % len, margin, use_max, d_bad);
+    k_cpu_fp8_scales(h, am, sc, si, stride, fm, n, len, step % len, margin, use_max, &n_bad);
   }
-  float *gh = dev_getf(d_h, nh), *gam = dev_getf(d_am, n), *gsc = dev_getf(d_sc, n), *gsi = dev_getf(d_si, n);
+  float *gh = dev_getf(d_h, nh), *gam = dev_getf(d_am, n), *gsc = dev_getf(d_sc, n), *gsi = dev_getf(d_si, nsi);
   int g_bad = 0;
   G->to_host(G, &g_bad, d_bad, sizeof g_bad);
   const int ok = memcmp(gh, h, sizeof(float) * (size_t)nh) == 0 && memcmp(gam, am, sizeof(float) * (size_t)n) == 0 &&
-                 memcmp(gsc, sc, sizeof(float) * (size_t)n) == 0 && memcmp(gsi, si, sizeof(float) * (size_t)n) == 0;
-  EXPECT(ok && g_bad == n_bad, "[%s] fp8_scales n=%d len=%d margin %d use_max %d steps %d: history, amax, scale or "
-         "scale_inv not bitwise the reference's (%d), nonfinite count %d, want %d", LABEL, n, len, margin, use_max, steps,
-         ok, g_bad, n_bad);
+                 memcmp(gsc, sc, sizeof(float) * (size_t)n) == 0 && memcmp(gsi, si, sizeof(float) * (size_t)nsi) == 0;
+  EXPECT(ok && g_bad == n_bad, "[%s] fp8_scales n=%d len=%d margin %d use_max %d steps %d inv_stride %d: history, amax, "
+         "scale or scale_inv not bitwise the reference's (%d), nonfinite count %d, want %d", LABEL, n, len, margin, use_max,
+         steps, stride, ok, g_bad, n_bad);
   free(h), free(am), free(sc), free(si), free(fm), free(gh), free(gam), free(gsc), free(gsi);
   dev_free(d_h), dev_free(d_am), dev_free(d_sc), dev_free(d_si), dev_free(d_fm), dev_free(d_bad);
 }

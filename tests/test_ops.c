@@ -691,12 +691,12 @@ static void test_fp8_ops(void) {
   float hist[4 * 2] = {0, 8, 0, 1, 0, 0, 0, 0}, am[4] = {2.0f, 4.0f, NAN, 0.0f}, sc[4] = {1, 1, 3, 5}, si[4] = {1, 1, 1, 1};
   const uint8_t fm[4] = {K_E4M3, K_E5M2, K_E4M3, K_E4M3};
   int n_bad = 1;
-  k_cpu_fp8_scales(hist, am, sc, si, fm, 4, 2, 0, 1, 1, &n_bad);
+  k_cpu_fp8_scales(hist, am, sc, si, 1, fm, 4, 2, 0, 1, 1, &n_bad);
   EXPECT(sc[0] == 28.0f && si[0] == 1.0f / 28.0f && sc[1] == 57344.0f / 4 / 2 && sc[2] == 3 && sc[3] == 5 &&
          n_bad == 2 && am[0] == 0 && am[2] == 0 && hist[0] == 2 && isnan(hist[4]),
          "fp8 scales (max of history, margin 1): scales %g %g %g %g, nonfinite %d", sc[0], sc[1], sc[2], sc[3], n_bad);
   am[0] = 2.0f;
-  k_cpu_fp8_scales(hist, am, sc, si, fm, 1, 2, 1, 0, 0, &n_bad);
+  k_cpu_fp8_scales(hist, am, sc, si, 1, fm, 1, 2, 1, 0, 0, &n_bad);
   EXPECT(sc[0] == 224.0f && hist[1] == 2.0f, "fp8 scales (most recent, margin 0): %g", sc[0]);
   free(x), free(out), free(out_t), free(A), free(B), free(C), free(C0), free(ref);
 }

@@ -124,10 +124,11 @@ void k_cpu_gemm_fp8(k_isa isa, int M, int N, int K, const uint8_t *A, k_fp8 a_fm
   free(bb);
 }
 
-void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len,
-                      int pos, int margin, int use_max, int *n_nonfinite) {
-  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len, "fp8_scales: n=%d len=%d pos=%d (need len >= 1, 0 <= pos < len)", n,
-        len, pos);
+void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, int inv_stride, const uint8_t *fmt,
+                      int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
+  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len && inv_stride >= 1,
+        "fp8_scales: n=%d len=%d pos=%d inv_stride=%d (need len >= 1, 0 <= pos < len, inv_stride >= 1)", n, len, pos,
+        inv_stride);
   int bad = 0;
   for (int i = 0; i < n; i++) {
     CHECK(fmt[i] == K_E4M3 || fmt[i] == K_E5M2, "fp8_scales: tensor %d has unknown FP8 format %d", i, (int)fmt[i]);
@@ -142,7 +143,7 @@ void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *sca
       float s = ldexpf(k_fp8_max((k_fp8)fmt[i]) / a, -margin);
       s = s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
       scale[i] = s;
-      scale_inv[i] = 1.0f / s;
+      scale_inv[(int64_t)i * inv_stride] = 1.0f / s;
     }
     amax[i] = 0.0f;
   }

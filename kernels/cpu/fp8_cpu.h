@@ -150,10 +150,10 @@ void k_cpu_gemm_fp8_block(int M, int N, int K, const uint8_t *A, int a_tile, con
 
 // The scale update of delayed scaling (kernels/backend.h, fp8_scales), the GPU's rules:
 // history[i][pos] = amax[i]; a = max of the row (a NaN wins) if use_max, else amax[i]; a finite
-// and > 0: scale[i] = clamp(ldexpf(fp8_max / a, -margin), FLT_MIN, FLT_MAX), scale_inv[i] = 1 /
-// scale[i]; amax[i] = 0; *n_nonfinite += the count of non-finite amax[i].
-void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len,
-                      int pos, int margin, int use_max, int *n_nonfinite);
+// and > 0: scale[i] = clamp(ldexpf(fp8_max / a, -margin), FLT_MIN, FLT_MAX), scale_inv[i *
+// inv_stride] = 1 / scale[i]; amax[i] = 0; *n_nonfinite += the count of non-finite amax[i].
+void k_cpu_fp8_scales(float *amax_history, float *amax, float *scale, float *scale_inv, int inv_stride, const uint8_t *fmt,
+                      int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
 
 #ifdef __cplusplus
 }

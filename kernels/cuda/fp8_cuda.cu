@@ -275,8 +275,8 @@ extern "C" void k_cuda_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t
 // Delayed scaling: one thread per tensor, k_cpu_fp8_scales's expressions in its order (IEEE
 // division, exact ldexpf; no fast-math), so the scales agree bit for bit.
 
-__global__ void k_fp8_scales(float *hist, float *amax, float *scale, float *scale_inv, const uint8_t *fmt, int n, int len, int pos,
-                             int margin, int use_max, int *n_nonfinite) {
+__global__ void k_fp8_scales(float *hist, float *amax, float *scale, float *scale_inv, int inv_stride, const uint8_t *fmt, int n,
+                             int len, int pos, int margin, int use_max, int *n_nonfinite) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float *h = hist + (int64_t)i * len;
@@ -293,18 +293,20 @@ __global__ void k_fp8_scales(float *hist, float *amax, float *scale, float *scal
     float s = ldexpf((fmt[i] == K_E5M2 ? 57344.0f : 448.0f) / a, -margin);
     s = s < FLT_MIN ? FLT_MIN : s > FLT_MAX ? FLT_MAX : s;
     scale[i] = s;
-    scale_inv[i] = 1.0f / s;
+    scale_inv[(int64_t)i * inv_stride] = 1.0f / s;
   }
   amax[i] = 0.0f;
 }
 
 extern "C" void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv,
-                                  const uint8_t *fmt, int n, int len, int pos, int margin, int use_max, int *n_nonfinite) {
-  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len, "fp8_scales: n=%d len=%d pos=%d (need len >= 1, 0 <= pos < len)", n,
-        len, pos);
+                                  int inv_stride, const uint8_t *fmt, int n, int len, int pos, int margin, int use_max,
+                                  int *n_nonfinite) {
+  CHECK(n >= 0 && len >= 1 && pos >= 0 && pos < len && inv_stride >= 1,
+        "fp8_scales: n=%d len=%d pos=%d inv_stride=%d (need len >= 1, 0 <= pos < len, inv_stride >= 1)", n, len, pos,
+        inv_stride);
   if (n == 0) return;
-  k_fp8_scales<<<(n + 127) / 128, 128, 0, k_cuda_ctx_of(b)->stream>>>(amax_history, amax, scale, scale_inv, fmt, n, len, pos,
-                                                                     margin, use_max, n_nonfinite);
+  k_fp8_scales<<<(n + 127) / 128, 128, 0, k_cuda_ctx_of(b)->stream>>>(amax_history, amax, scale, scale_inv, inv_stride, fmt,
+                                                                     n, len, pos, margin, use_max, n_nonfinite);
   CUDA_LAUNCH_CHECK("k_fp8_scales");
 }
 

@@ -189,16 +189,18 @@ static fp8_plan *fp8_plan_get(k_cuda_ctx *cx, const fp8_key *k, const float *a_s
 
 // The largest power of two, up to 256, that divides every address: the alignment the plan's
 // kernels may assume.
-static int fp8_align(const void *A, const void *B, const void *C) {
-  const uintptr_t u = (uintptr_t)A | (uintptr_t)B | (uintptr_t)C | 256;
+static int fp8_align(const void *A, const void *B, const void *C, const void *c_in) {
+  const uintptr_t u = (uintptr_t)A | (uintptr_t)B | (uintptr_t)C | (uintptr_t)c_in | 256;
   return (int)(u & (~u + 1));
 }
 
 extern "C" void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv,
-                                const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type,
-                                int fast_accum) {
+                                const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, const void *c_in,
+                                void *C, k_dtype c_type, int fast_accum) {
   char msg[256];
   CHECK(!k_fp8_gemm_check(M, N, K, a_fmt, b_fmt, A, B, C, msg, sizeof msg), "%s", msg);
+  if (!c_in) c_in = C;
+  CHECK((uintptr_t)c_in % 16 == 0, "gemm_fp8: C's input at %p is not 16-byte aligned (FP8 GEMMs need it)", c_in);
   k_cuda_ctx *cx = k_cuda_ctx_of(b);
   CHECK(c_type == cx->act || c_type == K_F32, "gemm_fp8: C dtype %d must be the act dtype (%d) or K_F32", (int)c_type,
         (int)cx->act);
@@ -217,12 +219,12 @@ extern "C" void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t
   fp8_key k;
   memset(&k, 0, sizeof k);  // compared with memcmp
   k.M = M, k.N = N, k.K = K, k.a_fmt = a_fmt, k.b_fmt = b_fmt, k.c_type = c_type, k.beta_nz = beta != 0.0f;
-  k.fast_accum = fast_accum != 0, k.align = fp8_align(A, B, C);
+  k.fast_accum = fast_accum != 0, k.align = fp8_align(A, B, C, c_in);
   fp8_plan *p = fp8_plan_get(cx, &k, a_scale_inv, b_scale_inv);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv));
   const float one = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(cx->lt->h, p->op, &one, B, p->a, A, p->b, &beta, C, p->c, C, p->c, &p->algo, cx->cublas_ws,
+  CUBLAS_CHECK(cublasLtMatmul(cx->lt->h, p->op, &one, B, p->a, A, p->b, &beta, c_in, p->c, C, p->c, &p->algo, cx->cublas_ws,
                               cx->cublas_ws_bytes, cx->stream));
 }
 
@@ -242,7 +244,7 @@ extern "C" void k_cuda_gemm_fp8_block(k_backend *b, int M, int N, int K, const u
   fp8_key k;
   memset(&k, 0, sizeof k);
   k.M = M, k.N = N, k.K = K, k.a_fmt = K_E4M3, k.b_fmt = K_E4M3, k.c_type = c_type, k.beta_nz = beta != 0.0f;
-  k.align = fp8_align(A, B, C), k.a_tile = a_tile, k.b_tile = b_tile;
+  k.align = fp8_align(A, B, C, C), k.a_tile = a_tile, k.b_tile = b_tile;
   fp8_plan *p = fp8_plan_get(cx, &k, a_scale_inv, b_scale_inv);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv, sizeof b_scale_inv));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv, sizeof a_scale_inv));

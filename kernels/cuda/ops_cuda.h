@@ -28,14 +28,15 @@ void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const void *A, co
 // kernels/cuda/gemm_lt.cu (cuBLASLt): C (M,N) = beta C + (A (M,K) B (N,K)^T) * *a_scale_inv *
 // *b_scale_inv, FP8 operands (kernels/cpu/fp8_cpu.h: k_fp8_gemm_check's rules), C act or fp32.
 void k_cuda_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_fp8 a_fmt, const float *a_scale_inv, const uint8_t *B,
-                     k_fp8 b_fmt, const float *b_scale_inv, float beta, void *C, k_dtype c_type, int fast_accum);
+                     k_fp8 b_fmt, const float *b_scale_inv, float beta, const void *c_in, void *C, k_dtype c_type,
+                     int fast_accum);
 
 // kernels/cuda/fp8_cuda.cu: the fused FP8 cast (scale, round, transpose, amax) of act-dtype x,
 // and delayed scaling's update (kernels/cpu/fp8_cpu.h, bit for bit).
 void k_cuda_fp8_cast(k_backend *b, const void *x, int64_t rows, int cols, const float *scale, k_fp8 fmt, uint8_t *out,
                      uint8_t *out_t, float *amax);
-void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, const uint8_t *fmt,
-                       int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
+void k_cuda_fp8_scales(k_backend *b, float *amax_history, float *amax, float *scale, float *scale_inv, int inv_stride,
+                       const uint8_t *fmt, int n, int len, int pos, int margin, int use_max, int *n_nonfinite);
 // FP8 codes (rows, cols) transposed (fp8_cuda.cu, the cast's tiles).
 void k_cuda_fp8_transpose(k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t);
 // SwiGLU writing the FP8 codes of its output too (fp8_cuda.cu; swiglu_fwd then fp8_cast, bit for bit).
