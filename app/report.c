@@ -55,15 +55,16 @@ static void report_param_gather(trainer *t) {
 }
 
 // optimizer.offload: the pinned host memory the optimizer's state took (its own allocations), on
-// rank 0 per parameter it holds, and on the fullest rank.
+// rank 0 per parameter it holds, and on the fullest rank; and whether offload_layer_wait is in force.
 static void report_offload_line(trainer *t) {
   if (!t->c->optim.offload) return;
   double most = (double)t->o.host_bytes;
   t->g->world->ops->all_reduce(t->g->world, &most, 1, COMM_F64, COMM_MAX);
   if (t->g->world_rank != 0) return;
   printf("offload: %lld bytes of pinned host memory for the optimizer state of rank 0's %lld parameters (%.2f "
-         "bytes each; %.2f GiB, the fullest rank %.2f GiB)\n", (long long)t->o.host_bytes, (long long)t->m.n_params,
-         (double)t->o.host_bytes / (double)t->m.n_params, t->o.host_bytes / 1073741824.0, most / 1073741824.0);
+         "bytes each; %.2f GiB, the fullest rank %.2f GiB)%s\n", (long long)t->o.host_bytes, (long long)t->m.n_params,
+         (double)t->o.host_bytes / (double)t->m.n_params, t->o.host_bytes / 1073741824.0, most / 1073741824.0,
+         t->o.layer_wait ? "; the host update finishes in the next forward, layer by layer (offload_layer_wait)" : "");
 }
 
 void report_model_line(trainer *t) {

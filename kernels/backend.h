@@ -81,10 +81,13 @@ typedef struct k_backend {
   // stream, after the work queued so far on the compute stream; returns at once with a ticket.
   // copy_wait blocks the host until the copy of a ticket (and every earlier one) is done (it may
   // be called from another thread while no copy is being queued);
-  // copy_join makes the compute work queued from now on wait for every copy queued so far.
+  // copy_join makes the compute work queued from now on wait for every copy queued so far;
+  // copy_join_ticket for the copy of one ticket (and every earlier one) only, not the later ones.
+  // Neither blocks the host.
   int64_t (*copy_async)(struct k_backend *b, void *dst, const void *src, size_t n_bytes);
   void (*copy_wait)(struct k_backend *b, int64_t ticket);
   void (*copy_join)(struct k_backend *b);
+  void (*copy_join_ticket)(struct k_backend *b, int64_t ticket);
   // Ops.
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
   void (*gemm)(struct k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,

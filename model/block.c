@@ -555,6 +555,11 @@ static void head_wgrad(model *m, model_tensor *w, model_acts *a) {
   model_fp8_wgrad(m, hs, 0, a->hfin, dm->rows, dm->vocab, dm->d, w->g);
 }
 
+// Before forward reads the weights of a group (m->weights_needed).
+static void weights_needed(model *m, int chunk, int layer) {
+  if (m->weights_needed) m->weights_needed(m->weights_needed_ctx, chunk, layer);
+}
+
 double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens, const int32_t *targets) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
@@ -562,6 +567,7 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   model_chunk *ch = &m->chunks[chunk];
   int d = dm->d;
   if (ch->embed) {
+    weights_needed(m, chunk, MODEL_GRADS_EMBED);
     if (exit_is_copy(&w->region)) {
       be->embed_fwd(be, tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
     } else {
@@ -570,8 +576,12 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
       tp_reduce_finish(&w->region, w->f1, a->x, d);
     }
   }
-  for (int i = 0; i < ch->n_layers; i++) layer_fwd(m, &ch->layers[i], a, i);
+  for (int i = 0; i < ch->n_layers; i++) {
+    weights_needed(m, chunk, i);
+    layer_fwd(m, &ch->layers[i], a, i);
+  }
   if (!ch->lm_head) return 0;
+  weights_needed(m, chunk, MODEL_GRADS_HEAD);
   // Whole: split into row halves the head GEMM costs more than the gather it would hide
   // (bench_ceiling SHAPE tp2: +11% on 7b-layers' head, +14% on 1b's).
   norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);

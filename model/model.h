@@ -106,8 +106,15 @@ typedef struct model {
   // NULL: not called.
   void (*grads_ready)(void *ctx, int chunk, int layer);
   void *grads_ready_ctx;
+  // Its mirror in forward: called by model_chunk_fwd, once per call, before it reads a group of
+  // weights (the same ids): the embedding, each layer, then the final norm and head. The
+  // optimizer uses it to finish the update of a layer's weights only when its forward needs
+  // them (optimizer.offload_layer_wait). NULL: not called.
+  void (*weights_needed)(void *ctx, int chunk, int layer);
+  void *weights_needed_ctx;
 } model;
 
+// The groups of parameters grads_ready and weights_needed name besides the layers.
 enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 
 

@@ -1,10 +1,12 @@
 #!/bin/bash
 # Optimizer state in host memory on one GPU, beside the on-GPU optimizer in the same run: the 1b
 # shape without offload and with each engine (optimizer.offload_update cpu and gpu), with 8
-# micro-batches of accumulation and with 1, then the full 7B shape (configs/7b.yaml), which fits
-# only with offload, with each engine. Prints tokens/s, MFU, the step split (compute; exposed
-# optimizer time, which with offload holds the exposed copies and host update) and peak device
-# memory, as means over the steps after the first two.
+# micro-batches of accumulation and with 1 (the cpu engine also with its whole update before the
+# next step, optimizer.offload_layer_wait=false, and delayed), then the full 7B shape
+# (configs/7b.yaml), which fits only with offload, with each engine. Prints tokens/s, MFU, the
+# step split (compute; exposed optimizer time, which with offload holds the exposed copies and
+# host update, and with the layer wait the host's time in the update inside forward:
+# parallel/comm/timing.h) and peak device memory, as means over the steps after the first two.
 #   scripts/bench_offload.sh [BIN_DIR (default build)] [STEPS (default 10)] [extra trainer overrides]
 # OMP_NUM_THREADS sets the cores of the cpu engine's AdamW (default: all of the host's);
 # BENCH_OFFLOAD_SHAPES="1b 7b" the shapes (default both).
@@ -41,6 +43,9 @@ for n_micro in 8 1; do
     one "1b_micro${n_micro}_offload_$engine" configs/1b.yaml $batch optimizer.offload=host \
       "optimizer.offload_update=$engine" "$@"
   done
+  # shellcheck disable=SC2086
+  one "1b_micro${n_micro}_offload_cpu_whole_update" configs/1b.yaml $batch optimizer.offload=host \
+    optimizer.offload_layer_wait=false "$@"
   # shellcheck disable=SC2086
   one "1b_micro${n_micro}_offload_cpu_delay" configs/1b.yaml $batch optimizer.offload=host optimizer.offload_delay=1 "$@"
 done

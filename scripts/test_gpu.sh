@@ -75,9 +75,10 @@ step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRA
 # Optimizer state in host memory: both engines, fractions 1 and 0.5, against the on-GPU optimizer
 # over 20 steps within 2e-2 relative (the cpu engine's host arithmetic may round differently from
 # the GPU kernel's; a last-bit change of a master weight can flip a bf16 rounding of the compute
-# copy); resume with offload bitwise; the delayed update; on 1 GPU and on dp2 with the
-# distributed optimizer.
-step "offload vs the on-GPU optimizer on 1 GPU (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda' sh tests/test_offload.sh one 1 > '$logs/offload_one.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_one.log'; exit \$r"
+# copy); resume with offload bitwise; on 1 GPU the cpu engine's update finished layer by layer
+# in the next forward against the whole update in its step, bitwise; the delayed update; on 1 GPU
+# and on dp2 with the distributed optimizer.
+step "offload vs the on-GPU optimizer on 1 GPU (20 steps), bitwise resume, layer wait on/off bitwise" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda' sh tests/test_offload.sh one 1 > '$logs/offload_one.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_one.log'; exit \$r"
 step "offload on dp2 with the distributed optimizer on $on (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/test_offload.sh dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true > '$logs/offload_dp2_distopt.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_dp2_distopt.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash -c "sh tests/test_sample_gpu.sh > '$logs/sample_gpu.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/sample_gpu.log'; exit \$r"

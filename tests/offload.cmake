@@ -1,8 +1,9 @@
 # Optimizer state in host memory (optimizer.offload=host) on CPU ranks: both engines at fraction
 # 1 and 0.5 against the run without offload (bitwise), bitwise resume with offload, and resume
-# switching offload off and on, and the pinned host memory the run reports and --dry-run plans
-# (tests/test_offload.sh), on one rank and on dp2 with the distributed optimizer (the host
-# share's master weights and moments sharded over dp).
+# switching offload off and on, the cpu engine's update finished layer by layer in the next
+# forward against the whole update (bitwise), and the pinned host memory the run reports and
+# --dry-run plans (tests/test_offload.sh), on one rank and on dp2 with the distributed optimizer
+# (the host share's master weights and moments sharded over dp).
 set(OFFLOAD_ONE 1)
 set(OFFLOAD_DP2_DISTOPT 2 parallel.dp=2 parallel.distributed_optimizer=true)
 foreach(t ONE DP2_DISTOPT)

@@ -334,6 +334,17 @@ static void test_host_memory(void) {
   for (int64_t i = 0; i < n; i++) neg &= back[i] == -src[i];
   EXPECT(neg, "[%s] copy_async host -> device, after copy_join", LABEL);
   free(back);
+  // copy_join_ticket: the compute stream waits for one copy (here not the last one queued).
+  for (int64_t i = 0; i < n; i++) h[i] = 2.0f * src[i];
+  const int64_t t2 = G->copy_async(G, d2, h, n * sizeof(float));
+  G->copy_async(G, h + n / 2, d, (n / 2) * sizeof(float));
+  G->copy_join_ticket(G, t2);
+  back = dev_getf(d2, n);
+  int twice = 1;
+  for (int64_t i = 0; i < n; i++) twice &= back[i] == 2.0f * src[i];
+  EXPECT(twice, "[%s] copy_async host -> device, after copy_join_ticket", LABEL);
+  G->copy_join(G);  // the later copy is done before h is freed
+  free(back);
   // AdamW over two ranges: p, m, v in host memory against the same in backend memory.
   float *hp = G->host_alloc(G, n * sizeof(float)), *hm = G->host_alloc(G, n * sizeof(float));
   float *hv = G->host_alloc(G, n * sizeof(float));

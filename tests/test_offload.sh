@@ -7,9 +7,10 @@
 # on CPU ranks both engines run the reference AdamW on the same values, so the runs are bitwise
 # equal; on GPUs, scripts/test_gpu.sh, the cpu engine's host arithmetic may round differently
 # from the GPU kernel's, and the script states its tolerance). Then bitwise resume with
-# offload, and a resume that switches offload off (and on) at the checkpoint; then the delayed
-# update (offload_delay=1). With the gpu engine, that the host state is only this rank's part:
-# the pinned bytes the run reports, and those --dry-run plans.
+# offload, and a resume that switches offload off (and on) at the checkpoint; the cpu engine's
+# update finished layer by layer in the next forward (offload_layer_wait) against the whole
+# update in its step; then the delayed update (offload_delay=1). With the gpu engine, that the
+# host state is only this rank's part: the pinned bytes the run reports, and those --dry-run plans.
 . "$(dirname "$0")/lib.sh"
 name=$1; np=$2; shift 2
 make_corpus
@@ -99,6 +100,38 @@ for r in split to_none from_none; do
     || fail "$r: losses after resume differ"
   "$BUILD/ckpt_compare" "$WORK/cpu_0_5/ckpt/ckpt_00000020.h5" "$WORK/$r/ckpt/ckpt_00000020.h5" --rtol "$tol" \
     --prefix "" && pass "$r: final checkpoint equals the uninterrupted run" || fail "$r: final checkpoints differ"
+done
+# offload_layer_wait (on by default, so the cpu engine's runs and the resume above use it with
+# one rank): the host update of a step finishes in the next forward, each bucket before the first
+# layer that reads it, against the whole update before the next step: the same arithmetic, so
+# bitwise on any device, here with an evaluation every 5 steps (its forward finishes the update),
+# checkpoints at steps 10 and 20 (they finish it first) and a skipped non-finite step (7). It is
+# in force with one data-parallel rank only (the run's offload line says so).
+wait_args="optimizer.offload=host optimizer.offload_fraction=0.5 log.eval_every=5 train.skip_nonfinite=1"
+for wait in true false; do
+  # shellcheck disable=SC2086
+  TRAINER_TEST_NAN_AT_STEP=7 run "wait_$wait" "$np" $base "$@" $wait_args "optimizer.offload_layer_wait=$wait" \
+    || fail "offload_layer_wait=$wait: $(tail -5 "$WORK/wait_$wait/log")"
+done
+in_force=$([ "$np" = 1 ] && echo 1 || echo 0)
+[ "$(grep -c '^offload: .*layer by layer' "$WORK/wait_true/log")" = "$in_force" ] \
+  && [ "$(grep -c '^offload: .*layer by layer' "$WORK/wait_false/log")" = 0 ] \
+  && pass "offload_layer_wait in force on $np rank(s): $in_force" || fail "offload_layer_wait: $(grep '^offload:' "$WORK/wait_true/log")"
+grep -q "warning: step 7: .*update skipped" "$WORK/wait_true/log" && pass "offload_layer_wait: step 7 skipped" \
+  || fail "offload_layer_wait: step 7 was not skipped"
+python3 - "$WORK/wait_false/metrics.jsonl" "$WORK/wait_true/metrics.jsonl" <<'PY' \
+  && pass "offload_layer_wait: every loss, gradient norm and validation loss bitwise equal" \
+  || fail "offload_layer_wait: the runs differ"
+import json, sys
+keys = ("loss", "grad_norm", "val_loss")
+a, b = ([{k: repr(o.get(k)) for k in keys} for o in map(json.loads, open(p)) if "step" in o] for p in sys.argv[1:])
+n_val = sum(r["val_loss"] != "None" for r in b)
+print("compared %d steps, %d with a validation loss" % (len(b), n_val))
+sys.exit(0 if a == b and len(b) == 20 and n_val == 4 else 1)
+PY
+for at in 00000010 00000020; do
+  "$BUILD/ckpt_compare" "$WORK/wait_false/ckpt/ckpt_$at.h5" "$WORK/wait_true/ckpt/ckpt_$at.h5" --rtol 0 --prefix "" \
+    && pass "offload_layer_wait: checkpoint $at bitwise equal" || fail "offload_layer_wait: checkpoints $at differ"
 done
 # The one-step delayed update (offload_delay=1): step 2 is the first whose weights lack an update
 # (step 1's runs beside it), so the losses of step 1 agree with the reference and later ones

@@ -255,6 +255,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->copy_async = k_cuda_copy_async;
   b->copy_wait = k_cuda_copy_wait;
   b->copy_join = k_cuda_copy_join;
+  b->copy_join_ticket = k_cuda_copy_join_ticket;
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);

@@ -85,3 +85,11 @@ extern "C" void k_cuda_copy_join(k_backend *b) {
   if (!k || k->next_ticket == 0) return;  // no copy was ever queued
   CUDA_CHECK(cudaStreamWaitEvent(c->stream, k->done[(k->next_ticket - 1) % COPY_EVENTS], 0));
 }
+
+extern "C" void k_cuda_copy_join_ticket(k_backend *b, int64_t ticket) {
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_copy *k = copy_of(c);
+  CHECK(ticket >= 0 && ticket < k->next_ticket, "copy_join_ticket: ticket %lld was never issued (next %lld)",
+        (long long)ticket, (long long)k->next_ticket);
+  CUDA_CHECK(cudaStreamWaitEvent(c->stream, k->done[ticket % COPY_EVENTS], 0));
+}

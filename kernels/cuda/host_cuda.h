@@ -16,6 +16,7 @@ void k_cuda_host_free(k_backend *b, void *p);
 int64_t k_cuda_copy_async(k_backend *b, void *dst, const void *src, size_t n_bytes);
 void k_cuda_copy_wait(k_backend *b, int64_t ticket);
 void k_cuda_copy_join(k_backend *b);
+void k_cuda_copy_join_ticket(k_backend *b, int64_t ticket);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,11 @@
 //   dp_comm    exposed DP communication: from backward done (compute stream) to the last bucket
 //              (or the ZeRO reduce-scatter) arrived, plus the tp reduction of SP norm gradients
 //              not yet done; the overlapped part of the DP traffic is not in any figure
-//   optimizer  gradient norm, clipping, AdamW, compute-copy refresh, ZeRO all-gather
+//   optimizer  gradient norm, clipping, AdamW, compute-copy refresh, ZeRO all-gather; with
+//              optimizer.offload_layer_wait also the host's time in the host update that the
+//              next forward runs before its layers (not in compute). The GPU runs the forward
+//              already queued meanwhile, so that part is an upper bound of the time the update
+//              exposes, and compute a lower bound of the forward's (exact on CPU ranks)
 #ifndef TRAINER_TIMING_H
 #define TRAINER_TIMING_H
 

@@ -238,6 +238,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   trace_pop_range();
   trace_push_range("optimizer");
   opt_offload_join(o);  // offload_delay: the previous step's host update, before its slots are reused
+  opt_offload_complete(o);  // offload_layer_wait: one a forward did not finish, likewise
   float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
   opt_offload_copy_grads(o, grad);  // the cpu engine's copies run beside the norm
   // With the sum of squares, the count of non-finite FP8 amaxes of the step (model/fp8.h).
@@ -287,7 +288,9 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   }
   if (o->pg) param_gather_start_codes(o);  // every part of every FP8 weight is updated now
   opt_share_norms(o);
-  be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));  // overlaps the all-gathers
+  // Overlaps the all-gathers. offload_layer_wait: the pending host buckets' gradients are zeroed
+  // as each updates (their copies to host read them).
+  be->zero(be, m->grads, (size_t)opt_offload_pending_lo(o) * sizeof(float));
   if (o->zero) dc->ops->wait(dc);
   opt_weights_arrived(o);
   opt_offload_start_delayed(o, lr, bc1, bc2, g_scale);  // after the norms: it writes master weights
@@ -300,6 +303,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
 }
 
 void opt_flush(opt_state *o) {
+  opt_offload_complete(o);
   opt_offload_join(o);
   if (!o->upload_pending) return;
   // The copies back: the host buckets only (the highest, counted from the lowest), as the

@@ -5,7 +5,8 @@
 // the all-gather of the updated compute weights.
 // Parameters are fp32 and are the master weights; moments are fp32. With optimizer.offload=host
 // the optimizer holds the master weights itself (the model has no m->params), and those of a share
-// of the buckets live in host memory with their moments, sharded like them (optim_offload.c).
+// of the buckets live in host memory with their moments, sharded like them (optim_offload.c);
+// the host's cores may finish their update in the next forward, layer by layer (layer_wait).
 #ifndef TRAINER_OPTIM_H
 #define TRAINER_OPTIM_H
 
@@ -95,6 +96,15 @@ typedef struct opt_state {
   // copy them back.
   struct opt_delay *delay;
   int upload_pending;
+  // offload_layer_wait (the cpu engine undelayed, dp 1, no FP8: layer_wait set): opt_step updates
+  // the device share and leaves the host buckets pending, with the step's hyper-parameters in
+  // pend; the next forward updates them through m->weights_needed, from the lowest, as far as
+  // the group it is about to run reads, and its compute stream waits for those buckets' copies
+  // back only. As each bucket's update finishes its norms are refreshed and its gradient (read
+  // by its copy to host until then) is zeroed.
+  int layer_wait;
+  int n_done;               // host buckets updated, from the lowest (j < n_done); n_host: none pending
+  struct { float lr, bc1, bc2, g_scale; } pend;
 } opt_state;
 
 // The wire type of the compute copy's all-gather: the backend's activation dtype.
@@ -123,14 +133,20 @@ int opt_offload_skip(opt_state *o);
 // with offload_delay it copies back the results of the previous step's update instead.
 void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad, float lr, float bc1, float bc2,
                         float g_scale);
+// offload_layer_wait: runs the host update that opt_step left pending, if any. Whatever reads or
+// sets the weights or the optimizer's state other than the training forward calls it first.
+void opt_offload_complete(opt_state *o);
+// The first element of m->grads that a pending host update still reads (m->n_params: none).
+int64_t opt_offload_pending_lo(const opt_state *o);
 // offload_delay: joins the host update in flight, if any (its results then await upload);
 // and, once this step's update of the device share is queued, starts the host update of this
 // step's gradients on the update thread.
 void opt_offload_join(opt_state *o);
 void opt_offload_start_delayed(opt_state *o, float lr, float bc1, float bc2, float g_scale);
 // Collective. Completes an update that offload_delay left in flight: joins it and puts its
-// weights in place (compute copy, gathered over dp with ZeRO, and the norms), as a step would.
-// Checkpoints call it first, so a run resumed from one continues bitwise. No-op otherwise.
+// weights in place (compute copy, gathered over dp with ZeRO, and the norms), as a step would;
+// or the one offload_layer_wait left pending. Checkpoints call it first, so a run resumed from
+// one continues bitwise. No-op otherwise.
 void opt_flush(opt_state *o);
 // This rank's shard of the first (which 0) or second (1) moment, device share then host share,
 // into host memory (shard_n elements); and back.
@@ -143,7 +159,8 @@ void opt_offload_params_to_host(opt_state *o, float *shard_host);
 void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_host, int64_t n_elem);
 // This rank's part of every bucket of the compute copy, cast from the master weights.
 void opt_offload_cast_master(opt_state *o);
-// The master's norm elements this rank updates into pack (laid out as m->norm_copy).
+// The master's norm elements this rank updates into pack (laid out as m->norm_copy), but those of
+// host buckets whose update is pending (offload_layer_wait refreshes them as each updates).
 void opt_offload_norms_out(opt_state *o, float *pack);
 void opt_free(opt_state *o);
 // Learning rate at step (0-based) of a run of steps: linear warmup, then cosine decay to min_lr.

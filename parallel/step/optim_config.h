@@ -25,6 +25,7 @@ typedef struct opt_config {
   int offload_cpu;            // bool: offload_update=cpu (the host's cores update); else the GPU, zero-copy
   float offload_fraction;     // share of the buckets whose state is in host memory
   int offload_delay;          // 1: step k's host update runs during step k + 1 (offload_update=cpu)
+  int offload_layer_wait;     // bool: the cpu engine's update finishes in the next forward, layer by layer
   int fp8_param_gather;       // bool, fp8.param_gather: ZeRO gathers FP8 weights as codes (param_gather.h)
 } opt_config;
 

@@ -9,6 +9,11 @@
 //   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
 //        AdamW on it (k_cpu_adamw_ranges, the reference arithmetic) and the new compute weights
 //        go back per bucket while the next bucket updates.
+// With optimizer.offload_layer_wait (the default; dp 1, no FP8, undelayed) the cpu engine's
+// update of the host buckets runs on this thread inside the next forward instead: before each
+// layer (m->weights_needed) the buckets up to the last one holding that layer's weights update,
+// lowest first, and the compute stream waits for their copies back only, so the GPU runs the
+// forward of the layers before while the host updates the next ones (opt_offload_complete).
 // With optimizer.offload_delay the cpu engine's update of step k runs on a thread of its own
 // while step k + 1's forward and backward run (opt_offload_start_delayed, opt_offload_join).
 // With dp = 1 a host bucket's gradient is final as soon as backward has finished it, so its copy
@@ -87,10 +92,13 @@ static void *host_state(opt_state *o, int64_t n_elem, size_t elem_bytes, const c
   return model_host_alloc(o->m->be, n_bytes, what);
 }
 
+static void on_weights_needed(void *ctx, int chunk, int layer);
+
 void opt_offload_init(opt_state *o) {
   const opt_config *c = &o->cfg;
   o->n_host = c->offload ? (int)lround(c->offload_fraction * o->n_buckets) : 0;
   if (o->n_host > o->n_buckets) o->n_host = o->n_buckets;
+  o->n_done = o->n_host;
   o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
   o->n_dev_ranges = c->offload ? 0 : o->n_upd_ranges;
   if (!c->offload) return;
@@ -112,11 +120,23 @@ void opt_offload_init(opt_state *o) {
   o->host_pc = host_state(o, o->n_slots * o->slot_elem, o->m->act_bytes, "the compute weights' host copy");
   o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
   o->early = XCALLOC(o->n_host + 1, 1);
+  // With dp > 1 the copies would wait for the DP reduction (and ZeRO's all-gather for every
+  // bucket); FP8 recasts every weight at the start of the step (model_fp8_begin_step).
+  o->layer_wait = c->offload_layer_wait && !c->offload_delay && o->n_host > 0 && o->m->g->dp_c->size == 1 &&
+                  !o->m->fp8;
+  if (o->layer_wait) {
+    o->m->weights_needed = on_weights_needed;
+    o->m->weights_needed_ctx = o;
+  }
 }
 
 void opt_offload_free(opt_state *o) {
   k_backend *be = o->m->be;
   opt_offload_join(o);
+  if (o->m->weights_needed_ctx == o) {
+    o->m->weights_needed = NULL;
+    o->m->weights_needed_ctx = NULL;
+  }
   free(o->delay);
   o->delay = NULL;
   void *host[] = {o->host_master, o->host_m, o->host_v, o->host_g, o->host_pc};
@@ -283,6 +303,9 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
                        bc2, g_scale);
     } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
       if (o->upload_pending && !(o->early[o->n_host - 1 - b] & EARLY_UP)) copy_back(o, b);
+    } else if (o->layer_wait) {  // forward updates it (opt_offload_complete)
+      o->pend.lr = lr, o->pend.bc1 = bc1, o->pend.bc2 = bc2, o->pend.g_scale = g_scale;
+      o->n_done = 0;
     } else if (hp->offload_cpu) {
       update_on_host(o, b, lr, bc1, bc2, g_scale);
     } else {
@@ -298,12 +321,71 @@ static float *master_at(const opt_state *o, int64_t off) {
   return off < o->dev_n ? o->dev_master + off : o->host_master + (off - o->dev_n);
 }
 
-void opt_offload_norms_out(opt_state *o, float *pack) {
+// The master's norm elements at shard offsets [lo, hi) into pack.
+static void norms_out(opt_state *o, float *pack, int64_t lo, int64_t hi) {
   k_backend *be = o->m->be;
   for (int i = 0; i < o->n_master_norms; i++) {
     const k_range *r = &o->master_norms[i];
-    be->copy(be, pack + r->p_offset, master_at(o, r->offset), (size_t)r->n_elem * sizeof(float));
+    if (r->offset >= lo && r->offset < hi)
+      be->copy(be, pack + r->p_offset, master_at(o, r->offset), (size_t)r->n_elem * sizeof(float));
   }
+}
+
+void opt_offload_norms_out(opt_state *o, float *pack) { norms_out(o, pack, 0, opt_offload_pending_lo(o)); }
+
+// offload_layer_wait keeps to dp 1 without ZeRO, where a bucket's part is the bucket: the shard
+// is the flat buffer.
+int64_t opt_offload_pending_lo(const opt_state *o) {
+  return o->n_done < o->n_host ? o->buckets[o->n_host - 1 - o->n_done].lo : o->m->n_params;
+}
+
+// The pending update of host bucket b (the lowest pending one): the host update, its norms from
+// the new master, and its gradient zeroed, as the copy to host that read it is done
+// (update_on_host waited for it) and the next backward accumulates into it.
+static void finish_pending(opt_state *o, int b) {
+  model *m = o->m;
+  const opt_bucket *k = &o->buckets[b];
+  update_on_host(o, b, o->pend.lr, o->pend.bc1, o->pend.bc2, o->pend.g_scale);
+  norms_out(o, m->norm_copy, k->lo, k->hi);
+  m->be->zero(m->be, m->grads + k->lo, (size_t)(k->hi - k->lo) * sizeof(float));
+  o->n_done++;
+}
+
+// Finishes every pending host bucket, from the lowest, that starts below flat element end; the
+// compute work queued next waits for their new weights, not for the gradient copies queued after.
+static void complete_below(opt_state *o, int64_t end) {
+  const int first = o->n_done;
+  while (o->n_done < o->n_host && o->buckets[o->n_host - 1 - o->n_done].lo < end)
+    finish_pending(o, o->n_host - 1 - o->n_done);
+  if (o->n_done > first) o->m->be->copy_join_ticket(o->m->be, o->grad_ticket[o->n_done - 1]);  // copy_back's
+}
+
+void opt_offload_complete(opt_state *o) { complete_below(o, INT64_MAX); }
+
+// Whether forward's group (chunk, layer) reads tensor t (the ids of model.weights_needed).
+static int group_reads(const model *m, const model_tensor *t, int chunk, int layer) {
+  const model_chunk *ch = &m->chunks[chunk];
+  if (layer == MODEL_GRADS_HEAD && t == ch->lm_head) return 1;  // the embedding, when tied
+  if (t->chunk != chunk) return 0;
+  if (layer >= 0) return t->layer == ch->layer0 + layer;
+  return t->kind == (layer == MODEL_GRADS_EMBED ? MODEL_EMBED : MODEL_FINAL_NORM);
+}
+
+// m->weights_needed: the pending buckets up to the last one holding a weight the group reads.
+// The host's time here is the optimizer's in the run report (timing.h); meanwhile the GPU runs
+// the forward already queued.
+static void on_weights_needed(void *ctx, int chunk, int layer) {
+  opt_state *o = ctx;
+  const model *m = o->m;
+  if (o->n_done == o->n_host) return;
+  const double t0 = MPI_Wtime();
+  int64_t end = 0;
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor *t = &m->tensors[i];
+    if (group_reads(m, t, chunk, layer) && t->offset + t->n_elem > end) end = t->offset + t->n_elem;
+  }
+  complete_below(o, end);
+  if (o->timing) o->timing->optimizer += MPI_Wtime() - t0;
 }
 
 void opt_offload_cast_master(opt_state *o) {
@@ -316,6 +398,7 @@ void opt_offload_cast_master(opt_state *o) {
 }
 
 void opt_offload_params_to_host(opt_state *o, float *shard_host) {
+  opt_offload_complete(o);
   k_backend *be = o->m->be;
   be->to_host(be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
   be->sync(be);  // the gpu engine's kernels have written the host share
@@ -323,6 +406,7 @@ void opt_offload_params_to_host(opt_state *o, float *shard_host) {
 }
 
 void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_host, int64_t n_elem) {
+  opt_offload_complete(o);
   k_backend *be = o->m->be;
   if (shard_off < o->dev_n) {
     be->from_host(be, o->dev_master + shard_off, src_host, (size_t)n_elem * sizeof(float));
@@ -333,6 +417,7 @@ void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_ho
 }
 
 void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
+  opt_offload_complete(o);
   k_backend *be = o->m->be;
   be->to_host(be, shard_host, which ? o->exp_avg_sq : o->exp_avg, (size_t)o->dev_n * sizeof(float));
   be->sync(be);  // the gpu engine's kernels have written the host share
@@ -341,6 +426,7 @@ void opt_moment_to_host(opt_state *o, int which, float *shard_host) {
 }
 
 void opt_moment_from_host(opt_state *o, int which, const float *shard_host) {
+  opt_offload_complete(o);
   k_backend *be = o->m->be;
   be->sync(be);  // no update in flight reads the host share
   be->from_host(be, which ? o->exp_avg_sq : o->exp_avg, shard_host, (size_t)o->dev_n * sizeof(float));
