@@ -199,12 +199,14 @@ typedef struct k_backend {
   // swiglu_fwd, then fp8_cast of its output (E4M3, per-tensor *scale, out8 the codes, no
   // transpose), in one pass: out, out8 and *amax bit for bit those of the two ops in a row on
   // this backend (the codes from out as stored in the act dtype). For an FP8 input whose scale
-  // is known before it is made (delayed scaling): a pass over the tensor fewer.
+  // is known before it is made (delayed scaling): a pass over the tensor fewer. out may be NULL:
+  // then only the codes and the amax are written (the same codes).
   void (*swiglu_fwd_fp8)(struct k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
                          uint8_t *out8, float *amax);
   // rmsnorm_fwd_act, then fp8_cast of y (E4M3, per-tensor *scale, out8 the codes, no transpose),
   // in one pass: y, rstd, out8 and *amax bit for bit those of the two ops in a row on this
-  // backend (the codes from y as stored in the act dtype). Same use as swiglu_fwd_fp8.
+  // backend (the codes from y as stored in the act dtype). Same use as swiglu_fwd_fp8; y may be
+  // NULL likewise (rstd, the codes and the amax are written).
   void (*rmsnorm_fwd_fp8)(struct k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
                           float eps, const float *scale, uint8_t *out8, float *amax);
   // swiglu_bwd, then fp8_cast of its output dgu (rows, 2n) in fmt with the per-tensor *scale:

@@ -163,14 +163,18 @@ static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_
 static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
                                uint8_t *out8, float *amax) {
   (void)b;
-  k_cpu_swiglu_fwd(gu, out, rows, n);
-  k_cpu_fp8_cast(out, rows, n, *scale, K_E4M3, out8, NULL, amax);
+  void *y = out ? out : XMALLOC((size_t)(rows * n) * sizeof(float));  // the CPU computes in fp32
+  k_cpu_swiglu_fwd(gu, y, rows, n);
+  k_cpu_fp8_cast(y, rows, n, *scale, K_E4M3, out8, NULL, amax);
+  if (!out) free(y);
 }
 static void cpu_rmsnorm_fwd_fp8(k_backend *b, const float *x, const float *w, void *y, float *rstd, int64_t rows, int d,
                                 float eps, const float *scale, uint8_t *out8, float *amax) {
   (void)b;
-  k_cpu_rmsnorm_fwd(x, w, y, rstd, rows, d, eps);
-  k_cpu_fp8_cast(y, rows, d, *scale, K_E4M3, out8, NULL, amax);
+  void *v = y ? y : XMALLOC((size_t)(rows * d) * sizeof(float));  // the CPU computes in fp32
+  k_cpu_rmsnorm_fwd(x, w, v, rstd, rows, d, eps);
+  k_cpu_fp8_cast(v, rows, d, *scale, K_E4M3, out8, NULL, amax);
+  if (!y) free(v);
 }
 static void cpu_swiglu_bwd_fp8(k_backend *b, const void *dout, const void *gu, void *dgu, int64_t rows, int n,
                                const float *scale, k_fp8 fmt, uint8_t *out8, uint8_t *out8_t, float *amax) {

@@ -226,16 +226,18 @@ static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const v
 // train.precision=fp8 puts its layer (model/fp8.h), else in the act dtype.
 static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_layer_on(m, ly->wq->layer); }
 
+// Whether ly's norm output hn, the input of projection p, holds its FP8 codes (rows, d bytes)
+// instead of its values: where its scale is known before hn is made (model_fp8_fused_casts) and
+// this rank makes every row (no SP gather: the other ranks' rows would arrive in the act dtype).
+static int hn_is_codes(const model *m, const model_layer *ly) {
+  return ly && enter_is_copy(&m->work->region) && fp8_on(m, ly) && model_fp8_fused_casts(m);
+}
+
 // hn (rows, d) act = norm(x) inside the region; rstd (rs) saved. The norm writes this rank's
 // rows, already in the GEMM's dtype, and their gather starts (SP); gemm_gathered or
-// tp_gather_finish completes it. With ly, hn is the input of ly's projection p: where its FP8
-// scale is known before hn is made (model_fp8_fused_cast) and this rank makes every row (no SP
-// gather: the other ranks' rows would arrive in the act dtype and need their own cast), the norm
-// writes hn's FP8 codes and amax too, a pass over hn fewer. hn is still written in the act dtype:
-// the weight gradient casts the saved input again, transposed (model_fp8_wgrad); the forward's
-// codes share one buffer over the layers and are gone by then. Making the transposed codes here
-// would cost strided byte stores in the norm, or a transpose pass over the codes, plus a saved
-// copy per layer; re-reading hn once in the backward is the simpler trade.
+// tp_gather_finish completes it. With ly, hn is the input of ly's projection p: where
+// hn_is_codes, the norm writes hn's FP8 codes (into hn's memory) and amax instead, a pass over
+// hn fewer; the projection's GEMMs read only the codes, its weight gradient their transpose.
 static void norm_enter_start(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd,
                              void *hn) {
   const model_dims *dm = &m->dims;
@@ -243,11 +245,11 @@ static void norm_enter_start(model *m, const model_layer *ly, int p, const float
   const float *scale;
   uint8_t *codes;
   float *amax;
-  void *own = at(m, hn, tp_own_row(R) * dm->d);
-  if (ly && enter_is_copy(R) && fp8_on(m, ly) && model_fp8_fused_cast(m, ly->fp8, p, &scale, &codes, &amax))
-    m->be->rmsnorm_fwd_fp8(m->be, x, w, own, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale, codes, amax);
-  else
-    m->be->rmsnorm_fwd_act(m->be, x, w, own, rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  if (hn_is_codes(m, ly) && model_fp8_fused_cast(m, ly->fp8, p, hn, &scale, &codes, &amax)) {
+    m->be->rmsnorm_fwd_fp8(m->be, x, w, NULL, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale, codes, amax);
+    return;
+  }
+  m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
   tp_gather_start(R, hn, dm->d, m->be->act);
 }
 
@@ -307,15 +309,16 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
 }
 
 // Weight gradient w->g (N, K) += g^T x, g (rows, N) the output gradient of the last
-// proj_dgrad (in FP8 not read: the transposed codes made there are), x (rows, K) the saved input.
+// proj_dgrad (in FP8 not read: the transposed codes made there are), x (rows, K) the saved input
+// (in FP8 with x_codes: its codes, as act_is_codes keeps them).
 static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, int N, int K, const void *g,
-                       const void *x) {
+                       const void *x, int x_codes) {
   int64_t rows = m->dims.rows;
   if (!fp8_on(m, ly)) {
     m->be->gemm(m->be, 1, 0, N, K, (int)rows, 1, g, N, x, K, 1, w->g, K, K_F32);
     return;
   }
-  model_fp8_wgrad(m, ly->fp8, p, x, rows, N, K, w->g);
+  model_fp8_wgrad(m, ly->fp8, p, x_codes ? NULL : x, x_codes ? x : NULL, rows, N, K, w->g);
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
@@ -392,14 +395,19 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
-// act = SwiGLU(gu); where the down projection's FP8 scale is known before act is made
-// (model_fp8_fused_cast), the same op writes act's FP8 codes and amax: one pass over act fewer.
+// Whether act holds the down projection's FP8 input codes (rows, ffn bytes) instead of its values:
+// where its scale is known before act is made (model_fp8_fused_casts), in the whole step.
+static int act_is_codes(const model *m, const model_layer *ly) { return fp8_on(m, ly) && model_fp8_fused_casts(m); }
+
+// act = SwiGLU(gu); where act_is_codes, the op writes act's FP8 codes (into act's memory) and
+// amax instead: the down projection's GEMMs read only the codes (its weight gradient their
+// transpose), so act's values are never written or read again.
 static void swiglu_fwd_into_down(model *m, const model_layer *ly, const layer_acts *L) {
   const float *scale;
   uint8_t *codes;
   float *amax;
-  if (fp8_on(m, ly) && model_fp8_fused_cast(m, ly->fp8, FP8_DOWN, &scale, &codes, &amax))
-    m->be->swiglu_fwd_fp8(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn, scale, codes, amax);
+  if (act_is_codes(m, ly) && model_fp8_fused_cast(m, ly->fp8, FP8_DOWN, L->act, &scale, &codes, &amax))
+    m->be->swiglu_fwd_fp8(m->be, L->gu, NULL, m->dims.rows, m->dims.ffn, scale, codes, amax);
   else
     m->be->swiglu_fwd(m->be, L->gu, L->act, m->dims.rows, m->dims.ffn);
 }
@@ -426,6 +434,14 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);
 }
 
+// A norm's output recomputed as layer_fwd made it (its codes where hn_is_codes).
+static void recompute_norm(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd,
+                           void *hn) {
+  norm_enter_start(m, ly, p, x, w, rstd, hn);
+  tp_gather_finish(&m->work->region);
+  if (hn_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, p, NULL, m->dims.rows, m->dims.d);  // made: taken
+}
+
 // Before layer i's backward: the tensors train.recompute did not keep, from the ones it did.
 // Same ops on the same inputs as layer_fwd, so the same bits. Leaves w->fa (the cast residual
 // gradient of grad_enter_norm) alone.
@@ -434,9 +450,10 @@ static void layer_recompute(model *m, model_layer *ly, model_acts *a, int i) {
     layer_fwd(m, ly, a, i);
   } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
     layer_acts L = layer_view(m, a, i);
-    norm_enter(m, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
-    m->be->swiglu_fwd(m->be, L.gu, L.act, m->dims.rows, m->dims.ffn);
-    norm_enter(m, L.x, ly->attn_norm->p, L.rstd1, L.hf);
+    recompute_norm(m, ly, FP8_UP, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
+    swiglu_fwd_into_down(m, ly, &L);
+    if (act_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, FP8_DOWN, NULL, m->dims.rows, m->dims.ffn);  // made: taken
+    recompute_norm(m, ly, FP8_QKV, L.x, ly->attn_norm->p, L.rstd1, L.hf);
   }
 }
 
@@ -473,23 +490,23 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   grad_exit_start(m, g);
   proj_dgrad_gathered(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, w->ff1, A);
-  proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act);
+  proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act, act_is_codes(m, ly));
   const void *dgu = swiglu_bwd_into_up(m, ly, &L);
   proj_dgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, w->f2, K_F32);
   grad_enter_start(m, w->f2);
-  proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, L.h2f);
+  proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, L.h2f, hn_is_codes(m, ly));
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   grad_exit_start(m, g);
   proj_dgrad_gathered(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, w->q1, A);
-  proj_wgrad(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, L.att);
+  proj_wgrad(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, L.att, 0);
   be->attn_bwd(be, w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
   be->rope(be, w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
   proj_dgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, w->f2, K_F32);
   grad_enter_start(m, w->f2);
-  proj_wgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, L.hf);
+  proj_wgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, L.hf, hn_is_codes(m, ly));
   grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
 
@@ -552,7 +569,7 @@ static void head_wgrad(model *m, model_tensor *w, model_acts *a) {
                 K_F32);
     return;
   }
-  model_fp8_wgrad(m, hs, 0, a->hfin, dm->rows, dm->vocab, dm->d, w->g);
+  model_fp8_wgrad(m, hs, 0, a->hfin, NULL, dm->rows, dm->vocab, dm->d, w->g);
 }
 
 // Before forward reads the weights of a group (m->weights_needed).

@@ -139,6 +139,7 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   int k_max, n_max;
   fp8_widths(m, &k_max, &n_max);
   f->x8 = be->alloc(be, (size_t)(m->dims.rows * k_max));
+  f->x8_in = f->x8;
   f->g8 = be->alloc(be, (size_t)(m->dims.rows * n_max));
   f->g8t = be->alloc(be, (size_t)(m->dims.rows * n_max));
   if (fc->recipe == MODEL_FP8_BLOCK) fp8_block_init(m, k_max, n_max);
@@ -354,12 +355,15 @@ static int fp8_take_made(int64_t *made, int64_t i) {
   return 0;
 }
 
-int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax) {
+int model_fp8_fused_casts(const model *m) { return m->fp8 && fp8_scale_known(m->fp8); }
+
+int model_fp8_fused_cast(model *m, int slot, int p, uint8_t *into, const float **scale, uint8_t **codes, float **amax) {
   model_fp8 *f = m->fp8;
   if (!fp8_scale_known(f)) return 0;
   int64_t i = fp8_x_slot(slot, p);
   *scale = f->scale + i;
-  *codes = f->x8;
+  *codes = into ? into : f->x8;
+  f->x8_in = *codes;
   *amax = fp8_slot_amax(f, i);
   f->x8_made = i + 1;
   return 1;
@@ -386,7 +390,8 @@ void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows
     m->fp8->x_src = x;
     return;
   }
-  fp8_cast_slot(m, fp8_x_slot(slot, p), K_E4M3, x, rows, k, m->fp8->x8, NULL);
+  fp8_cast_slot(m, fp8_x_slot(slot, p), K_E4M3, x, rows, k, f->x8, NULL);
+  f->x8_in = f->x8;
 }
 
 void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, const void *y_in, void *y,
@@ -399,7 +404,7 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
     return;
   }
   int64_t ix = fp8_x_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
-  m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8 + r0 * k, K_E4M3, fp8_inv(f->scale_inv, ix), f->w8[j], K_E4M3,
+  m->be->gemm_fp8(m->be, (int)(r1 - r0), n, k, f->x8_in + r0 * k, K_E4M3, fp8_inv(f->scale_inv, ix), f->w8[j], K_E4M3,
                   fp8_inv(f->w_scale_inv, j), beta, y_in, y, c_type, f->cfg.fast_accum);
 }
 
@@ -424,15 +429,18 @@ void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void
                   fp8_inv(f->w_scale_inv, j), 0, NULL, dx, c_type, 0);
 }
 
-void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw) {
+void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
+                     float *dw) {
   model_fp8 *f = m->fp8;
   int64_t ix = fp8_x_slot(slot, p), ig = fp8_g_slot(slot, p);
+  CHECK(!x_codes || !fp8_block(f), "FP8 weight gradient: kept input codes under block scaling (a bug in the caller)");
   if (fp8_block(f)) {  // X^T's 1 x 128 tiles along the rows (tokens), the contraction of G^T X
     m->be->fp8_cast_block(m->be, x, rows, k, 1, NULL, NULL, f->x8, f->x_si, fp8_slot_amax(f, ix));
     m->be->gemm_fp8_block(m->be, n, k, (int)rows, f->g8t, 1, f->gt_si, f->x8, 1, f->x_si, 1, dw, K_F32);
     return;
   }
-  fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
+  if (x_codes) m->be->fp8_transpose(m->be, x_codes, rows, k, f->x8);
+  else fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
   m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->x8, K_E4M3,
                   fp8_inv(f->scale_inv, ix), 1, NULL, dw, K_F32, 0);
 }

@@ -52,7 +52,8 @@ typedef struct model_fp8 {
   int pending;               // activation amaxes recorded since the last update
   int weights_stale;         // the weights changed since their FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
-  int64_t x8_made;           // 1 + the input slot whose codes are in x8 already (model_fp8_fused_cast); 0 = none
+  int64_t x8_made;           // 1 + the input slot whose codes are made already (model_fp8_fused_cast); 0 = none
+  const uint8_t *x8_in;      // the codes of the last input cast, which the forward GEMM reads: x8, or the fused op's
   int64_t g8_made;           // 1 + the gradient slot whose codes are in g8, g8t already (model_fp8_fused_grad_cast)
   int have_history;          // an update has run (or was loaded): until then delayed scaling
                              // scales like current scaling, so the first step's small gradients
@@ -128,8 +129,12 @@ void model_fp8_test_set_amax(model *m, float value);
 // scaling after its first update: the scale is known before the tensor is; not block scaling),
 // returns 1 with the scale, the codes' buffer and the amax that cast uses (the op writes codes
 // and amax as fp8_cast would), and the next model_fp8_cast_input of that slot finds the codes
-// made. 0 where not: cast as usual.
-int model_fp8_fused_cast(model *m, int slot, int p, const float **scale, uint8_t **codes, float **amax);
+// made. 0 where not: cast as usual. The codes' buffer is into, where the caller keeps them
+// (rows, K bytes; the forward GEMM reads them there), or with into NULL a scratch buffer.
+// Whether such casts run this step (the same for every op of a step, forward and backward):
+// model_fp8_fused_casts.
+int model_fp8_fused_cast(model *m, int slot, int p, uint8_t *into, const float **scale, uint8_t **codes, float **amax);
+int model_fp8_fused_casts(const model *m);
 // The same for the output gradient of projection p: returns 1 with the scale, the format, the
 // buffers of the codes and of the transposed codes, and the amax that model_fp8_cast_grad would
 // use (the op writes them as fp8_cast would), and the next model_fp8_cast_grad of that slot finds
@@ -147,9 +152,12 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
 // Backward: cast the output gradient G (rows, N) act (and its transpose; unless
 // model_fp8_fused_grad_cast's op made both); then the data
 // gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 += G^T X,
-// with X (rows, K) the layer's saved input, cast again (transposed) with its forward scale.
+// with X (rows, K) the layer's saved input, cast again (transposed) with its forward scale; or,
+// where x_codes is given (the codes model_fp8_fused_cast's op kept, x then unused), those codes
+// transposed: the same codes either way.
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n);
 void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type);
-void model_fp8_wgrad(model *m, int slot, int p, const void *x, int64_t rows, int n, int k, float *dw);
+void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
+                     float *dw);
 
 #endif

@@ -149,9 +149,10 @@ static const op_shape gemm_fp8_block_shapes[] = {
 // ---------------------------------------------------------------------------------------------
 // swiglu_fwd_fp8: out against k_cpu_swiglu_fwd within swiglu_fwd's bounds (compare_act), and out,
 // the codes and the amax bit for bit against this backend's swiglu_fwd then fp8_cast on the same
-// input (its definition). Shapes SHF(scale, 0, rows, n, inject): odd widths take the element
-// path, widths of 8 the vector path; inject puts NaN and Inf into gu; every other shape starts
-// the amax above every |out| (it must stay).
+// input (its definition); then again with out NULL (not written): the same codes and amax.
+// Shapes SHF(scale, 0, rows, n, inject): odd widths take the element path, widths of 8 the vector
+// path; inject puts NaN and Inf into gu; every other shape starts the amax above every |out| (it
+// must stay).
 
 static void run_swiglu_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
   char what[96];
@@ -175,6 +176,12 @@ static void run_swiglu_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
   const size_t ob = k_dtype_bytes(G->act) * (size_t)m;
   EXPECT(dev_equal_bytes(d_out, d_out2, ob) && dev_equal_bytes(d_c, d_c2, (size_t)m) && memcmp(&a1, &a2, 4) == 0,
          "[%s] %s: out, codes or amax (%.9g, want %.9g) not bitwise swiglu_fwd then fp8_cast's", LABEL, what, a1, a2);
+  G->from_host(G, d_a, &a0, sizeof a0);
+  G->zero(G, d_c, (size_t)m);
+  G->swiglu_fwd_fp8(G, d_gu, NULL, rows, n, d_s, d_c, d_a);
+  G->to_host(G, &a1, d_a, sizeof a1);
+  EXPECT(dev_equal_bytes(d_c, d_c2, (size_t)m) && memcmp(&a1, &a2, 4) == 0,
+         "[%s] %s, out NULL: codes or amax (%.9g, want %.9g) not those with out written", LABEL, what, a1, a2);
   free(gu), free(out);
   dev_free(d_gu), dev_free(d_out), dev_free(d_out2), dev_free(d_c), dev_free(d_c2), dev_free(d_s), dev_free(d_a);
   dev_free(d_a2);
@@ -240,7 +247,8 @@ static const op_shape swiglu_bwd_fp8_shapes[] = {
 
 // rmsnorm_fwd_fp8: y and rstd against k_cpu_rmsnorm_fwd within rmsnorm_fwd_act's bounds, and y,
 // rstd, the codes and the amax bit for bit against this backend's rmsnorm_fwd_act then fp8_cast
-// on the same input (its definition). Shapes SHF(scale, 0, rows, d, inject) (rms_make's x, w):
+// on the same input (its definition); then with y NULL (not written): the same rstd, codes and
+// amax. Shapes SHF(scale, 0, rows, d, inject) (rms_make's x, w):
 // the widths take each of the forward's paths (one warp per row, one block per row, element by
 // element); odd shapes write the codes one byte past an aligned address and start the amax above
 // every |y| (it must stay).
@@ -269,6 +277,14 @@ static void run_rmsnorm_fwd_fp8(const op_case *c, const op_shape *s, int idx) {
              dev_equal_bytes(codes, d_c2, (size_t)r.n) && memcmp(&a1, &a2, 4) == 0,
          "[%s] %s: y, rstd, codes or amax (%.9g, want %.9g) not bitwise rmsnorm_fwd_act then fp8_cast's", LABEL, what,
          a1, a2);
+  G->from_host(G, d_a, &a0, sizeof a0);
+  G->zero(G, codes, (size_t)r.n);
+  G->zero(G, d_r, sizeof(float) * r.rows);
+  G->rmsnorm_fwd_fp8(G, d_x, d_w, NULL, d_r, r.rows, r.d, 1e-5f, d_s, codes, d_a);
+  G->to_host(G, &a1, d_a, sizeof a1);
+  EXPECT(dev_equal_bytes(d_r, d_r2, sizeof(float) * (size_t)r.rows) && dev_equal_bytes(codes, d_c2, (size_t)r.n) &&
+             memcmp(&a1, &a2, 4) == 0,
+         "[%s] %s, y NULL: rstd, codes or amax (%.9g, want %.9g) not those with y written", LABEL, what, a1, a2);
   free(ya);
   rms_free(&r);
   dev_free(d_x), dev_free(d_w), dev_free(d_r), dev_free(d_r2), dev_free(d_y), dev_free(d_y2), dev_free(d_c);
