@@ -223,6 +223,23 @@ static double lt_time(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMat
   return ms[0];
 }
 
+// cuBLASLt's heuristic list (up to 16) for desc on la, lb and lc (C and D alike) within ws_bytes of
+// workspace, deterministic reduction schemes only, as the backend asks for its first; its length.
+static int lt_list(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                   cublasLtMatrixLayout_t lc, size_t ws_bytes, cublasLtMatmulHeuristicResult_t res[16]) {
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes));
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  int n_res = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 16, res, &n_res) != CUBLAS_STATUS_SUCCESS) n_res = 0;
+  cublasLtMatmulPreferenceDestroy(pref);
+  return n_res;
+}
+
 // For each GEMM of ops: the backend's time, the heuristic's first algorithm's and the fastest of
 // its first 16 (row-major C (M,N) = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, as
 // k_cuda_gemm passes it to cublasGemmEx).
@@ -251,17 +268,8 @@ static void algos_bench(const op *ops, int n, const attn_bufs *x, double *sum_ba
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, tb ? o->K : o->N, tb ? o->N : o->K, tb ? o->K : o->N));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, ta ? o->M : o->K, ta ? o->K : o->M, ta ? o->M : o->K));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, cdt, o->N, o->M, o->N));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                      sizeof ws_bytes));
-    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
     cublasLtMatmulHeuristicResult_t res[16];
-    int n_res = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 16, res, &n_res) != CUBLAS_STATUS_SUCCESS)
-      n_res = 0;
+    const int n_res = lt_list(h, desc, la, lb, lc, ws_bytes, res);
     void *a = alloc_filled(G->act, (int64_t)o->M * o->K), *b = alloc_filled(G->act, (int64_t)o->K * o->N);
     void *c = alloc_filled(ct, (int64_t)o->M * o->N), *d = lr ? alloc_filled(K_F32, (int64_t)o->M * o->N) : c;
     double first = -1, best = -1;
@@ -280,7 +288,6 @@ static void algos_bench(const op *ops, int n, const attn_bufs *x, double *sum_ba
     *sum_best += best > 0 ? best : backend;
     G->free(G, a), G->free(G, b), G->free(G, c);
     if (lr) G->free(G, d);
-    cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(desc);
   }
@@ -354,16 +361,8 @@ static double fp8_best_algo(const fp8_gemm *g, cublasLtHandle_t h, void *ws, siz
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, tb8, g->K, g->N, g->K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ta8, g->K, g->M, g->K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, g->ct == K_F32 ? CUDA_R_32F : CUDA_R_16BF, g->N, g->M, g->N));
-  cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                    sizeof ws_bytes));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-  CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
   cublasLtMatmulHeuristicResult_t res[16];
-  int n_res = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 16, res, &n_res) != CUBLAS_STATUS_SUCCESS) n_res = 0;
+  const int n_res = lt_list(h, desc, la, lb, lc, ws_bytes, res);
   double best = -1;
   *best_i = -1;
   for (int k = 0; k < n_res; k++) {
@@ -371,7 +370,6 @@ static double fp8_best_algo(const fp8_gemm *g, cublasLtHandle_t h, void *ws, siz
     if (t > 0 && (best < 0 || t < best)) best = t, *best_i = k;
   }
   *n_algos = n_res;
-  cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatmulDescDestroy(desc);
   return best;

@@ -58,6 +58,31 @@ static k_cuda_lt *lt_of(k_cuda_ctx *cx) {
   return cx->lt;
 }
 
+// The first algorithm of cuBLASLt's heuristic for op on a, b and c (C and D alike) within the
+// backend's workspace, deterministic reduction schemes only, every operand aligned to align
+// bytes (0: not stated). Returns whether there is one (*st: the heuristic's status).
+static int lt_first_algo(k_cuda_ctx *cx, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                         cublasLtMatrixLayout_t c, uint32_t align, cublasLtMatmulAlgo_t *algo, cublasStatus_t *st) {
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = cx->cublas_ws_bytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; align && i < 4; i++) CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
+  cublasLtMatmulHeuristicResult_t res;
+  int n_res = 0;
+  *st = cublasLtMatmulAlgoGetHeuristic(lt_of(cx)->h, op, a, b, c, c, pref, 1, &res, &n_res);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if (*st != CUBLAS_STATUS_SUCCESS || n_res < 1) return 0;
+  *algo = res.algo;
+  return 1;
+}
+
 static lt_plan *lt_plan_get(k_cuda_ctx *cx, int M, int N, int K) {
   k_cuda_lt *lt = lt_of(cx);
   for (int i = 0; i < lt->n; i++) {
@@ -79,19 +104,8 @@ static lt_plan *lt_plan_get(k_cuda_ctx *cx, int M, int N, int K) {
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, K, N, K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, K, M, K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, N, M, N));
-  cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = cx->cublas_ws_bytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-  CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
-  cublasLtMatmulHeuristicResult_t res;
-  int n_res = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &n_res);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  p->ok = st == CUBLAS_STATUS_SUCCESS && n_res > 0;
-  if (p->ok) p->algo = res.algo;
+  cublasStatus_t st;
+  p->ok = lt_first_algo(cx, p->op, p->a, p->b, p->c, 0, &p->algo, &st);
   return p;
 }
 
@@ -116,7 +130,8 @@ extern "C" void k_cuda_linear_residual(k_backend *b, int M, int N, int K, const 
 // first operand is B, read transposed from its (N,K) rows (column-major (K,N), ld K), its second
 // A as stored (column-major (K,M), ld K): op(first) = T, op(second) = N, the "TN" layout Hopper's
 // FP8 kernels require, with K contiguous in both. So cuBLASLt's A scale is b_scale_inv and its B
-// scale a_scale_inv. fp32 compute and scale type, C and D one descriptor (D = C, in place).
+// scale a_scale_inv. fp32 compute and scale type, C and D one descriptor (D is C, or C is read
+// from c_in apart).
 
 static cudaDataType fp8_type(int f) { return f == K_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
@@ -161,29 +176,13 @@ static fp8_plan *fp8_plan_get(k_cuda_ctx *cx, const fp8_key *k, const float *a_s
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, fp8_type(k->b_fmt), k->K, k->N, k->K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, fp8_type(k->a_fmt), k->K, k->M, k->K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, k->c_type == K_BF16 ? CUDA_R_16BF : CUDA_R_32F, k->N, k->M, k->N));
-  cublasLtMatmulPreference_t pref;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = cx->cublas_ws_bytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-  CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
-  const uint32_t align = (uint32_t)k->align;
-  const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; i++) CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
-  cublasLtMatmulHeuristicResult_t res;
-  int n_res = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->h, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &n_res);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  CHECK(st == CUBLAS_STATUS_SUCCESS && n_res > 0,
+  cublasStatus_t st;
+  CHECK(lt_first_algo(cx, p->op, p->a, p->b, p->c, (uint32_t)k->align, &p->algo, &st),
         "gemm_fp8: cuBLASLt has no FP8 algorithm for M=%d N=%d K=%d A %s B %s C %s beta %s fast_accum %d tiles %d %d "
         "(status %s): FP8 GEMMs need compute capability 8.9 or later and cuBLASLt 12.1 or later; block scaling (tiles "
         "1 / 128) Hopper and cuBLASLt 12.9 or later",
         k->M, k->N, k->K, k_fp8_name((k_fp8)k->a_fmt), k_fp8_name((k_fp8)k->b_fmt), k->c_type == K_BF16 ? "bf16" : "f32",
         k->beta_nz ? "!= 0" : "0", k->fast_accum, k->a_tile, k->b_tile, cublasGetStatusName(st));
-  p->algo = res.algo;
   return p;
 }
 
