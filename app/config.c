@@ -168,7 +168,7 @@ static const cfg_key cfg_keys[] = {
              "its gradients on the weights before step k's update, which changes the arithmetic); needs "
              "offload=host and offload_update=cpu; 0 = the update completes within its step"),
   CFG_BOOL_IN(optimizer, offload_layer_wait, optim.offload_layer_wait, 1,
-              "offload_update=cpu without delay, with dp 1 and without FP8: the host update of each bucket runs "
+              "offload_update=cpu without delay, with dp 1: the host update of each bucket runs "
               "in the next forward just before the first layer that reads it, beside the forward of the layers "
               "before it (the same arithmetic); false = the whole update before the next step starts"),
 

@@ -421,6 +421,7 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
   float *xin = L.x, *xout = xin + rs * d;
+  if (fp8_on(m, ly)) model_fp8_weights_ready(m, ly->fp8);
 
   norm_enter_start(m, ly, FP8_QKV, xin, ly->attn_norm->p, L.rstd1, L.hf);
   proj_fwd_gathered(m, ly, ly->wq, FP8_QKV, qkvd, d, L.hf, L.qkv, A);
@@ -546,6 +547,7 @@ static void head_fwd(model *m, const model_tensor *w, model_acts *a) {
                 m->be->act);
     return;
   }
+  model_fp8_weights_ready(m, hs);
   model_fp8_cast_input(m, hs, 0, a->hfin, dm->rows, dm->d);
   model_fp8_fwd_rows(m, hs, 0, 0, dm->rows, dm->vocab, dm->d, NULL, a->logits, m->be->act, 0);
 }

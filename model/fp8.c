@@ -143,7 +143,8 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->g8 = be->alloc(be, (size_t)(m->dims.rows * n_max));
   f->g8t = be->alloc(be, (size_t)(m->dims.rows * n_max));
   if (fc->recipe == MODEL_FP8_BLOCK) fp8_block_init(m, k_max, n_max);
-  f->weights_stale = 1;
+  f->w_stale = XMALLOC((size_t)(f->n_layers + 1));
+  model_fp8_weights_changed(m);
 }
 
 void model_fp8_free(model *m) {
@@ -168,6 +169,7 @@ void model_fp8_free(model *m) {
   free(f->ws);
   free(f->wst);
   free(f->layer_of);
+  free(f->w_stale);
   free(f->weights);
   free(f);
   m->fp8 = NULL;
@@ -207,27 +209,28 @@ static void fp8_cast_weight(model *m, int pass, int64_t j, const void *w, int n,
   else be->fp8_cast(be, w, n, k, f->w_scale + j, K_E4M3, f->w8[j], f->w8t[j], f->amax_sink);
 }
 
-// The weight scales from their amaxes in w_amax (each the weight's, or this rank's part of it
-// over a group that holds the rest): maxed over tp (a shard's amax is not the tensor's), then
-// each weight scaled from its current amax.
-static void fp8_scale_weights(model *m) {
+// The scales of weight slots [j0, j0 + n) from their amaxes in w_amax (each the weight's, or this
+// rank's part of it over a group that holds the rest): maxed over tp (a shard's amax is not the
+// tensor's), then each weight scaled from its current amax.
+static void fp8_scale_weights(model *m, int64_t j0, int64_t n) {
   model_fp8 *f = m->fp8;
-  fp8_tp_max(m, f->w_amax, f->n_w);
-  m->be->fp8_scales(m->be, f->w_history, f->w_amax, f->w_scale, f->w_scale_inv, FP8_INV_STRIDE, f->w_fmt, (int)f->n_w, 1, 0,
-                    f->cfg.margin, 1, f->n_nonfinite);
+  fp8_tp_max(m, f->w_amax + j0, n);
+  m->be->fp8_scales(m->be, f->w_history + j0, f->w_amax + j0, f->w_scale + j0, fp8_inv(f->w_scale_inv, j0),
+                    FP8_INV_STRIDE, f->w_fmt + j0, (int)n, 1, 0, f->cfg.margin, 1, f->n_nonfinite);
 }
 
-// The weights' FP8 copies, each scaled from its current amax.
-static void fp8_cast_weights(model *m) {
+void model_fp8_weights_ready(model *m, int slot) {
   model_fp8 *f = m->fp8;
+  if (!f->w_stale[slot]) return;
   for (int pass = 0; pass < 2; pass++) {
     for (int i = 0; i < f->n_weights; i++) {
       const model_fp8_weight *w = &f->weights[i];
-      fp8_cast_weight(m, pass, w->tensor, (const char *)m->params_c + w->offset * (int64_t)m->act_bytes, w->n, w->k);
+      if (w->tensor / FP8_N_PROJ == slot)
+        fp8_cast_weight(m, pass, w->tensor, (const char *)m->params_c + w->offset * (int64_t)m->act_bytes, w->n, w->k);
     }
-    if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) fp8_scale_weights(m);
+    if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) fp8_scale_weights(m, (int64_t)slot * FP8_N_PROJ, FP8_N_PROJ);
   }
-  f->weights_stale = 0;
+  f->w_stale[slot] = 0;
 }
 
 void model_fp8_begin_step(model *m, int training) {
@@ -235,7 +238,6 @@ void model_fp8_begin_step(model *m, int training) {
   if (!f) return;
   if (training && f->pending) fp8_fold(m);
   if (training && f->cfg.recipe != MODEL_FP8_DELAYED) m->be->zero(m->be, f->amax, (size_t)f->n_act * sizeof(float));
-  if (f->weights_stale) fp8_cast_weights(m);
   f->recording = training;
   if (training) f->pending = f->cfg.recipe == MODEL_FP8_DELAYED;  // an evaluation keeps the step's amaxes
 }
@@ -258,7 +260,7 @@ void model_fp8_scale_inv_from_host(model *m, const float *host) {
 }
 
 void model_fp8_weights_changed(model *m) {
-  if (m->fp8) m->fp8->weights_stale = 1;
+  if (m->fp8) memset(m->fp8->w_stale, 1, (size_t)(m->fp8->n_layers + 1));
 }
 
 uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi) {
@@ -273,7 +275,7 @@ uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi) {
     be->free(be, f->w8[w->tensor]);
     f->w8[w->tensor] = f->codes + (w->offset - lo);
   }
-  f->weights_stale = 1;
+  model_fp8_weights_changed(m);
   return f->codes;
 }
 
@@ -281,7 +283,7 @@ void model_fp8_scale_weights(model *m) {
   model_fp8 *f = m->fp8;
   comm *dc = m->g->dp_c;
   if (dc->size > 1) dc->ops->all_reduce(dc, f->w_amax, f->n_w, COMM_F32, COMM_MAX);
-  fp8_scale_weights(m);
+  fp8_scale_weights(m, 0, f->n_w);
 }
 
 void model_fp8_codes_ready(model *m) {
@@ -290,7 +292,7 @@ void model_fp8_codes_ready(model *m) {
     const model_fp8_weight *w = &f->weights[i];
     m->be->fp8_transpose(m->be, f->w8[w->tensor], w->n, w->k, f->w8t[w->tensor]);
   }
-  f->weights_stale = 0;
+  memset(f->w_stale, 0, (size_t)(f->n_layers + 1));
 }
 
 void model_fp8_settle(model *m) {

@@ -50,7 +50,7 @@ typedef struct model_fp8 {
   uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
   uint8_t *g8, *g8t;         // (rows, widest output) an output gradient cast, and transposed
   int pending;               // activation amaxes recorded since the last update
-  int weights_stale;         // the weights changed since their FP8 copies were made
+  char *w_stale;             // (n_layers + 1) per weight set (slot): changed since its FP8 copies were made
   int recording;             // casts record their amax (training); not in evaluation
   int64_t x8_made;           // 1 + the input slot whose codes are made already (model_fp8_fused_cast); 0 = none
   const uint8_t *x8_in;      // the codes of the last input cast, which the forward GEMM reads: x8, or the fused op's
@@ -84,11 +84,15 @@ int model_fp8_head_slot(const model *m);
 int model_fp8_layer_on(const model *m, int layer);
 // Collective over the layer's tp and dp groups. Before the micro-batches of a step (training)
 // or an evaluation: training folds the amaxes of the last step into the scales (delayed
-// scaling: reduced over tp and dp, so every layout scales alike); both refresh the weights'
-// FP8 copies if the weights changed.
+// scaling: reduced over tp and dp, so every layout scales alike).
 void model_fp8_begin_step(model *m, int training);
 // The weights changed (an update, init, load): their FP8 copies are remade before next use.
 void model_fp8_weights_changed(model *m);
+// Collective over the layer's tp group. Before the first forward GEMM of weight set slot (a
+// layer's model_layer.fp8, or model_fp8_head_slot) in a step: remakes its FP8 copies and
+// transposes if its weights changed, each scaled from its current amax. Set by set, so a
+// layer's copies wait only for that layer's weights (optimizer.offload_layer_wait).
+void model_fp8_weights_ready(model *m, int slot);
 // fp8.param_gather (parallel/step/param_gather.h) makes the weights' FP8 copies itself, from the
 // parts of the compute copy this rank updated: the three calls below.
 // The weights' codes move into one buffer of one byte per element of the flat parameter buffer
@@ -96,7 +100,7 @@ void model_fp8_weights_changed(model *m);
 uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi);
 // Collective over dp and tp: w_amax holds, for each weight, the amax of the part of it this rank
 // updated; maxed over dp (one all-reduce for every weight) and tp, it scales the weights as
-// model_fp8_begin_step would from the whole compute copy.
+// model_fp8_weights_ready would from the whole compute copy.
 void model_fp8_scale_weights(model *m);
 // The codes of every weight are in w8: their transposes are made from them (a byte transpose, the
 // codes fp8_cast would write), and the FP8 copies count as current.

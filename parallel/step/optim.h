@@ -96,7 +96,7 @@ typedef struct opt_state {
   // copy them back.
   struct opt_delay *delay;
   int upload_pending;
-  // offload_layer_wait (the cpu engine undelayed, dp 1, no FP8: layer_wait set): opt_step updates
+  // offload_layer_wait (the cpu engine undelayed, dp 1: layer_wait set): opt_step updates
   // the device share and leaves the host buckets pending, with the step's hyper-parameters in
   // pend; the next forward updates them through m->weights_needed, from the lowest, as far as
   // the group it is about to run reads, and its compute stream waits for those buckets' copies

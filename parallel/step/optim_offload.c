@@ -9,7 +9,7 @@
 //   cpu: each bucket's gradient part is copied to host on the copy stream, the host's cores run
 //        AdamW on it (k_cpu_adamw_ranges, the reference arithmetic) and the new compute weights
 //        go back per bucket while the next bucket updates.
-// With optimizer.offload_layer_wait (the default; dp 1, no FP8, undelayed) the cpu engine's
+// With optimizer.offload_layer_wait (the default; dp 1, undelayed) the cpu engine's
 // update of the host buckets runs on this thread inside the next forward instead: before each
 // layer (m->weights_needed) the buckets up to the last one holding that layer's weights update,
 // lowest first, and the compute stream waits for their copies back only, so the GPU runs the
@@ -121,9 +121,9 @@ void opt_offload_init(opt_state *o) {
   o->grad_ticket = XCALLOC(o->n_host + 1, sizeof(int64_t));
   o->early = XCALLOC(o->n_host + 1, 1);
   // With dp > 1 the copies would wait for the DP reduction (and ZeRO's all-gather for every
-  // bucket); FP8 recasts every weight at the start of the step (model_fp8_begin_step).
-  o->layer_wait = c->offload_layer_wait && !c->offload_delay && o->n_host > 0 && o->m->g->dp_c->size == 1 &&
-                  !o->m->fp8;
+  // bucket). FP8 remakes a layer's weight copies before its forward (model_fp8_weights_ready),
+  // after this hook.
+  o->layer_wait = c->offload_layer_wait && !c->offload_delay && o->n_host > 0 && o->m->g->dp_c->size == 1;
   if (o->layer_wait) {
     o->m->weights_needed = on_weights_needed;
     o->m->weights_needed_ctx = o;
