@@ -253,9 +253,12 @@ static void norm_enter_start(model *m, const model_layer *ly, int p, const float
   tp_gather_start(R, hn, dm->d, m->be->act);
 }
 
-static void norm_enter(model *m, const float *x, const float *w, float *rstd, void *hn) {
-  norm_enter_start(m, NULL, 0, x, w, rstd, hn);
+// The same, complete; where hn_is_codes no GEMM follows (the recomputation before backward), so
+// the made codes are taken here.
+static void norm_enter(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd, void *hn) {
+  norm_enter_start(m, ly, p, x, w, rstd, hn);
   tp_gather_finish(&m->work->region);
+  if (hn_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, p, NULL, m->dims.rows, m->dims.d);  // made: taken
 }
 
 // c (r1 - r0, N) = rows [r0, r1) of a (rows, K) times w^T, into ct with beta 0 or 1. In FP8 the
@@ -435,14 +438,6 @@ static void layer_fwd(model *m, model_layer *ly, model_acts *a, int i) {
   proj_residual(m, ly, ly->w_down, FP8_DOWN, L.act, ffn, L.x2, xout);
 }
 
-// A norm's output recomputed as layer_fwd made it (its codes where hn_is_codes).
-static void recompute_norm(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd,
-                           void *hn) {
-  norm_enter_start(m, ly, p, x, w, rstd, hn);
-  tp_gather_finish(&m->work->region);
-  if (hn_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, p, NULL, m->dims.rows, m->dims.d);  // made: taken
-}
-
 // Before layer i's backward: the tensors train.recompute did not keep, from the ones it did.
 // Same ops on the same inputs as layer_fwd, so the same bits. Leaves w->fa (the cast residual
 // gradient of grad_enter_norm) alone.
@@ -451,10 +446,10 @@ static void layer_recompute(model *m, model_layer *ly, model_acts *a, int i) {
     layer_fwd(m, ly, a, i);
   } else if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {
     layer_acts L = layer_view(m, a, i);
-    recompute_norm(m, ly, FP8_UP, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
+    norm_enter(m, ly, FP8_UP, L.x2, ly->mlp_norm->p, L.rstd2, L.h2f);
     swiglu_fwd_into_down(m, ly, &L);
     if (act_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, FP8_DOWN, NULL, m->dims.rows, m->dims.ffn);  // made: taken
-    recompute_norm(m, ly, FP8_QKV, L.x, ly->attn_norm->p, L.rstd1, L.hf);
+    norm_enter(m, ly, FP8_QKV, L.x, ly->attn_norm->p, L.rstd1, L.hf);
   }
 }
 
@@ -603,7 +598,7 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   weights_needed(m, chunk, MODEL_GRADS_HEAD);
   // Whole: split into row halves the head GEMM costs more than the gather it would hide
   // (bench_ceiling SHAPE tp2: +11% on 7b-layers' head, +14% on 1b's).
-  norm_enter(m, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
+  norm_enter(m, NULL, 0, acts_output(m, a), ch->final_norm->p, a->rstd_f, a->hfin);
   head_fwd(m, ch->lm_head, a);
   return ce_fwd(m, a, targets);
 }
