@@ -59,15 +59,13 @@ trainer reference -- $ONE_RANK || fail "single-rank run: $(tail -5 "$WORK/refere
 t0=$(date +%s)
 # shellcheck disable=SC2086
 # Open MPI's daemons for the two names start through the ssh stand-in and connect back over
-# loopback TCP; on a loaded machine that start can fail before the trainer runs ("ORTE was unable
-# to reliably start one or more daemons", "ORTE does not know how to route a message"): such a
-# launch, and only such a one, is tried once more.
+# loopback TCP; on a loaded machine that start can fail before the trainer runs: such a launch,
+# and only such a one, is tried once more (launch_twice in tests/lib.sh).
 two_nodes() {
   trainer two_nodes mpirun -np 16 --hostfile "$WORK/hosts" --map-by ppr:8:node $TWO_NODES ${TRAINER_MPIRUN_ARGS:-} \
     --display-map -- --print-layout
 }
-if two_nodes || { grep -q "^ORTE \|ORTE was unable\|ORTE does not know" "$WORK/two_nodes/log" &&
-                  echo "note: Open MPI's daemons did not start; launching again" && two_nodes; }; then
+if launch_twice two_nodes two_nodes; then
   pass "mpirun -np 16 --hostfile (2 nodes) --map-by ppr:8:node trainer configs/7b_tp2_dp4.yaml: $(($(date +%s) - t0)) s"
 else
   fail "16-rank run"; tail -30 "$WORK/two_nodes/log"
