@@ -113,13 +113,13 @@ trainer reference -- parallel.tp=1 parallel.pp=1 parallel.vpp=1 parallel.dp=1 pa
   fail "single-rank run: $(tail -5 "$WORK/reference/log")"
 t0=$(date +%s)
 # On a loaded machine the PMIx server of a stand-in node can drop a task's connection while the
-# 16 tasks start, or a TCP connect between two tasks can time out: such a launch, and only such
-# a one, is tried once more (launch_twice in tests/lib.sh).
+# 16 tasks start, or Open MPI's TCP transport can fail while the tasks connect (start_fault in
+# tests/lib.sh): such a launch, and only such a one, is tried again (launch_retried).
 srun16() {
   # shellcheck disable=SC2086
   trainer srun16 srun --nodes 2 --ntasks-per-node 8 $gpus -- --print-layout
 }
-if launch_twice srun16 srun16; then
+if launch_retried srun16 srun16; then
   pass "srun --nodes 2 --ntasks-per-node 8 $gpus trainer configs/7b_tp2_dp4.yaml: $(($(date +%s) - t0)) s"
 else
   fail "srun run"; tail -30 "$WORK/srun16/log"
@@ -154,7 +154,7 @@ sys.exit(1 if bad else 0)
 PY
 ck="$WORK/srun16/ckpt/ckpt_00000003.h5"
 resume8() { trainer resume8 srun --nodes 1 --ntasks 8 -- parallel.dp=0 "checkpoint.resume=$ck"; }
-launch_twice resume8 resume8 ||
+launch_retried resume8 resume8 ||
   fail "resume under srun on 8 ranks: $(tail -5 "$WORK/resume8/log")"
 grep -q "resumed from .*ckpt_00000003.h5 at step 3" "$WORK/resume8/log" && pass "resumed under srun on 8 ranks (parallel.dp=0)" ||
   fail "no resume under srun on 8 ranks"

@@ -60,12 +60,12 @@ t0=$(date +%s)
 # shellcheck disable=SC2086
 # Open MPI's daemons for the two names start through the ssh stand-in and connect back over
 # loopback TCP; on a loaded machine that start can fail before the trainer runs: such a launch,
-# and only such a one, is tried once more (launch_twice in tests/lib.sh).
+# and only such a one, is tried again (launch_retried in tests/lib.sh).
 two_nodes() {
   trainer two_nodes mpirun -np 16 --hostfile "$WORK/hosts" --map-by ppr:8:node $TWO_NODES ${TRAINER_MPIRUN_ARGS:-} \
     --display-map -- --print-layout
 }
-if launch_twice two_nodes two_nodes; then
+if launch_retried two_nodes two_nodes; then
   pass "mpirun -np 16 --hostfile (2 nodes) --map-by ppr:8:node trainer configs/7b_tp2_dp4.yaml: $(($(date +%s) - t0)) s"
 else
   fail "16-rank run"; tail -30 "$WORK/two_nodes/log"
