@@ -34,18 +34,18 @@ start_fault() {
 }
 # launch_retried NAME FUNCTION: runs FUNCTION, a launch whose folder is $WORK/NAME; a launch that
 # failed at start-up (start_fault), and only such a one, runs again from a clean folder, up to
-# three launches in all. The fault comes in bursts on a loaded 2-core machine, so each new
-# launch waits a little longer.
+# four launches in all. The fault comes in bursts on a loaded 2-core machine (once, three
+# launches in a row within 25 s), so each new launch waits longer: 5, 10, then 20 s.
 launch_retried() {
   local n
-  for n in 1 2 3; do
+  for n in 1 2 3 4; do
     "$2" && return 0
     start_fault "$WORK/$1/log" || return 1
-    [ "$n" = 3 ] && return 1
-    echo "note: $1 failed in the launcher's start-up (launch $n of 3); launching again"
+    [ "$n" = 4 ] && return 1
+    echo "note: $1 failed in the launcher's start-up (launch $n of 4); launching again"
     grep -m3 -i -e "ORTE" -e "TCP connect" -e "lost connection" "$WORK/$1/log" | sed 's/^/  /'
     rm -rf "${WORK:?}/$1"
-    sleep $((5 * n))
+    sleep $((5 << (n - 1)))
   done
 }
 
