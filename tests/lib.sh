@@ -25,21 +25,21 @@ summary() { echo "$N_PASS passed, $N_FAIL failed"; [ "$N_FAIL" = 0 ] && [ "$N_PA
 # start", "ORTE does not know how to route"), a PMIx server that lost a task's connection, or
 # Open MPI 4.1's TCP transport between ranks of two stand-in nodes on one host failing while
 # the ranks connect ("failed to TCP connect to a peer MPI process ... Operation now in
-# progress"): a core dump of such a launch shows the rank listening on the named port killed
-# by a segmentation fault inside MPI_Init, in mca_btl_tcp's receive handler calling a null
-# function pointer, before the trainer sent a message of its own.
+# progress"): a core dump of such a launch shows one rank killed by a segmentation fault
+# inside MPI_Init, in mca_btl_tcp's receive handler calling a null function pointer, before
+# the trainer sent a message of its own.
 start_fault() {
   grep -qi -e "^ORTE " -e "ORTE was unable" -e "ORTE does not know" -e "failed to TCP connect to a peer" \
     -e "pmix.*lost connection" -e "lost connection.*pmix" "$1"
 }
-# launch_retried NAME FUNCTION: runs FUNCTION, a launch whose folder is $WORK/NAME; a launch that
+# launch_retried NAME: runs the function NAME, a launch whose folder is $WORK/NAME; a launch that
 # failed at start-up (start_fault), and only such a one, runs again from a clean folder, up to
 # four launches in all. The fault comes in bursts on a loaded 2-core machine (once, three
 # launches in a row within 25 s), so each new launch waits longer: 5, 10, then 20 s.
 launch_retried() {
   local n
   for n in 1 2 3 4; do
-    "$2" && return 0
+    "$1" && return 0
     start_fault "$WORK/$1/log" || return 1
     [ "$n" = 4 ] && return 1
     echo "note: $1 failed in the launcher's start-up (launch $n of 4); launching again"

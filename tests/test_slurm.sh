@@ -119,7 +119,7 @@ srun16() {
   # shellcheck disable=SC2086
   trainer srun16 srun --nodes 2 --ntasks-per-node 8 $gpus -- --print-layout
 }
-if launch_retried srun16 srun16; then
+if launch_retried srun16; then
   pass "srun --nodes 2 --ntasks-per-node 8 $gpus trainer configs/7b_tp2_dp4.yaml: $(($(date +%s) - t0)) s"
 else
   fail "srun run"; tail -30 "$WORK/srun16/log"
@@ -154,7 +154,7 @@ sys.exit(1 if bad else 0)
 PY
 ck="$WORK/srun16/ckpt/ckpt_00000003.h5"
 resume8() { trainer resume8 srun --nodes 1 --ntasks 8 -- parallel.dp=0 "checkpoint.resume=$ck"; }
-launch_retried resume8 resume8 ||
+launch_retried resume8 ||
   fail "resume under srun on 8 ranks: $(tail -5 "$WORK/resume8/log")"
 grep -q "resumed from .*ckpt_00000003.h5 at step 3" "$WORK/resume8/log" && pass "resumed under srun on 8 ranks (parallel.dp=0)" ||
   fail "no resume under srun on 8 ranks"

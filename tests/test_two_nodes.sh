@@ -65,7 +65,7 @@ two_nodes() {
   trainer two_nodes mpirun -np 16 --hostfile "$WORK/hosts" --map-by ppr:8:node $TWO_NODES ${TRAINER_MPIRUN_ARGS:-} \
     --display-map -- --print-layout
 }
-if launch_retried two_nodes two_nodes; then
+if launch_retried two_nodes; then
   pass "mpirun -np 16 --hostfile (2 nodes) --map-by ppr:8:node trainer configs/7b_tp2_dp4.yaml: $(($(date +%s) - t0)) s"
 else
   fail "16-rank run"; tail -30 "$WORK/two_nodes/log"
