@@ -4,7 +4,7 @@
 // Checks each file's structure, root attributes, every tensor's checksum and finiteness; prints one
 // line per problem ("error: FILE: ...") or one "ok: FILE: ..." line. Exit 0 if every file is sound,
 // 1 if any is not, 2 on a bad command line.
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 
 #include <mpi.h>
 #include <stdio.h>

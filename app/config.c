@@ -4,7 +4,7 @@
 // reference: docs/config.md.
 #include "app/config.h"
 #include "app/config_from.h"
-#include "model/json.h"
+#include "kernels/base/json.h"
 
 #include <ctype.h>
 #include <errno.h>

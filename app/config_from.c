@@ -1,7 +1,7 @@
 // model.from: hf:DIR (config_from.h): the model keys from a Hugging Face Llama's config.json.
 #include "app/config_from.h"
-#include "kernels/check.h"
-#include "model/hf_config.h"
+#include "kernels/base/check.h"
+#include "model/format/hf_config.h"
 
 #include <stdio.h>
 #include <string.h>

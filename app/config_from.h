@@ -1,5 +1,5 @@
 // model.from: hf:DIR (docs/hf.md). The model section is taken from DIR's config.json
-// (model/hf_config.h); cfg_load calls it once the file and the overrides are read.
+// (model/format/hf_config.h); cfg_load calls it once the file and the overrides are read.
 #ifndef TRAINER_CONFIG_FROM_H
 #define TRAINER_CONFIG_FROM_H
 

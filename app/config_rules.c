@@ -2,7 +2,7 @@
 // dimensions) and what the other modules get from a config (the model's layout, the
 // micro-batch count). The key table, the YAML reader and the dump are in config.c.
 #include "app/config.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 #include <stdio.h>
 #include <string.h>

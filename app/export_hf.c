@@ -5,11 +5,11 @@
 // --shard-mb (MB = 10^6 bytes, default 5000, as the Hub's 5GB) files model-0000k-of-0000n.safetensors
 // with model.safetensors.index.json. One tensor is in memory at a time. docs/hf.md.
 #include "app/config.h"
-#include "kernels/check.h"
-#include "model/ckpt.h"
-#include "model/hf.h"
-#include "model/hf_config.h"
-#include "model/safetensors.h"
+#include "kernels/base/check.h"
+#include "model/format/ckpt.h"
+#include "model/format/hf.h"
+#include "model/format/hf_config.h"
+#include "model/format/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>

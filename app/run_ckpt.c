@@ -1,10 +1,10 @@
 // Checkpoint glue (see run_ckpt.h). Host staging buffers make it backend-independent.
 #include "app/run_ckpt.h"
-#include "kernels/check.h"
-#include "model/ckpt.h"
+#include "kernels/base/check.h"
+#include "model/format/ckpt.h"
 #include "model/fp8.h"
-#include "model/hf.h"
-#include "model/hf_config.h"
+#include "model/format/hf.h"
+#include "model/format/hf_config.h"
 #include "parallel/step/grad_compress.h"
 #include <string.h>
 
@@ -17,6 +17,9 @@ static const model_tensor *find_tensor(const model *m, model_kind k, int layer) 
 }
 
 // Entries of one section: one per tensor of the whole model.
+// World rank 0: the rank at the origin of every group.
+static int is_root(const model *m) { return m->tp_rank == 0 && m->dp_rank == 0 && m->pp_rank == 0; }
+
 static int section_entries(const model_config *mc) { return 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1); }
 
 // Appends one section at list[*n]: every tensor of the whole model under prefix, identical names
@@ -37,14 +40,14 @@ static void add_section(const model *m, const char *prefix, float *host, int per
       if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%d.%s", prefix, l, model_specs[k].name);
       else snprintf(t->name, sizeof t->name, "%s%s", prefix, model_specs[k].name);
       const model_tensor *mt = find_tensor(m, (model_kind)k, layer);
-      if (per_dp) t->full[0] = m->g->dp, t->start[0] = m->g->dp_rank, t->count[0] = mt ? 1 : 0;
+      if (per_dp) t->full[0] = m->dp, t->start[0] = m->dp_rank, t->count[0] = mt ? 1 : 0;
       for (int dd = lead; dd < t->ndim; dd++) {
         t->full[dd] = full[dd - lead];
         t->start[dd] = mt ? mt->start[dd - lead] : 0;
         t->count[dd] = mt ? mt->count[dd - lead] : 0;
       }
       t->data = mt ? host + mt->offset : NULL;
-      t->write = mt && (per_dp || m->g->dp_rank == 0) && (!mt->tp_replicated || m->g->tp_rank == 0);
+      t->write = mt && (per_dp || m->dp_rank == 0) && (!mt->tp_replicated || m->tp_rank == 0);
     }
   }
 }
@@ -108,7 +111,7 @@ static void fp8_list(const model *m, const fp8_host *h, ckpt_tensor *list, int *
       for (int dd = 0; dd < t->ndim; dd++) t->full[dd] = full[dd], t->start[dd] = start[dd], t->count[dd] = count[dd];
       int64_t first = ch->n_layers ? ch->layers[0].fp8 : 0;
       t->data = data[s] + first * FP8_ACT_SLOTS * (s == 2 ? h->len : 1);
-      t->write = m->g->dp_rank == 0 && m->g->tp_rank == 0;
+      t->write = m->dp_rank == 0 && m->tp_rank == 0;
     }
 }
 
@@ -125,7 +128,7 @@ static void fp8_head_list(const model *m, const fp8_host *h, ckpt_tensor *list, 
     int64_t full[2] = {FP8_ACT_SLOTS, h->len};
     for (int dd = 0; dd < t->ndim; dd++) t->full[dd] = full[dd], t->start[dd] = 0, t->count[dd] = hs >= 0 ? full[dd] : 0;
     t->data = hs >= 0 ? data[s] + (int64_t)hs * FP8_ACT_SLOTS * (s == 2 ? h->len : 1) : NULL;
-    t->write = hs >= 0 && m->g->dp_rank == 0 && m->g->tp_rank == 0;
+    t->write = hs >= 0 && m->dp_rank == 0 && m->tp_rank == 0;
   }
 }
 
@@ -179,7 +182,7 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
   char *yaml = XMALLOC(n_yaml);
   cfg_to_yaml(c, yaml, n_yaml);
   ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = yaml};
-  int rc = ckpt_save(c->checkpoint.dir, m->g->world->mpi, list, n, &meta, c->checkpoint.keep, faults, err, n_err);
+  int rc = ckpt_save(c->checkpoint.dir, o->g->world->mpi, list, n, &meta, c->checkpoint.keep, faults, err, n_err);
   free(yaml);
   free(list);
   free(res);
@@ -192,10 +195,10 @@ int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t sa
 // scaling state (*has_fp8: train.precision fp8), the LM head's FP8 state (*has_head:
 // fp8.head), and error feedback's residual (*res_dp: the dp it was written with; 0 = none). All
 // 0 for a stored config this build does not read. 0, or ckpt_load's error.
-static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int *has_head, int *res_dp, char *err,
+static int ckpt_extra_state(const char *path, MPI_Comm world, int *has_fp8, int *has_head, int *res_dp, char *err,
                             size_t n_err) {
   ckpt_meta meta = {0};
-  int rc = ckpt_load(path, m->g->world->mpi, NULL, 0, &meta, err, n_err);
+  int rc = ckpt_load(path, world, NULL, 0, &meta, err, n_err);
   if (rc != 0) return rc;
   cfg stored;
   char msg[256];
@@ -213,10 +216,10 @@ static int ckpt_extra_state(const char *path, const model *m, int *has_fp8, int 
 
 // One line on rank 0 where the checkpoint's residual is not carried into this run.
 static void residual_notice(const char *path, const model *m, const opt_state *o, int res_dp) {
-  if (m->g->world_rank != 0 || !res_dp || (residual_of(o) && res_dp == m->g->dp)) return;
+  if (!is_root(m) || !res_dp || (residual_of(o) && res_dp == m->dp)) return;
   if (residual_of(o))
     printf("note: checkpoint %s holds the gradient-compression residual of dp %d; this run has dp %d, so the "
-           "residual starts at zero (docs/compression.md)\n", path, res_dp, m->g->dp);
+           "residual starts at zero (docs/compression.md)\n", path, res_dp, m->dp);
   else
     printf("note: checkpoint %s holds a gradient-compression residual; this run keeps none (dp 1, "
            "parallel.grad_compress none or parallel.grad_error_feedback off), so it is dropped\n", path);
@@ -224,12 +227,12 @@ static void residual_notice(const char *path, const model *m, const opt_state *o
 
 // One line on rank 0 where the checkpoint's precision and the run's differ in FP8 state.
 static void fp8_notice(const char *path, const model *m, int has, int has_head) {
-  if (m->g->world_rank == 0 && has && m->fp8 && has_head != m->fp8->cfg.head)
+  if (is_root(m) && has && m->fp8 && has_head != m->fp8->cfg.head)
     printf("note: checkpoint %s %s: the LM head's FP8 scales %s\n", path,
            has_head ? "holds the LM head's FP8 scaling state and this run has fp8.head=false"
                     : "has no FP8 scaling state of the LM head (fp8.head was false)",
            has_head ? "are dropped" : "start at 1 with an empty amax history");
-  if (m->g->world_rank != 0 || has == (m->fp8 != NULL)) return;
+  if (!is_root(m) || has == (m->fp8 != NULL)) return;
   if (has)
     printf("note: checkpoint %s holds FP8 scaling state; this run is not FP8 (train.precision), so it is "
            "dropped\n", path);
@@ -244,7 +247,7 @@ static void fp8_notice(const char *path, const model *m, int has, int has_head) 
 static void position_notice(const char *path, const model *m, const ckpt_meta *meta) {
   const char *at = meta->config_yaml ? strstr(meta->config_yaml, "\n  global_batch: ") : NULL;
   long long batch = 0;
-  if (m->g->world_rank != 0 || !at || sscanf(at, "\n  global_batch: %lld", &batch) != 1 || batch <= 0) return;
+  if (!is_root(m) || !at || sscanf(at, "\n  global_batch: %lld", &batch) != 1 || batch <= 0) return;
   if (meta->samples_seen % batch == 0 && meta->samples_seen / batch == meta->step) return;
   printf("note: checkpoint %s: samples_seen = %lld is not step %lld times its train.global_batch %lld: the global "
          "batch changed during the run, or the file is damaged (build/ckpt_verify checks it)\n",
@@ -254,7 +257,7 @@ static void position_notice(const char *path, const model *m, const ckpt_meta *m
 int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_t *step, int64_t *samples_seen,
                   char *err, size_t n_err) {
   int has_fp8 = 0, has_head = 0, res_dp = 0;
-  int rc = ckpt_extra_state(path, m, &has_fp8, &has_head, &res_dp, err, n_err);
+  int rc = ckpt_extra_state(path, o->g->world->mpi, &has_fp8, &has_head, &res_dp, err, n_err);
   if (rc != 0) return rc;
   float *host[3];
   alloc_host(m, host);
@@ -267,12 +270,12 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     if (has_head && m->fp8->cfg.head) fp8_head_list(m, &h8, list, &n);
   }
   float *res = NULL;
-  if (residual_of(o) && res_dp == m->g->dp) {
+  if (residual_of(o) && res_dp == m->dp) {
     res = XCALLOC((size_t)m->n_params, sizeof(float));
     add_section(m, residual_prefix, res, 1, list, &n);
   }
   ckpt_meta meta = {0};
-  rc = ckpt_load(path, m->g->world->mpi, list, n, &meta, err, n_err);
+  rc = ckpt_load(path, o->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
     opt_set_params(o, host[0]);
     opt_set_moments(o, host[1], host[2]);
@@ -286,7 +289,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
     }
     residual_notice(path, m, o, res_dp);
     position_notice(path, m, &meta);
-    if (meta.seed != c->train.seed && m->g->world_rank == 0)
+    if (meta.seed != c->train.seed && is_root(m))
       fprintf(stderr, "warning: checkpoint %s was trained with train.seed %llu, the config says %llu\n", path,
               (unsigned long long)meta.seed, (unsigned long long)c->train.seed);
   }
@@ -309,7 +312,7 @@ int run_hf_load(const char *dir, const cfg *c, opt_state *o, char *err, size_t n
   float *host = XCALLOC((size_t)m->n_params, sizeof(float));
   if (rc == 0) rc = hf_read_model(&h, m, host, msg, sizeof msg);
   hf_dir_close(&h);
-  rc = ckpt_agree(m->g->world->mpi, rc, msg, (int)sizeof msg);
+  rc = ckpt_agree(o->g->world->mpi, rc, msg, (int)sizeof msg);
   if (rc == 0) opt_set_params(o, host);
   free(host);
   snprintf(err, n_err, "%s", rc == 0 ? "" : msg);

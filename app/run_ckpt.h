@@ -6,7 +6,7 @@
 #define TRAINER_RUN_CKPT_H
 
 #include "app/config.h"
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 #include "parallel/step/optim.h"
 
 // Collective. Returns 0, or -1 with a message. faults: ckpt_save's test hooks (NULL: off).

@@ -1,8 +1,8 @@
 // Start-up checks of optimizer.offload=host (see run_offload.h).
 #include "app/run_offload.h"
 #include "app/plan.h"
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 
 #include <omp.h>
 #include <stdio.h>

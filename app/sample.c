@@ -9,8 +9,8 @@
 #include "app/config.h"
 #include "app/factory.h"
 #include "data/data.h"
-#include "kernels/check.h"
-#include "model/ckpt.h"
+#include "kernels/base/check.h"
+#include "model/format/ckpt.h"
 #include "model/decode.h"
 
 #include <errno.h>
@@ -232,7 +232,7 @@ static int run(const sample_args *a, char *err, size_t n_err) {
   fprintf(stderr, "sample: decoding in fp32 on %s%s%s%s\n", be->name, named ? " (" : "", named ? be->device_name : "",
           named ? ")" : "");
   decode_model m;
-  int rc = decode_init(&m, be, &c.model, a->ckpt, err, n_err);
+  int rc = decode_init(&m, be, &c.model, ckpt_read_decode, (void *)a->ckpt, err, n_err);
   if (rc == 0) rc = a->stream_loss ? stream_loss(a, &m, &c, meta.samples_seen, err, n_err) : generate(a, &m, err, n_err);
   decode_free(&m);  // safe after a failed decode_init
   k_backend_free(&be);

@@ -4,8 +4,8 @@
 #include "app/report.h"
 #include "app/run_ckpt.h"
 #include "app/run_offload.h"
-#include "kernels/check.h"
-#include "model/ckpt.h"
+#include "kernels/base/check.h"
+#include "model/format/ckpt.h"
 #include "model/fp8.h"
 #include <math.h>
 #include <signal.h>
@@ -185,12 +185,14 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
 
   if (run_offload_check(c, g, be, err, n_err) != 0) return -1;  // before the host state is pinned
   const model_layout ml = cfg_model_layout(c);
-  model_init(&t->m, &c->model, &ml, g, be);
+  const model_place at = tp_model_place(g);
+  model_init(&t->m, &c->model, &ml, &at, be);
+  tp_bind_model(&t->tpc, &t->m, g);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
-  model_set_timing(&t->m, c->log.time_tp ? &t->stats.tm : NULL);
-  opt_init(&t->o, &t->m, &c->optim, t->n_micro);
+  tp_set_timing(&t->tpc, c->log.time_tp ? &t->stats.tm : NULL);
+  opt_init(&t->o, &t->m, g, &c->optim, t->n_micro);
   t->o.timing = &t->stats.tm;
-  if (pp_exec_init(&t->e, &t->m, t->n_micro, err, n_err) != 0) return -1;
+  if (pp_exec_init(&t->e, &t->m, g, t->n_micro, err, n_err) != 0) return -1;
   t->e.timing = &t->stats.tm;
   t->e.comm_bf16 = c->parallel.pp_comm_bf16;
   if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&t->e);

@@ -11,8 +11,9 @@
 #include "app/config.h"
 #include "data/data.h"
 #include "kernels/backend.h"
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 #include "parallel/comm/grid.h"
+#include "parallel/comm/tp.h"
 #include "parallel/step/optim.h"
 #include "parallel/step/pp_exec.h"
 
@@ -62,6 +63,7 @@ typedef struct trainer {
   data_loader train, val;
   int have_val;
   model m;
+  tp_model_comm tpc;        // the model's collectives over g (m.comm points here)
   opt_state o;
   pp_exec e;
   trainer_batch batch;

@@ -6,7 +6,7 @@
 // order, any resume point sees the same tokens. Both formats are documented byte by byte in
 // docs/data.md.
 #include "data/data.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 #include <errno.h>
 #include <fcntl.h>

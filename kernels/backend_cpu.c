@@ -2,7 +2,7 @@
 // one option the kernels read, the instruction set of the GEMM and AdamW kernels.
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/attn_decode_cpu.h"
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cpu/optim_cpu.h"

@@ -1,24 +1,23 @@
 // Forward and backward of one pipeline chunk for one micro-batch: embedding (first virtual
 // stage), transformer blocks, final norm, LM head and vocab-parallel cross-entropy (last
-// virtual stage). Tensor/sequence parallelism enters only through the tp_region pairs.
+// virtual stage). Tensor/sequence parallelism enters only through the region pairs of
+// model/model_comm.h.
 // Shapes: rs = rows of the residual stream on this rank, rows = T*B inside tp regions,
 // qd = local heads * hd, kvd = local kv heads * hd, qkvd = qd + 2 kvd, ffn and V local.
 // Q, K, V come from one GEMM over the layer's contiguous wq|wk|wv rows, gate and up from one over
 // w_gate|w_up; attention and RoPE read the fused output in place, sequence-major, through a row
-// stride. Where a tp_region call is a plain copy (no SP: entering a region; one tp rank: leaving
+// stride. Where a region call is a plain copy (no SP: entering a region; one tp rank: leaving
 // it) the copy is skipped: the norm writes the GEMM operand directly, the output projection adds
 // into the residual stream (GEMM beta = 1), gradients are cast or normed from where they are.
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "model/model.h"
 #include "model/model_internal.h"
 #include "model/fp8.h"
-#include "parallel/comm/tp.h"
 #include <math.h>
 #include <string.h>
 
 // fp32 buffers are float *; act-dtype buffers (the backend's activation dtype) are void *.
 struct model_work {
-  tp_region region;
   void *block;                 // the single allocation the buffers below live in
   float *s1, *s2;              // (rs, d) fp32
   float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
@@ -102,11 +101,8 @@ void model_work_init(model *m) {
   c.off = 0;
   carve_work(m, w, &c);
   check_fused_layout(m);
-  w->region = (tp_region){m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL};
   m->work = w;
 }
-
-void model_set_timing(model *m, step_timing *t) { m->work->region.timing = t; }
 
 void model_work_free(model *m) {
   if (!m->work) return;
@@ -198,10 +194,25 @@ static layer_acts layer_view(const model *m, model_acts *a, int i) {
       .gu = at(m, a->gu, k * rows * 2 * ffn), .act = at(m, a->act, c * rows * ffn)};
 }
 
-// Which tp_region calls are plain copies: entering a region (and leaving it backward) without
-// SP; leaving it (and entering backward) with one tp rank.
-static int enter_is_copy(const tp_region *R) { return !R->sp || R->c->size == 1; }
-static int exit_is_copy(const tp_region *R) { return R->c->size == 1; }
+// Which region calls are plain copies: entering a region (and leaving it backward) without SP;
+// leaving it (and entering backward) with one tp rank.
+static int enter_is_copy(const model *m) { return !m->sp; }
+static int exit_is_copy(const model *m) { return m->tp == 1; }
+// The first of this rank's rows inside a region: tp_rank * rows_s with SP, else 0.
+static int64_t own_row(const model *m) { return m->sp ? m->tp_rank * m->dims.rows_s : 0; }
+
+// The region pairs and the tp reduction, through the collectives parallel/ bound (model_comm.h).
+static void gather_start(const model *m, void *x, int d, k_dtype t) { m->comm.ops->gather_start(m->comm.ctx, x, d, t); }
+static void gather_finish(const model *m) { m->comm.ops->gather_finish(m->comm.ctx); }
+static void reduce_start(const model *m, float *y, float *y_s, int d) {
+  m->comm.ops->reduce_start(m->comm.ctx, y, y_s, d);
+}
+static void reduce_finish(const model *m, float *y, float *y_s, int d) {
+  m->comm.ops->reduce_finish(m->comm.ctx, y, y_s, d);
+}
+static void tp_all_reduce(const model *m, float *x, int64_t n, model_reduce_op op) {
+  m->comm.ops->tp_all_reduce(m->comm.ctx, x, n, op);
+}
 
 // C (rows, N) = A (rows, K) @ op(B) (B^T when tb) over rows [r0, r1) only; A in the act dtype.
 static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, const void *A, const void *B, int ldb,
@@ -211,13 +222,12 @@ static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, co
               (char *)C + r0 * N * (int64_t)k_dtype_bytes(ct), N, ct);
 }
 
-// The same over every row of A, whose gather into the region tp_gather_start began: this rank's
+// The same over every row of A, whose gather into the region gather_start began: this rank's
 // rows while the other ranks' rows arrive, then those.
 static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const void *B, int ldb, void *C, k_dtype ct) {
-  const tp_region *R = &m->work->region;
-  int64_t r0 = tp_own_row(R), r1 = r0 + (enter_is_copy(R) ? m->dims.rows : m->dims.rows_s);
+  int64_t r0 = own_row(m), r1 = r0 + (enter_is_copy(m) ? m->dims.rows : m->dims.rows_s);
   gemm_rows(m, r0, r1, tb, N, K, A, B, ldb, C, ct);
-  tp_gather_finish(R);
+  gather_finish(m);
   gemm_rows(m, 0, r0, tb, N, K, A, B, ldb, C, ct);
   gemm_rows(m, r1, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
 }
@@ -230,18 +240,17 @@ static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_laye
 // instead of its values: where its scale is known before hn is made (model_fp8_fused_casts) and
 // this rank makes every row (no SP gather: the other ranks' rows would arrive in the act dtype).
 static int hn_is_codes(const model *m, const model_layer *ly) {
-  return ly && enter_is_copy(&m->work->region) && fp8_on(m, ly) && model_fp8_fused_casts(m);
+  return ly && enter_is_copy(m) && fp8_on(m, ly) && model_fp8_fused_casts(m);
 }
 
 // hn (rows, d) act = norm(x) inside the region; rstd (rs) saved. The norm writes this rank's
 // rows, already in the GEMM's dtype, and their gather starts (SP); gemm_gathered or
-// tp_gather_finish completes it. With ly, hn is the input of ly's projection p: where
+// gather_finish completes it. With ly, hn is the input of ly's projection p: where
 // hn_is_codes, the norm writes hn's FP8 codes (into hn's memory) and amax instead, a pass over
 // hn fewer; the projection's GEMMs read only the codes, its weight gradient their transpose.
 static void norm_enter_start(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd,
                              void *hn) {
   const model_dims *dm = &m->dims;
-  const tp_region *R = &m->work->region;
   const float *scale;
   uint8_t *codes;
   float *amax;
@@ -249,15 +258,15 @@ static void norm_enter_start(model *m, const model_layer *ly, int p, const float
     m->be->rmsnorm_fwd_fp8(m->be, x, w, NULL, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale, codes, amax);
     return;
   }
-  m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, tp_own_row(R) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
-  tp_gather_start(R, hn, dm->d, m->be->act);
+  m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, own_row(m) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
+  gather_start(m, hn, dm->d, m->be->act);
 }
 
 // The same, complete; where hn_is_codes no GEMM follows (the recomputation before backward), so
 // the made codes are taken here.
 static void norm_enter(model *m, const model_layer *ly, int p, const float *x, const float *w, float *rstd, void *hn) {
   norm_enter_start(m, ly, p, x, w, rstd, hn);
-  tp_gather_finish(&m->work->region);
+  gather_finish(m);
   if (hn_is_codes(m, ly)) model_fp8_cast_input(m, ly->fp8, p, NULL, m->dims.rows, m->dims.d);  // made: taken
 }
 
@@ -273,7 +282,7 @@ static void proj_rows(model *m, const model_layer *ly, const model_tensor *w, in
   m->be->gemm(m->be, 0, 1, (int)(r1 - r0), N, K, 1, at(m, (void *)a, r0 * K), K, w->pc, K, beta, c, N, ct);
 }
 
-// y (rows, N) = x (rows, K) w^T, x gathered into the region by tp_gather_start. In FP8 the
+// y (rows, N) = x (rows, K) w^T, x gathered into the region by gather_start. In FP8 the
 // gather completes first and the whole input is cast at once.
 static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
                               const void *x, void *y, k_dtype ct) {
@@ -281,7 +290,7 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
     gemm_gathered(m, 1, N, K, x, w->pc, K, y, ct);
     return;
   }
-  tp_gather_finish(&m->work->region);
+  gather_finish(m);
   model_fp8_cast_input(m, ly->fp8, p, x, m->dims.rows, K);
   proj_rows(m, ly, w, p, 0, m->dims.rows, N, K, x, y, ct, 0);
 }
@@ -299,7 +308,7 @@ static void proj_dgrad(model *m, const model_layer *ly, const model_tensor *w, i
   model_fp8_dgrad(m, ly->fp8, p, rows, N, K, dx, ct);
 }
 
-// The same with g gathered into the region by tp_gather_start (the gather completes in FP8
+// The same with g gathered into the region by gather_start (the gather completes in FP8
 // before the cast; else the GEMM starts on this rank's rows).
 static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
                                 const void *g, void *dx, k_dtype ct) {
@@ -307,7 +316,7 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
     gemm_gathered(m, 0, K, N, g, w->pc, K, dx, ct);
     return;
   }
-  tp_gather_finish(&m->work->region);
+  gather_finish(m);
   proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
 }
 
@@ -332,27 +341,26 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
-  const tp_region *R = &wk->region;
   int d = dm->d, fp8 = fp8_on(m, ly);
-  int64_t rs = dm->rows_s, rows = dm->rows, r0 = tp_own_row(R), r1 = r0 + rs;
+  int64_t rs = dm->rows_s, rows = dm->rows, r0 = own_row(m), r1 = r0 + rs;
   size_t n_bytes = (size_t)(rs * d) * sizeof(float);
   if (fp8) model_fp8_cast_input(m, ly->fp8, p, a, rows, K);
-  if (exit_is_copy(R)) {
+  if (exit_is_copy(m)) {
     if (!fp8) be->linear_residual(be, (int)rows, d, K, a, w->pc, xin, xout);
     else model_fp8_fwd_rows(m, ly->fp8, p, 0, rows, d, K, xin, xout, K_F32, 1);  // xout = xin + a w^T
     return;
   }
-  if (!R->sp) {
+  if (!m->sp) {
     proj_rows(m, ly, w, p, 0, rows, d, K, a, wk->f1, K_F32, 0);
-    tp_reduce_start(R, wk->f1, wk->s2, d);
-    tp_reduce_finish(R, wk->f1, wk->s2, d);
+    reduce_start(m, wk->f1, wk->s2, d);
+    reduce_finish(m, wk->f1, wk->s2, d);
   } else {
     proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
     proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
     be->zero(be, wk->f1 + r0 * d, n_bytes);
-    tp_reduce_start(R, wk->f1, wk->s2, d);
+    reduce_start(m, wk->f1, wk->s2, d);
     proj_rows(m, ly, w, p, r0, r1, d, K, a, wk->s1, K_F32, 0);
-    tp_reduce_finish(R, wk->f1, wk->s2, d);
+    reduce_finish(m, wk->f1, wk->s2, d);
     be->add(be, wk->s2, wk->s1, rs * d);
   }
   be->copy(be, xout, xin, n_bytes);
@@ -361,25 +369,25 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
 
 // The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a
 // region: this rank's rows, rounded, and their gather starts (SP; rounding commutes with the
-// gather); gemm_gathered or tp_gather_finish completes it.
+// gather); gemm_gathered or gather_finish completes it.
 static void grad_exit_start(model *m, const float *g) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
-  if (enter_is_copy(&wk->region)) {
+  if (enter_is_copy(m)) {
     if (!wk->fa_ready) be->cast(be, wk->fa, be->act, g, K_F32, dm->rows * dm->d);
     wk->fa_ready = 0;
     return;
   }
-  be->cast(be, at(m, wk->fa, tp_own_row(&wk->region) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
-  tp_gather_start(&wk->region, wk->fa, dm->d, be->act);
+  be->cast(be, at(m, wk->fa, own_row(m) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
+  gather_start(m, wk->fa, dm->d, be->act);
 }
 
 // Starts summing the region's input gradient dh (rows, d), partial per tp rank, into this
 // rank's rows (s1); the weight-gradient GEMM queued next runs meanwhile. grad_enter_norm ends it.
 static void grad_enter_start(model *m, float *dh) {
   struct model_work *wk = m->work;
-  if (!exit_is_copy(&wk->region)) tp_reduce_start(&wk->region, dh, wk->s1, m->dims.d);
+  if (!exit_is_copy(m)) reduce_start(m, dh, wk->s1, m->dims.d);
 }
 
 // g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. Where grad_exit_start
@@ -390,11 +398,11 @@ static void grad_enter_norm(model *m, float *dh, const float *x, const model_ten
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   const float *dn = dh;
-  if (!exit_is_copy(&wk->region)) {
-    tp_reduce_finish(&wk->region, dh, wk->s1, dm->d);
+  if (!exit_is_copy(m)) {
+    reduce_finish(m, dh, wk->s1, dm->d);
     dn = wk->s1;
   }
-  wk->fa_ready = enter_is_copy(&wk->region);
+  wk->fa_ready = enter_is_copy(m);
   be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
 }
 
@@ -514,15 +522,14 @@ static double ce_fwd(model *m, model_acts *a, const int32_t *targets) {
   struct model_work *w = m->work;
   const model_dims *dm = &m->dims;
   int64_t rows = dm->rows;
-  const tp_region *R = &w->region;
   be->ce_local_stats(be, a->logits, targets, rows, dm->vocab, dm->v0, w->ce_max, w->ce_sum, w->ce_tgt);
   const float *gmax = w->ce_max;
-  if (R->c->size > 1) {
+  if (m->tp > 1) {
     be->copy(be, w->ce_gmax, w->ce_max, (size_t)rows * sizeof(float));
-    tp_vocab_reduce(R, w->ce_gmax, rows, COMM_MAX);
+    tp_all_reduce(m, w->ce_gmax, rows, MODEL_REDUCE_MAX);
     be->ce_rescale(be, w->ce_sum, w->ce_max, w->ce_gmax, rows);
-    tp_vocab_reduce(R, w->ce_sum, rows, COMM_SUM);
-    tp_vocab_reduce(R, w->ce_tgt, rows, COMM_SUM);
+    tp_all_reduce(m, w->ce_sum, rows, MODEL_REDUCE_SUM);
+    tp_all_reduce(m, w->ce_tgt, rows, MODEL_REDUCE_SUM);
     gmax = w->ce_gmax;
   }
   be->ce_loss(be, gmax, w->ce_sum, w->ce_tgt, a->lse_ce, rows, w->ce_loss);
@@ -582,12 +589,12 @@ double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens
   int d = dm->d;
   if (ch->embed) {
     weights_needed(m, chunk, MODEL_GRADS_EMBED);
-    if (exit_is_copy(&w->region)) {
+    if (exit_is_copy(m)) {
       be->embed_fwd(be, tokens, ch->embed->pc, a->x, dm->rows, d, dm->v0, dm->vocab);
     } else {
       be->embed_fwd(be, tokens, ch->embed->pc, w->f1, dm->rows, d, dm->v0, dm->vocab);
-      tp_reduce_start(&w->region, w->f1, a->x, d);
-      tp_reduce_finish(&w->region, w->f1, a->x, d);
+      reduce_start(m, w->f1, a->x, d);
+      reduce_finish(m, w->f1, a->x, d);
     }
   }
   for (int i = 0; i < ch->n_layers; i++) {
@@ -631,10 +638,10 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   }
   if (ch->embed) {
     const float *ge = g;
-    if (!enter_is_copy(&w->region)) {
-      be->copy(be, w->f1 + tp_own_row(&w->region) * d, g, n_bytes);
-      tp_gather_start(&w->region, w->f1, d, K_F32);
-      tp_gather_finish(&w->region);
+    if (!enter_is_copy(m)) {
+      be->copy(be, w->f1 + own_row(m) * d, g, n_bytes);
+      gather_start(m, w->f1, d, K_F32);
+      gather_finish(m);
       ge = w->f1;
     }
     be->embed_bwd(be, tokens, ge, ch->embed->g, dm->rows, d, dm->v0, dm->vocab);

@@ -3,13 +3,11 @@
 #include "model/decode.h"
 
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
-#include "model/ckpt.h"
+#include "kernels/base/check.h"
 
 enum { DECODE_PER_LAYER = 9 };
 
@@ -17,23 +15,23 @@ static int head_dim(const model_config *c) { return c->dim / c->n_heads; }
 static int64_t q_dim(const model_config *c) { return (int64_t)c->n_heads * head_dim(c); }
 static int64_t kv_dim(const model_config *c) { return (int64_t)c->n_kv_heads * head_dim(c); }
 
-// Fills t with one whole tensor `model/<name>` of the given shape (1 or 2 dims), read into the
-// host buffer at *cur; *dst gets the same offset in the backend's copy (base + offset).
-static void add_tensor(ckpt_tensor *t, float **cur, float *host, float *dev, float **dst, const char *name, int64_t rows,
+// Fills t with one whole tensor `<name>` of the given shape (1 or 2 dims), read into the host
+// buffer at *cur; *dst gets the same offset in the backend's copy (base + offset).
+static void add_tensor(decode_tensor *t, float **cur, float *host, float *dev, float **dst, const char *name, int64_t rows,
                        int64_t cols) {
   memset(t, 0, sizeof *t);
-  snprintf(t->name, sizeof t->name, "model/%s", name);
+  snprintf(t->name, sizeof t->name, "%s", name);
   t->ndim = cols ? 2 : 1;
-  t->full[0] = t->count[0] = rows;
-  if (cols) t->full[1] = t->count[1] = cols;
-  t->data = *cur;
+  t->shape[0] = rows;
+  t->shape[1] = cols ? cols : 1;
+  t->host = *cur;
   *dst = dev + (*cur - host);
   *cur += rows * (cols ? cols : 1);
 }
 
 // Lays out the tensor list over host (read there) and the pointers of m into m->weights; returns
 // the tensor count.
-static int build_list(decode_model *m, float *host, ckpt_tensor *list) {
+static int build_list(decode_model *m, float *host, decode_tensor *list) {
   const model_config *c = &m->cfg;
   int64_t d = c->dim, qd = q_dim(c), kvd = kv_dim(c), F = c->ffn_dim;
   float *cur = host, *dev = m->weights;
@@ -77,7 +75,8 @@ static void alloc_row(decode_model *m) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) *dst[i] = cur, cur += sizes[i];
 }
 
-int decode_init(decode_model *m, k_backend *be, const model_config *mc, const char *path, char *err, size_t n_err) {
+int decode_init(decode_model *m, k_backend *be, const model_config *mc, decode_read_fn read, void *read_ctx, char *err,
+                size_t n_err) {
   memset(m, 0, sizeof *m);
   CHECK(be->act == K_F32, "decoding needs a backend with fp32 activations (%s has dtype %d)", be->name, (int)be->act);
   m->cfg = *mc;
@@ -88,9 +87,9 @@ int decode_init(decode_model *m, k_backend *be, const model_config *mc, const ch
   float *host = XMALLOC(w_bytes);
   m->weights = be->alloc(be, w_bytes);
   m->layers = XCALLOC((size_t)c->n_layers, sizeof(decode_layer));
-  ckpt_tensor *list = XCALLOC((size_t)(c->n_layers * DECODE_PER_LAYER + 3), sizeof(ckpt_tensor));
+  decode_tensor *list = XCALLOC((size_t)(c->n_layers * DECODE_PER_LAYER + 3), sizeof(decode_tensor));
   int n = build_list(m, host, list);
-  int rc = ckpt_load(path, MPI_COMM_SELF, list, n, NULL, err, n_err);
+  int rc = read(read_ctx, list, n, err, n_err);
   free(list);
   if (rc == 0) be->from_host(be, m->weights, host, w_bytes);
   be->sync(be);  // the host copy is freed next

@@ -50,10 +50,23 @@ typedef struct decode_model {
   float *logits;         // (V) host copy
 } decode_model;
 
-// Reads the model tensors of checkpoint path for the config mc (the one stored in it) into the
-// memory of be, whose activations must be fp32. Returns 0, or -1 with a message in err (the
-// checkpoint's own load errors).
-int decode_init(decode_model *m, k_backend *be, const model_config *mc, const char *path, char *err, size_t n_err);
+// One whole model tensor decode_init asks for, by its checkpoint name ("embed", "layers.0.wq",
+// "final_norm", "lm_head"), with its logical shape ((rows, 1) for a vector), and where in host
+// memory to put it (fp32).
+typedef struct decode_tensor {
+  char name[64];
+  int ndim;
+  int64_t shape[2];
+  float *host;
+} decode_tensor;
+// Fills every tensor of list: 0, or -1 with a message in err. A checkpoint reader:
+// model/format/ckpt.h's ckpt_read_decode, ctx the checkpoint's path.
+typedef int (*decode_read_fn)(void *ctx, decode_tensor *list, int n, char *err, size_t n_err);
+
+// Reads the model tensors for the config mc through read into the memory of be, whose
+// activations must be fp32. Returns 0, or -1 with read's message in err.
+int decode_init(decode_model *m, k_backend *be, const model_config *mc, decode_read_fn read, void *read_ctx, char *err,
+                size_t n_err);
 void decode_free(decode_model *m);
 // Empties the KV cache (a new sequence starts at position 0).
 void decode_reset(decode_model *m);

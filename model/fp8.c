@@ -1,8 +1,7 @@
 // FP8 projections (see fp8.h): scaling state, weight copies, and the three GEMM roles.
 #include "model/fp8.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/fp8_cpu.h"  // the block tiles and scale layouts
-#include "parallel/comm/tp.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -178,8 +177,7 @@ void model_fp8_free(model *m) {
 // The tp group's max of n amaxes in backend memory: the amax of a tensor split over the group
 // (the same on every rank where each holds all of it).
 static void fp8_tp_max(const model *m, float *amax, int64_t n) {
-  const tp_region r = {m->g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL};
-  tp_amax_reduce(&r, amax, n);
+  m->comm.ops->tp_all_reduce(m->comm.ctx, amax, n, MODEL_REDUCE_MAX);
 }
 
 // Delayed scaling: this step's amaxes, maxed over the layer's tp and dp groups (each holds a
@@ -188,8 +186,7 @@ static void fp8_fold(model *m) {
   model_fp8 *f = m->fp8;
   k_backend *be = m->be;
   fp8_tp_max(m, f->amax, f->n_act);
-  comm *dc = m->g->dp_c;
-  if (dc->size > 1) dc->ops->all_reduce(dc, f->amax, f->n_act, COMM_F32, COMM_MAX);
+  m->comm.ops->dp_all_reduce(m->comm.ctx, f->amax, f->n_act, MODEL_REDUCE_MAX);
   be->fp8_scales(be, f->history, f->amax, f->scale, f->scale_inv, FP8_INV_STRIDE, f->fmt, (int)f->n_act, f->cfg.amax_history,
                  (int)f->pos, f->cfg.margin, f->cfg.amax_max, f->n_nonfinite);
   f->pos = (f->pos + 1) % f->cfg.amax_history;
@@ -281,8 +278,7 @@ uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi) {
 
 void model_fp8_scale_weights(model *m) {
   model_fp8 *f = m->fp8;
-  comm *dc = m->g->dp_c;
-  if (dc->size > 1) dc->ops->all_reduce(dc, f->w_amax, f->n_w, COMM_F32, COMM_MAX);
+  m->comm.ops->dp_all_reduce(m->comm.ctx, f->w_amax, f->n_w, MODEL_REDUCE_MAX);
   fp8_scale_weights(m, 0, f->n_w);
 }
 
@@ -472,15 +468,14 @@ void model_fp8_discard_step(model *m) {
 int model_fp8_describe_nonfinite(model *m, char *buf, size_t n_buf) {
   model_fp8 *f = m->fp8;
   if (!f) return 0;
-  comm *w = m->g->world;
   // The lowest code over every rank (a max of its negation; -1 where none), then its amax summed
   // over the ranks that hold it (tp ranks each hold the same slot: Inf + Inf and NaN + NaN stay).
   double first = f->bad_code >= 0 ? -(double)f->bad_code : -1e300;
-  w->ops->all_reduce(w, &first, 1, COMM_F64, COMM_MAX);
+  m->comm.ops->world_all_reduce(m->comm.ctx, &first, 1, MODEL_REDUCE_MAX);
   if (first < -1e299) return 0;
   int64_t code = (int64_t)-first;
   double value = f->bad_code == code ? f->bad_amax : 0.0;
-  w->ops->all_reduce(w, &value, 1, COMM_F64, COMM_SUM);
+  m->comm.ops->world_all_reduce(m->comm.ctx, &value, 1, MODEL_REDUCE_SUM);
   static const char *const proj[FP8_N_PROJ] = {"QKV", "attention output", "gate|up", "down"};
   int slot = (int)(code % FP8_ACT_SLOTS), p = slot % FP8_N_PROJ;
   int64_t layer = code / FP8_ACT_SLOTS;

@@ -2,7 +2,7 @@
 // shards), one flat allocation for parameters and one for gradients, and the
 // layout-independent initialisation.
 #include "model/model.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "model/model_internal.h"
 #include "model/fp8.h"
 #include <math.h>
@@ -128,18 +128,19 @@ static void model_place_norms(model *m) {
   }
 }
 
-void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be) {
-  CHECK(ml->pp == g->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, g->pp);
+void model_init(model *m, const model_config *mc, const model_layout *ml, const model_place *at, k_backend *be) {
+  CHECK(ml->pp == at->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, at->pp);
   memset(m, 0, sizeof *m);
   m->cfg = *mc;
-  m->g = g;
   m->be = be;
-  m->tp = g->tp;
-  m->tp_rank = g->tp_rank;
-  m->pp = g->pp;
-  m->pp_rank = g->pp_rank;
+  m->tp = at->tp;
+  m->tp_rank = at->tp_rank;
+  m->dp = at->dp;
+  m->dp_rank = at->dp_rank;
+  m->pp = at->pp;
+  m->pp_rank = at->pp_rank;
   m->vpp = ml->vpp;
-  m->sp = ml->sequence_parallel && g->tp > 1;
+  m->sp = ml->sequence_parallel && at->tp > 1;
   m->recompute = ml->recompute;
   int n_vstages = m->pp * m->vpp;
 
@@ -186,7 +187,7 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, grid *
   }
   // Padded to a multiple of dp * 128, so that the distributed optimizer's buckets split into dp
   // parts of whole 128-element blocks (parallel/step/optim_layout.c) and every part starts aligned.
-  int64_t unit = (int64_t)g->dp * 128;
+  int64_t unit = (int64_t)m->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
   // With the master weights in host memory the optimizer holds them, only its shard on each dp

@@ -9,8 +9,7 @@
 #include <stdint.h>
 #include "model/model_config.h"
 #include "kernels/backend.h"
-#include "parallel/comm/grid.h"
-#include "parallel/comm/timing.h"
+#include "model/model_comm.h"
 
 typedef enum model_kind {
   MODEL_EMBED,        // (V, d), vocab split over tp
@@ -79,11 +78,16 @@ typedef struct model_dims {
 } model_dims;
 
 
+// Where this rank sits in the process grid (parallel/comm/tp.h: tp_model_place).
+typedef struct model_place {
+  int tp, tp_rank, dp, dp_rank, pp, pp_rank;
+} model_place;
+
 typedef struct model {
   model_config cfg;
-  int tp, tp_rank, pp, pp_rank, vpp, sp;
+  int tp, tp_rank, dp, dp_rank, pp, pp_rank, vpp, sp;
   model_recompute recompute;
-  grid *g;
+  model_comm comm;        // the collectives (model/model_comm.h), bound by parallel/ after model_init
   k_backend *be;
   model_dims dims;
   model_tensor *tensors;  // (n_tensors), in flat-buffer order
@@ -124,8 +128,9 @@ enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 void model_stage_layers(const model_config *mc, const model_layout *ml, int vstage, int *layer0, int *n_layers);
 
 // Lays out this rank's parameters (chunks, tp shards) and allocates them. micro_batch sets
-// the activation sizes. dp pads the flat buffer to a multiple of dp.
-void model_init(model *m, const model_config *mc, const model_layout *ml, grid *g, k_backend *be);
+// the activation sizes. dp pads the flat buffer to a multiple of dp. m->comm must be bound
+// (parallel/comm/tp.h: tp_bind_model) before the first forward.
+void model_init(model *m, const model_config *mc, const model_layout *ml, const model_place *at, k_backend *be);
 void model_free(model *m);
 // n_bytes of the backend's host memory (host_alloc) for `what`; a refusal ends the job with a
 // message naming the bytes and the fix.
@@ -153,8 +158,6 @@ float *model_acts_output(const model *m, model_acts *a);
 float *model_acts_output_grad(model_acts *a);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
 int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc);
-// Tensor-parallel collective time is added to t (NULL: not timed).
-void model_set_timing(model *m, step_timing *t);
 // Refreshes the compute copy of the weights from m->params (after init or load; not with
 // master_on_host, where the optimizer refreshes it: opt_set_params).
 void model_sync_compute_weights(model *m);

@@ -3,8 +3,13 @@
 its own layer and of the layers below it, never of a layer above, and a folder's *_internal.h
 only from that folder.
 
-    kernels -> kernels/cuda, data -> parallel/comm -> parallel/comm/nccl -> model
-            -> parallel/step -> app
+    kernels/base -> kernels -> kernels/cuda, data -> model -> model/format -> parallel/comm
+                 -> parallel/comm/nccl -> parallel/step -> app
+
+kernels/base holds what every layer uses (check and allocation macros, MPI checks, tracing,
+JSON); model/format the file formats (checkpoints, safetensors, Hugging Face). parallel/ lies
+wholly above model/: the model reaches its collectives through model/model_comm.h, which
+parallel/comm implements.
 
 Usage: check_includes.py [SOURCE_ROOT]   (prints each violation; exit 1 if there is one)
        check_includes.py --self-check   (the checker finds violations planted in a scratch tree)
@@ -16,15 +21,17 @@ import tempfile
 
 # Each layer and the layers its files may include (their own included). Longest prefix wins.
 ALLOWED = {
-    "kernels": {"kernels"},
-    "kernels/cuda": {"kernels", "kernels/cuda"},
-    "data": {"kernels", "data"},
-    "parallel/comm": {"kernels", "parallel/comm"},
-    "parallel/comm/nccl": {"kernels", "kernels/cuda", "parallel/comm", "parallel/comm/nccl"},
-    "model": {"kernels", "parallel/comm", "model"},
-    "parallel/step": {"kernels", "parallel/comm", "model", "parallel/step"},
-    "app": {"kernels", "kernels/cuda", "data", "parallel/comm", "parallel/comm/nccl", "model", "parallel/step",
-            "app"},
+    "kernels/base": {"kernels/base"},
+    "kernels": {"kernels/base", "kernels"},
+    "kernels/cuda": {"kernels/base", "kernels", "kernels/cuda"},
+    "data": {"kernels/base", "kernels", "data"},
+    "model": {"kernels/base", "kernels", "model"},
+    "model/format": {"kernels/base", "kernels", "model", "model/format"},
+    "parallel/comm": {"kernels/base", "kernels", "model", "parallel/comm"},
+    "parallel/comm/nccl": {"kernels/base", "kernels", "kernels/cuda", "model", "parallel/comm", "parallel/comm/nccl"},
+    "parallel/step": {"kernels/base", "kernels", "model", "parallel/comm", "parallel/step"},
+    "app": {"kernels/base", "kernels", "kernels/cuda", "data", "model", "model/format", "parallel/comm",
+            "parallel/comm/nccl", "parallel/step", "app"},
 }
 SOURCES = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -80,6 +87,9 @@ def self_check():
         "parallel/step/s.c": '#include "model/m.h"\n#include "parallel/comm/nccl/n.h"\n',  # model fine; nccl up
         "parallel/comm/nccl/n.h": '#include "parallel/comm/c.h"\n',
         "parallel/comm/c.h": "",
+        "model/b.c": '#include "parallel/comm/c.h"\n',      # the model may not reach a communicator
+        "model/format/f.h": '#include "model/m.h"\n',       # fine: formats lie above the model
+        "kernels/base/u.h": '#include "kernels/a.h"\n',     # base utilities lie below the kernels
     }
     with tempfile.TemporaryDirectory() as root:
         for path, text in planted.items():
@@ -87,7 +97,8 @@ def self_check():
             with open(os.path.join(root, path), "w") as f:
                 f.write(text)
         got = violations(root)
-    want = ["kernels/a.h:1", "app/x.c:1", "parallel/comm/c.c:1", "kernels/cuda/k.h:1", "parallel/step/s.c:2"]
+    want = ["kernels/a.h:1", "app/x.c:1", "parallel/comm/c.c:1", "kernels/cuda/k.h:1", "parallel/step/s.c:2",
+            "model/b.c:1", "kernels/base/u.h:1"]
     ok = len(got) == len(want) and all(any(v.startswith(w + ":") for v in got) for w in want)
     print("\n".join(got))
     print(f"self-check: {len(got)} violations found, {len(want)} planted: {'ok' if ok else 'WRONG'}")

@@ -1,7 +1,7 @@
 trainer_add_test(test_ckpt tests/test_ckpt.c NP 2)
 trainer_add_test(test_ckpt_crc tests/test_ckpt_crc.c)
 add_executable(ckpt_damage tests/ckpt_damage.c)
-target_link_libraries(ckpt_damage PRIVATE trainer_model)
+target_link_libraries(ckpt_damage PRIVATE trainer_format)
 # Verified checkpoints (a damaged tensor, a non-finite moment, out-of-range attributes, a truncated
 # file: named, and skipped by resume=auto) and write errors that end every rank cleanly (a full
 # tmpfs where the machine lets the test mount one, and an injected I/O error), on 1 and 2 ranks.

@@ -5,7 +5,7 @@
 //   ckpt_damage FILE attr NAME VALUE          set an int64 root attribute (step, samples_seen)
 //   ckpt_damage FILE v2                       remove every crc32c and say format_version 2
 // Exit 0 when done, 1 when the file could not be changed.
-#include "model/ckpt_crc.h"
+#include "model/format/ckpt_crc.h"
 
 #include <fcntl.h>
 #include <hdf5.h>

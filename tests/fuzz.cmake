@@ -32,12 +32,12 @@ function(trainer_add_fuzz name)
 endfunction()
 
 if(TRAINER_FUZZ AND TRAINER_HAVE_SANITIZERS)
-  set(FUZZ_CONFIG_SOURCES app/config.c app/config_rules.c app/config_from.c model/hf_config.c model/json.c kernels/check.c)
+  set(FUZZ_CONFIG_SOURCES app/config.c app/config_rules.c app/config_from.c model/format/hf_config.c kernels/base/json.c kernels/base/check.c)
   trainer_add_fuzz(fuzz_config RUNS 60000 SECONDS 15 SOURCES ${FUZZ_CONFIG_SOURCES} LIBS ${YAML_LIBRARY})
   target_include_directories(fuzz_config PRIVATE ${YAML_INCLUDE_DIR})
-  trainer_add_fuzz(fuzz_shard RUNS 20000 SECONDS 15 SOURCES data/data.c kernels/check.c)
-  # Every model/ckpt*.c: the checkpoint module's files, whatever it is split into.
-  file(GLOB FUZZ_CKPT_SOURCES CONFIGURE_DEPENDS model/ckpt*.c)
+  trainer_add_fuzz(fuzz_shard RUNS 20000 SECONDS 15 SOURCES data/data.c kernels/base/check.c)
+  # Every model/format/ckpt*.c: the checkpoint module's files, whatever it is split into.
+  file(GLOB FUZZ_CKPT_SOURCES CONFIGURE_DEPENDS model/format/ckpt*.c)
   # Open MPI and HDF5 are built without frame pointers: the leak report needs the slow unwinder
   # to name them (lsan.supp).
   trainer_add_fuzz(fuzz_ckpt_meta RUNS 1200 SECONDS 15 ENV ASAN_OPTIONS=fast_unwind_on_malloc=0

@@ -2,7 +2,7 @@
 // exactly; metadata; rotation (keep); newest-complete selection skipping junk and temporaries;
 // the clean errors (wrong shape, missing tensor, missing or non-HDF5 file, wrong version), and that a
 // version-1 file still loads.
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 #include "tests/test_util.h"
 
 #include <ftw.h>

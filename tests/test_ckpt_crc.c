@@ -3,8 +3,8 @@
 // several tilings of one tensor, which must XOR to the CRC of the whole tensor computed in one
 // pass. `test_ckpt_crc --bench` prints what checksums and the finiteness check cost per GiB
 // beside memcpy instead (nothing asserted).
-#include "model/ckpt_crc.h"
-#include "model/ckpt_internal.h"
+#include "model/format/ckpt_crc.h"
+#include "model/format/ckpt_internal.h"
 #include "tests/test_util.h"
 
 #include <omp.h>

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/comm_payload.h"
 #include "parallel/comm/grid.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "parallel/comm/comm.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <cuda_runtime_api.h>

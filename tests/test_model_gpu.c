@@ -7,6 +7,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "model/model.h"
 #include "parallel/comm/grid.h"
+#include "parallel/comm/tp.h"
 #include "tests/test_util.h"
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +21,10 @@ typedef struct run_out {
 static run_out run_once(const cfg *c, grid *g, k_backend *be, const int32_t *tok_h, const int32_t *tgt_h) {
   model m;
   const model_layout ml = cfg_model_layout(c);
-  model_init(&m, &c->model, &ml, g, be);
+  const model_place at = tp_model_place(g);
+  model_init(&m, &c->model, &ml, &at, be);
+  tp_model_comm tpc;
+  tp_bind_model(&tpc, &m, g);
   model_init_weights(&m, c->train.seed);
   size_t n_tok = (size_t)m.dims.rows * sizeof(int32_t);
   int32_t *tok = be->alloc(be, n_tok), *tgt = be->alloc(be, n_tok);
@@ -74,7 +78,8 @@ int main(int argc, char **argv) {
   // Per tensor cosine similarity, over the tensor list of a model laid out like both runs.
   model layout;
   const model_layout ml = cfg_model_layout(&c);
-  model_init(&layout, &c.model, &ml, &g, cpu);
+  const model_place at = tp_model_place(&g);
+  model_init(&layout, &c.model, &ml, &at, cpu);
   double worst = 1;
   const char *worst_name = "";
   for (int i = 0; i < layout.n_tensors; i++) {

@@ -4,10 +4,10 @@
 // header defect the reader must refuse with a message naming the file, and the HF naming,
 // shard plan and config.json checks.
 #include "kernels/bf16.h"
-#include "model/hf.h"
-#include "model/hf_config.h"
-#include "model/json.h"
-#include "model/safetensors.h"
+#include "model/format/hf.h"
+#include "model/format/hf_config.h"
+#include "kernels/base/json.h"
+#include "model/format/safetensors.h"
 #include "tests/test_util.h"
 
 #include <math.h>

@@ -1,7 +1,7 @@
 // The decoding attention on the CPU (attn_decode_cpu.h): per head, the scaled scores of every
 // cached key, their softmax (sum in double) and the weighted sum of the values.
 #include "kernels/cpu/attn_decode_cpu.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/ops_cpu.h"
 
 // Per format: mantissa bits, exponent bias, largest finite code.

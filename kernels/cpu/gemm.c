@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 // KC is part of the numerical definition (where the k sum is split); keep it fixed. MC and NC
 // only size the cache blocks: an A block of MC x KC (128 KiB) sits in L2, a B micro-panel of

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 enum { OPS_LANES = 16 };
 

@@ -17,7 +17,7 @@
 #include <omp.h>
 
 #include "kernels/bf16.h"
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/ops_cpu.h"
 
 // Below this many elements in all ranges together the update runs on one thread (as in ops_cpu.c).

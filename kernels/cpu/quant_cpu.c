@@ -3,7 +3,7 @@
 // the sources in order, so the GPU's results match these bit for bit.
 #include "kernels/cpu/quant_cpu.h"
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 void k_cpu_grad_amax(float *amax, const float *x, const float *res, int64_t n) {
   uint32_t m = k_abs_bits(*amax);

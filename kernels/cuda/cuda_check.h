@@ -1,5 +1,5 @@
 // Check macros for the CUDA runtime and cuBLAS, the GPU members of the one family in
-// kernels/check.h: on failure they print rank, device, function, file:line, the failed call and
+// kernels/base/check.h: on failure they print rank, device, function, file:line, the failed call and
 // the library's own message (through check_fail), then end the whole job with MPI_Abort.
 // Includable from C and from CUDA C++ (check_fail keeps C linkage either way).
 #ifndef TRAINER_CUDA_CHECK_H
@@ -22,7 +22,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #ifdef __cplusplus
 }
 #endif

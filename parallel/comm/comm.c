@@ -14,8 +14,8 @@
 
 #include "kernels/bf16.h"
 #include "kernels/cpu/quant_cpu.h"
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 
 typedef struct comm_req_list {
   MPI_Request *r;

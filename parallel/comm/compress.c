@@ -1,7 +1,7 @@
 // Compressed reductions (see compress.h; element arithmetic in kernels/cpu/quant_cpu.h).
 #include "parallel/comm/compress.h"
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/quant_cpu.h"
 
 // int8 slot of a chunk: its codes padded to whole blocks, then one scale per block.

@@ -5,8 +5,8 @@
 
 #include <string.h>
 
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 
 // Splits world by color and wraps the piece; key orders ranks inside a group so that the
 // group rank is the coordinate along that axis (MPI_Comm_split sorts by key).

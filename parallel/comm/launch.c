@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 
 static const char *launch_getenv_process(const char *name, void *ctx) {
   (void)ctx;

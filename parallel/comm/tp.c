@@ -41,13 +41,57 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
 }
 
 // A blocking all-reduce over the group, timed like the collectives above.
-static void tp_all_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) {
+void tp_all_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) {
   if (r->c->size == 1) return;
   double t0 = start(r);
   r->c->ops->all_reduce(r->c, x, n, COMM_F32, op);
   stop(r, t0);
 }
 
-void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op) { tp_all_reduce(r, x, n, op); }
 
-void tp_amax_reduce(const tp_region *r, float *amax, int64_t n) { tp_all_reduce(r, amax, n, COMM_MAX); }
+static comm_redop redop_of(model_reduce_op op) { return op == MODEL_REDUCE_MAX ? COMM_MAX : COMM_SUM; }
+
+static void bound_gather_start(void *ctx, void *x, int d, k_dtype t) {
+  tp_gather_start(&((tp_model_comm *)ctx)->region, x, d, t);
+}
+static void bound_gather_finish(void *ctx) { tp_gather_finish(&((tp_model_comm *)ctx)->region); }
+static void bound_reduce_start(void *ctx, float *y, float *y_s, int d) {
+  tp_reduce_start(&((tp_model_comm *)ctx)->region, y, y_s, d);
+}
+static void bound_reduce_finish(void *ctx, float *y, float *y_s, int d) {
+  tp_reduce_finish(&((tp_model_comm *)ctx)->region, y, y_s, d);
+}
+static void bound_tp_all_reduce(void *ctx, float *x, int64_t n, model_reduce_op op) {
+  tp_all_reduce(&((tp_model_comm *)ctx)->region, x, n, redop_of(op));
+}
+static void bound_dp_all_reduce(void *ctx, float *x, int64_t n, model_reduce_op op) {
+  comm *dc = ((tp_model_comm *)ctx)->dp;
+  if (dc->size > 1) dc->ops->all_reduce(dc, x, n, COMM_F32, redop_of(op));
+}
+static void bound_world_all_reduce(void *ctx, double *x, int n, model_reduce_op op) {
+  comm *w = ((tp_model_comm *)ctx)->world;
+  w->ops->all_reduce(w, x, n, COMM_F64, redop_of(op));
+}
+
+static const model_comm_ops tp_model_ops = {
+    .gather_start = bound_gather_start,
+    .gather_finish = bound_gather_finish,
+    .reduce_start = bound_reduce_start,
+    .reduce_finish = bound_reduce_finish,
+    .tp_all_reduce = bound_tp_all_reduce,
+    .dp_all_reduce = bound_dp_all_reduce,
+    .world_all_reduce = bound_world_all_reduce,
+};
+
+model_place tp_model_place(const grid *g) {
+  return (model_place){.tp = g->tp, .tp_rank = g->tp_rank, .dp = g->dp, .dp_rank = g->dp_rank, .pp = g->pp,
+                       .pp_rank = g->pp_rank};
+}
+
+void tp_bind_model(tp_model_comm *t, model *m, const grid *g) {
+  *t = (tp_model_comm){.region = {g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL}, .dp = g->dp_c,
+                       .world = g->world};
+  m->comm = (model_comm){&tp_model_ops, t};
+}
+
+void tp_set_timing(tp_model_comm *t, step_timing *timing) { t->region.timing = timing; }

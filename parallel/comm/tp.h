@@ -1,17 +1,20 @@
-// Tensor- and sequence-parallel regions. A column-parallel linear is entered by a gather (SP:
-// all-gather along the sequence; without SP every rank already holds all rows) and a
+// Tensor- and sequence-parallel regions, and the model's collectives (model/model_comm.h) built
+// from them: parallel/ binds them to a model, which reaches no communicator itself.
+// A column-parallel linear is entered by a gather (SP: all-gather along the sequence; without SP every rank already holds all rows) and a
 // row-parallel linear is left by a reduce (SP: reduce-scatter along the sequence; else
 // all-reduce); backward, entering reduces and leaving gathers. Activations are sequence-major,
 // so a sequence shard is a contiguous block of rows. Every collective comes in two halves, so
 // work queued between them (the GEMM over this rank's own rows, a weight-gradient GEMM) runs
 // while it does (NCCL: on the tp communicator's side stream); the buffers it names must not be
-// touched in between. The tp collectives outside these pairs: the vocab-parallel
-// cross-entropy's (tp_vocab_reduce) and FP8's amax (tp_amax_reduce).
+// touched in between. The tp collectives outside these pairs (tp_all_reduce): the
+// vocab-parallel cross-entropy's and FP8's amax.
 #ifndef TRAINER_TP_H
 #define TRAINER_TP_H
 
 #include <stdint.h>
 #include "kernels/backend.h"
+#include "model/model.h"
+#include "parallel/comm/grid.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/timing.h"
 
@@ -34,14 +37,25 @@ void tp_gather_finish(const tp_region *r);
 // SP: reduce-scatter; else all-reduce (y is clobbered) and a copy; one rank: a copy.
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d);
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
-// The vocab-parallel cross-entropy's per-row statistics, which no region pair carries: each tp
-// rank holds the logits of its vocabulary slice, so the row max (COMM_MAX) and the sums of
-// exponentials and of target logits (COMM_SUM) are reduced over the tp group. x (n) in place,
-// the same result on every rank; blocking in queue order (later work sees it). Timed like the
-// collectives above; tp 1: nothing to do.
-void tp_vocab_reduce(const tp_region *r, float *x, int64_t n, comm_redop op);
-// FP8 scaling: n amaxes (backend memory) of tensors split over the group, or held whole by
-// every rank, maxed over it in place, so every rank scales a tensor alike. Blocking, timed.
-void tp_amax_reduce(const tp_region *r, float *amax, int64_t n);
+// What no region pair carries, reduced over the tp group: the vocab-parallel cross-entropy's
+// per-row statistics (each tp rank holds the logits of its vocabulary slice: the row max and the
+// sums of exponentials and of target logits) and FP8's amaxes of tensors split over the group.
+// x (n, backend memory) in place, the same result on every rank; blocking in queue order (later
+// work sees it). Timed like the collectives above; tp 1: nothing to do.
+void tp_all_reduce(const tp_region *r, float *x, int64_t n, comm_redop op);
+
+// The model's collectives over a grid: the tp regions of m's activations (its dims and SP), the
+// cross-entropy's statistics and FP8's amaxes over tp, FP8's amaxes over dp, host scalars over
+// the world. The caller owns it and keeps it at one address while m lives.
+typedef struct tp_model_comm {
+  tp_region region;
+  comm *dp, *world;
+} tp_model_comm;
+// Where this rank sits in g, for model_init.
+model_place tp_model_place(const grid *g);
+// Fills t for m (after model_init) and sets m->comm to it.
+void tp_bind_model(tp_model_comm *t, model *m, const grid *g);
+// Tensor-parallel collective time is added to timing (NULL: not timed).
+void tp_set_timing(tp_model_comm *t, step_timing *timing);
 
 #endif

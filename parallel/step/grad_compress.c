@@ -2,7 +2,7 @@
 // parallel/comm/compress.c, their buffers, and error feedback's residual.
 #include "parallel/step/grad_compress.h"
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 grad_compress *grad_compress_init(const opt_state *o) {
   k_backend *be = o->m->be;

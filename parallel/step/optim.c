@@ -3,8 +3,8 @@
 #include "parallel/step/grad_compress.h"
 #include "parallel/step/param_gather.h"
 #include "model/fp8.h"
-#include "kernels/check.h"
-#include "kernels/trace.h"
+#include "kernels/base/check.h"
+#include "kernels/base/trace.h"
 #include <math.h>
 #include <string.h>
 
@@ -15,24 +15,24 @@ enum { OPT_PIECES = 8 };
 
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
 
-void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro) {
+void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro) {
   memset(o, 0, sizeof *o);
   o->m = m;
-  o->g = m->g;
+  o->g = g;
   o->cfg = *oc;
-  o->zero = oc->distributed_optimizer && m->g->dp > 1;
+  o->zero = oc->distributed_optimizer && m->dp > 1;
   o->bucket_elem = (int64_t)((double)oc->bucket_mb * (1 << 20) / sizeof(float));
   if (o->bucket_elem < 1) o->bucket_elem = 1;
   k_backend *be = m->be;
-  o->parts = o->zero ? m->g->dp : 1;
-  o->part_rank = o->zero ? m->g->dp_rank : 0;
+  o->parts = o->zero ? m->dp : 1;
+  o->part_rank = o->zero ? m->dp_rank : 0;
   o->shard_n = m->n_params / o->parts;
   // With ZeRO the update runs piece by piece, each piece's all-gathers starting as soon as it is
   // updated, so that they overlap the update of the next pieces.
   o->n_pieces = o->zero ? OPT_PIECES : 1;
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   opt_layout_build(o);
-  if (grad_compress_on(oc, m->g->dp)) o->gc = grad_compress_init(o);
+  if (grad_compress_on(oc, m->dp)) o->gc = grad_compress_init(o);
   opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
   o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
@@ -108,7 +108,7 @@ float opt_lr_at(const opt_config *hp, int64_t steps, int64_t step) {
 static void opt_tensor_final(opt_state *o, int i) {
   model *m = o->m;
   model_tensor *t = &m->tensors[i];
-  if (m->sp && t->tp_replicated) m->g->tp_c->ops->all_reduce(m->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
+  if (m->sp && t->tp_replicated) o->g->tp_c->ops->all_reduce(o->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
   o->t_final[i] = 1;
 }
 
@@ -141,7 +141,7 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
   for (int i = o->m->n_tensors - 1; i >= 0; i--)
     if (o->t_group[i] == grp && ++o->t_count[i] == o->n_micro && !o->t_final[i]) opt_tensor_final(o, i);
   // While backward runs: on the overlap communicator when there is one (fewer SMs).
-  opt_start_buckets(o, o->m->g->dp_overlap ? o->m->g->dp_overlap : o->m->g->dp_c);
+  opt_start_buckets(o, o->g->dp_overlap ? o->g->dp_overlap : o->g->dp_c);
   opt_offload_grads_final(o);
 }
 
@@ -163,7 +163,7 @@ static void opt_share_norms(opt_state *o) {
     const k_range *r = &o->norm_own[k];
     be->copy(be, pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
   }
-  if (o->norm_pack) m->g->dp_c->ops->all_reduce_start(m->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
+  if (o->norm_pack) o->g->dp_c->ops->all_reduce_start(o->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
 }
 
 static void opt_unpack_norms(opt_state *o) {
@@ -183,7 +183,7 @@ static void opt_unpack_norms(opt_state *o) {
 // Starts the all-gather of the compute copy's buckets [b0, b0 + nb) (counted from the lowest);
 // with fp8.param_gather those that do not travel as codes.
 static void opt_gather_start(opt_state *o, int b0, int nb) {
-  comm *dc = o->m->g->dp_c;
+  comm *dc = o->g->dp_c;
   if (o->pg) param_gather_start_act(o, b0, nb);
   else if (nb > 0)
     dc->ops->all_gather_regions_start(dc, o->m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb, opt_act_comm(o));
@@ -201,7 +201,7 @@ static void opt_weights_arrived(opt_state *o) {
 // parts gathered with ZeRO (with fp8.param_gather the FP8 weights as codes), the norms shared,
 // the FP8 weights remade.
 static void opt_refresh_model(opt_state *o) {
-  comm *dc = o->m->g->dp_c;
+  comm *dc = o->g->dp_c;
   if (o->zero) opt_gather_start(o, 0, o->n_buckets);
   if (o->pg) param_gather_start_codes(o);
   opt_share_norms(o);
@@ -212,7 +212,7 @@ static void opt_refresh_model(opt_state *o) {
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
-  comm *dc = m->g->dp_c;
+  comm *dc = o->g->dp_c;
   // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
   // bucket has arrived.
   double t0 = o->timing ? timing_now(be) : 0;
@@ -222,7 +222,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     if (!o->t_final[i]) opt_tensor_final(o, i);
   if (dc->size > 1) {
     opt_start_buckets(o, dc);  // backward is done: the rest with all of NCCL's SMs
-    comm *ovl = m->g->dp_overlap;
+    comm *ovl = o->g->dp_overlap;
     if (o->timing) {  // bounded host waits: a dead peer ends the job here
       if (ovl) ovl->ops->drain(ovl);
       dc->ops->drain(dc);
@@ -243,7 +243,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   opt_offload_copy_grads(o, grad);  // the cpu engine's copies run beside the norm
   // With the sum of squares, the count of non-finite FP8 amaxes of the step (model/fp8.h).
   double sums[2] = {be->sumsq_ranges(be, grad, o->norm_ranges, o->n_norm_ranges), model_fp8_count_nonfinite(m)};
-  comm *w = m->g->world;
+  comm *w = o->g->world;
   w->ops->all_reduce(w, sums, 2, COMM_F64, COMM_SUM);
   double norm = sums[1] > 0 ? NAN : sqrt(sums[0]);
   const opt_config *hp = &o->cfg;

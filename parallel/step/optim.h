@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 #include "model/model.h"
+#include "parallel/comm/grid.h"
 #include "parallel/step/optim_config.h"
 #include "parallel/comm/timing.h"
 
@@ -111,7 +112,7 @@ typedef struct opt_state {
 static inline comm_dtype opt_act_comm(const opt_state *o) { return o->m->be->act == K_BF16 ? COMM_BF16 : COMM_F32; }
 
 // n_micro: backward passes per chunk and step (global_batch / (dp * micro_batch)).
-void opt_init(opt_state *o, model *m, const opt_config *oc, int n_micro);
+void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro);
 // Builds the buckets, the shard's ranges, the pieces and the norm packing from o->m, o->parts, o->part_rank,
 // o->bucket_elem and o->n_pieces (optim_layout.c; opt_init calls it).
 void opt_layout_build(opt_state *o);

@@ -3,7 +3,7 @@
 // shards that checkpoints use, and the placing of weights into the master.
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "parallel/step/optim.h"
 
 // Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
@@ -89,7 +89,7 @@ static void opt_build_ranges(opt_state *o) {
       if (hi <= lo) continue;
       k_range r = {k->shard_off + (lo - plo), hi - lo, model_specs[t->kind].decay, lo};
       o->upd_ranges[o->n_upd_ranges++] = r;
-      if ((!t->tp_replicated || m->g->tp_rank == 0) && (o->zero || m->g->dp_rank == 0))
+      if ((!t->tp_replicated || m->tp_rank == 0) && (o->zero || m->dp_rank == 0))
         o->norm_ranges[o->n_norm_ranges++] = r;
       if (t->tp_replicated) o->norm_own[o->n_norm_own++] = (k_range){pack_at[i] + (lo - t->offset), hi - lo, 0, lo};
     }
@@ -111,7 +111,7 @@ void opt_layout_build(opt_state *o) {
 // Through host memory and MPI, so a checkpoint needs no device memory beyond training's.
 static void gather_host(opt_state *o, const float *mine, float *host) {
   float *tmp = XMALLOC((size_t)o->m->n_params * sizeof(float));
-  comm *hc = comm_mpi_create(o->m->g->dp_c->mpi, "dp-host", &o->m->g->opts);
+  comm *hc = comm_mpi_create(o->g->dp_c->mpi, "dp-host", &o->g->opts);
   hc->ops->all_gather(hc, mine, tmp, o->shard_n, COMM_F32);
   comm_free(&hc);
   for (int b = 0; b < o->n_buckets; b++) {

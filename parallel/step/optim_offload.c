@@ -29,7 +29,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cpu/optim_cpu.h"
 #include "parallel/step/optim.h"
 
@@ -123,7 +123,7 @@ void opt_offload_init(opt_state *o) {
   // With dp > 1 the copies would wait for the DP reduction (and ZeRO's all-gather for every
   // bucket). FP8 remakes a layer's weight copies before its forward (model_fp8_weights_ready),
   // after this hook.
-  o->layer_wait = c->offload_layer_wait && !c->offload_delay && o->n_host > 0 && o->m->g->dp_c->size == 1;
+  o->layer_wait = c->offload_layer_wait && !c->offload_delay && o->n_host > 0 && o->g->dp_c->size == 1;
   if (o->layer_wait) {
     o->m->weights_needed = on_weights_needed;
     o->m->weights_needed_ctx = o;
@@ -209,7 +209,7 @@ static int host_bucket_final(const opt_state *o, int j) {
 }
 
 void opt_offload_grads_final(opt_state *o) {
-  if (!o->host_g || o->m->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
+  if (!o->host_g || o->g->dp_c->size > 1) return;  // dp > 1: the copies read the reduced gradient
   if (o->delay && o->delay->running) {
     if (!atomic_load(&o->delay->done)) return;  // its slots are still being read: copy at opt_step
     opt_offload_join(o);

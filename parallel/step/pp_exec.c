@@ -2,8 +2,8 @@
 // one group and completed together, which is the contract pp_schedule_build is built for.
 #include "parallel/step/pp_exec.h"
 #include "model/fp8.h"
-#include "kernels/check.h"
-#include "kernels/trace.h"
+#include "kernels/base/check.h"
+#include "kernels/base/trace.h"
 #include <string.h>
 
 // What an activation set carries with parallel.pp_overlap: transfer tickets (comm xfer_*, -1 =
@@ -20,9 +20,10 @@ static const pp_tickets no_tickets = {-1, -1, -1, -1, -1, NULL, NULL};
 
 static void clear_tickets(pp_tickets *t) { t->recv = t->send_out = t->send_gin = t->free = t->widened = -1; }
 
-int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
+int pp_exec_init(pp_exec *e, model *m, grid *g, int n_micro, char *err, size_t n_err) {
   memset(e, 0, sizeof *e);
   e->m = m;
+  e->g = g;
   e->n_micro = n_micro;
   if (pp_schedule_build(&e->sched, m->pp, m->vpp, n_micro, m->pp_rank, err, n_err) != 0) return -1;
   e->slot = XCALLOC((size_t)n_micro * m->vpp, sizeof(model_acts *));
@@ -37,7 +38,7 @@ int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err) {
 }
 
 void pp_exec_overlap(pp_exec *e) {
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   pc->ops->xfer_open(pc);
   e->overlap = 1;
 }
@@ -78,7 +79,7 @@ static model_acts *acts_get(pp_exec *e, int micro, int chunk) {
       *s = e->pool[k];
       e->slot_t[i] = e->pool_t[k];
       e->pool_t[k] = no_tickets;  // the staging buffers now belong to the slot
-      comm *pc = e->m->g->pp_c;
+      comm *pc = e->g->pp_c;
       if (e->overlap) {
         pc->ops->xfer_wait(pc, e->slot_t[i].send_out);
         pc->ops->xfer_wait(pc, e->slot_t[i].send_gin);
@@ -100,7 +101,7 @@ static void acts_put(pp_exec *e, int micro, int chunk) {
   e->pool[k] = *s;
   e->pool_t[k] = e->slot_t[i];
   e->slot_t[i] = no_tickets;
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   if (e->overlap) e->pool_t[k].free = pc->ops->xfer_mark(pc);
   *s = NULL;
 }
@@ -137,7 +138,7 @@ static void stage_send(pp_exec *e, const float *buf, int k) {
 }
 
 static void post(pp_exec *e, pp_op op, float *buf, int peer, int k) {
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   int64_t n = e->m->dims.rows_s * e->m->dims.d;
   void *p = e->comm_bf16 ? (void *)stage_buf(e, k) : (void *)buf;
   comm_dtype t = e->comm_bf16 ? COMM_BF16 : COMM_F32;
@@ -153,7 +154,7 @@ static void stage_recv(pp_exec *e, float *buf, int k) {
 // first waits for the compute queued so far, so the time measured is the wait alone.
 static void wait_transfer(pp_exec *e, int *t) {
   if (*t < 0) return;
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   step_timing *tm = e->timing;
   double t0 = tm ? timing_now(e->m->be) : 0;
   pc->ops->xfer_wait(pc, *t);
@@ -172,7 +173,7 @@ static uint16_t *staging(pp_exec *e, uint16_t **b) {
 // this group made its buffer (a new set or staging buffer, zero-filled on the compute stream),
 // once that fill is done: else the fill could land after the data.
 static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   int64_t n = e->m->dims.rows_s * e->m->dims.d;
   comm_dtype ct = e->comm_bf16 ? COMM_BF16 : COMM_F32;
   int sets_before = e->n_created, fresh = 0;
@@ -209,7 +210,7 @@ static void post_group(pp_exec *e, const pp_step *st, int i, int j) {
 // of a backward) holds, widened from in16 with comm_bf16; the cast counts as pipeline time.
 static void wait_receive(pp_exec *e, pp_tickets *t, float *buf) {
   if (t->recv < 0) return;
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   step_timing *tm = e->timing;
   double t0 = tm ? timing_now(e->m->be) : 0;
   pc->ops->xfer_wait(pc, t->recv);
@@ -226,7 +227,7 @@ static void wait_receive(pp_exec *e, pp_tickets *t, float *buf) {
 // GPUs) and the host waits for the GPU, so the next step's transfers need no ticket of this one
 // (whose numbers start again).
 static void finish_transfers(pp_exec *e) {
-  comm *pc = e->m->g->pp_c;
+  comm *pc = e->g->pp_c;
   for (int c = 0; c < e->m->vpp; c++)
     for (int k = c * e->pool_cap; k < c * e->pool_cap + e->pool_n[c]; k++) {
       wait_transfer(e, &e->pool_t[k].send_out);
@@ -240,7 +241,7 @@ static void finish_transfers(pp_exec *e) {
 double pp_exec_train_step(pp_exec *e, const int32_t *tokens, const int32_t *targets, float loss_scale) {
   model *m = e->m;
   model_fp8_begin_step(m, 1);
-  comm *pc = m->g->pp_c;
+  comm *pc = e->g->pp_c;
   int64_t rows = m->dims.rows;
   double loss = 0;
   const pp_step *st = e->sched.steps;

@@ -6,10 +6,13 @@
 #define TRAINER_PP_EXEC_H
 
 #include "model/model.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/timing.h"
 #include "parallel/step/pp_schedule.h"
 
 typedef struct pp_exec {
   model *m;
+  grid *g;
   pp_schedule sched;
   int n_micro;
   model_acts **slot;     // (n_micro * vpp): activations in use by (micro, chunk), or NULL
@@ -33,7 +36,7 @@ typedef struct pp_exec {
 } pp_exec;
 
 // Returns 0, or -1 with a message when the schedule is not admissible.
-int pp_exec_init(pp_exec *e, model *m, int n_micro, char *err, size_t n_err);
+int pp_exec_init(pp_exec *e, model *m, grid *g, int n_micro, char *err, size_t n_err);
 void pp_exec_free(pp_exec *e);
 // Turns on overlapped transfers (parallel.pp_overlap): opens the pipeline communicator's xfer
 // channels, so every rank of the pipeline group calls it together, before the first step.

@@ -1,4 +1,4 @@
-// Fuzz target: the checkpoint metadata reader (model/ckpt.c's ckpt_load with no tensors, which
+// Fuzz target: the checkpoint metadata reader (model/format/ckpt.c's ckpt_load with no tensors, which
 // reads and checks the root attributes, and ckpt_find_latest), then the stored config through
 // cfg_load_string, as a resume does. The input is not HDF5 bytes (HDF5's own file parser is not
 // this project's code): it is a list of root attributes, each
@@ -9,7 +9,7 @@
 // ckpt_00000001.h5. Whatever the attributes, loading either succeeds or returns a one-line
 // message; it never aborts.
 #include "app/config.h"
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 
 #include <fcntl.h>
 #include <hdf5.h>

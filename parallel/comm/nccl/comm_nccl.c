@@ -17,8 +17,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 #include "parallel/comm/nccl/nccl_check.h"
 
 // The state the communicators of one factory share (comm_nccl_factory): "world" as in all the
@@ -134,7 +134,7 @@ static void comm_nccl_abort_all(comm_nccl_world *w) {
   }
 }
 
-// Same layout as check_fail (kernels/check.c), but the message is printed before the
+// Same layout as check_fail (kernels/base/check.c), but the message is printed before the
 // communicators are aborted: ncclCommAbort can block on a wedged GPU, and the reason must be
 // out by then. Never returns.
 static void comm_nccl_die(const comm *c, const char *func, const char *file, int line, const char *what,

@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cuda/cuda_check.h"
 
 // A result waiting on the host: n_bytes from host to dev when published.

@@ -29,10 +29,10 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "parallel/comm/compress.h"
-#include "parallel/comm/mpi_check.h"
+#include "kernels/base/mpi_check.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/comm_payload.h"
 #include "parallel/comm/nccl/comm_nccl.h"

@@ -1,5 +1,5 @@
 // Check macro for NCCL calls from host C code (the NCCL communicator, its test and commbench),
-// in the house family of kernels/check.h; CUDA_CHECK comes from kernels/cuda/cuda_check.h. On
+// in the house family of kernels/base/check.h; CUDA_CHECK comes from kernels/cuda/cuda_check.h. On
 // failure: rank, device, function, file:line, the failed call and NCCL's own message, then the
 // job ends.
 #ifndef TRAINER_NCCL_CHECK_H

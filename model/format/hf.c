@@ -1,8 +1,8 @@
 // Hugging Face Llama interop (hf.h): names, the shard plan and index, and reading a model
-// directory into this rank's parameter blocks. config.json is model/hf_config.c.
-#include "model/hf.h"
-#include "kernels/check.h"
-#include "model/json.h"
+// directory into this rank's parameter blocks. config.json is model/format/hf_config.c.
+#include "model/format/hf.h"
+#include "kernels/base/check.h"
+#include "kernels/base/json.h"
 
 #include <errno.h>
 #include <inttypes.h>

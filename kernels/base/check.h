@@ -1,7 +1,7 @@
 // Check macros shared by every module: on failure they print rank, function, file:line, the
 // failed call and the library's own message, then end the whole job (MPI_Abort) cleanly.
 // The library-specific ones build on check_fail where their library is: MPI_CHECK in
-// parallel/comm/mpi_check.h, H5_CHECK in model/ckpt_internal.h, CUDA's in kernels/cuda/cuda_check.h.
+// kernels/base/mpi_check.h, H5_CHECK in model/format/ckpt_internal.h, CUDA's in kernels/cuda/cuda_check.h.
 // Asserts are always compiled in; there is no NDEBUG path.
 #ifndef TRAINER_CHECK_H
 #define TRAINER_CHECK_H

@@ -3,7 +3,7 @@
 #define TRAINER_MPI_CHECK_H
 
 #include <mpi.h>
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 
 #define MPI_CHECK(call)                                                               \
   do {                                                                                \

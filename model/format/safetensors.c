@@ -2,10 +2,10 @@
 // length is bounded by the file and a fixed limit, the JSON is parsed strictly, and every
 // tensor's dtype, shape and byte range are checked against each other and the file before a
 // byte of data is read.
-#include "model/safetensors.h"
+#include "model/format/safetensors.h"
 #include "kernels/bf16.h"
-#include "kernels/check.h"
-#include "model/json.h"
+#include "kernels/base/check.h"
+#include "kernels/base/json.h"
 
 #include <errno.h>
 #include <fcntl.h>

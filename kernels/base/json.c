@@ -1,8 +1,8 @@
 // Strict JSON reader (recursive descent over a bounded depth) and writing helpers (json.h).
 // Used for files another program wrote (safetensors headers, config.json), so every deviation
 // from RFC 8259 is an error with its byte offset rather than a guess.
-#include "model/json.h"
-#include "kernels/check.h"
+#include "kernels/base/json.h"
+#include "kernels/base/check.h"
 
 #include <errno.h>
 #include <math.h>

@@ -2,10 +2,10 @@
 // root attributes are present and in range, every tensor is float32 at most 4-D, every optimizer
 // tensor has its parameter of the same shape, and every tensor is finite and matches its crc32c
 // (format version 3 on). Each tensor is read in slices of rows, so memory stays bounded.
-#include "model/ckpt.h"
-#include "model/ckpt_crc.h"
-#include "model/ckpt_internal.h"
-#include "kernels/check.h"
+#include "model/format/ckpt.h"
+#include "model/format/ckpt_crc.h"
+#include "model/format/ckpt_internal.h"
+#include "kernels/base/check.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

@@ -1,11 +1,11 @@
-// Checkpoint internals shared by model/ckpt.c (HDF5 I/O), model/ckpt_dir.c (listing, creating,
-// publishing and rotating checkpoint files) and model/ckpt_verify.c (the standalone check).
+// Checkpoint internals shared by model/format/ckpt.c (HDF5 I/O), model/format/ckpt_dir.c (listing, creating,
+// publishing and rotating checkpoint files) and model/format/ckpt_verify.c (the standalone check).
 #ifndef TRAINER_CKPT_INTERNAL_H
 #define TRAINER_CKPT_INTERNAL_H
 
 #include <hdf5.h>
 #include <stdint.h>
-#include "model/ckpt.h"
+#include "model/format/ckpt.h"
 
 #define CKPT_MSG 2048   // internal message buffer; copied into the caller's err
 #define CKPT_PATH 4096

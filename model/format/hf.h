@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "model/format/safetensors.h"
 
 #define HF_SINGLE_FILE "model.safetensors"
 #define HF_INDEX_FILE "model.safetensors.index.json"

@@ -2,11 +2,11 @@
 // written and read with collective MPI-IO (each rank its own hyperslab), so a run can resume
 // under another tp/pp/dp layout. Atomic: written as dir/.ckpt_<step>.h5.tmp, synced, renamed.
 // Layout and the reasons behind it: docs/checkpoint.md.
-#include "model/ckpt.h"
-#include "model/ckpt_crc.h"
-#include "model/ckpt_internal.h"
-#include "kernels/check.h"
-#include "parallel/comm/mpi_check.h"
+#include "model/format/ckpt.h"
+#include "model/format/ckpt_crc.h"
+#include "model/format/ckpt_internal.h"
+#include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 
 #include <errno.h>
 #include <hdf5.h>

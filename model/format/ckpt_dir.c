@@ -1,8 +1,8 @@
 // Checkpoint files on disk: listing by step and finding the newest complete one, creating the
 // directory and reserving the file's space, publishing a finished write by fsync + atomic rename,
 // and rotating old checkpoints.
-#include "model/ckpt_internal.h"
-#include "kernels/check.h"
+#include "model/format/ckpt_internal.h"
+#include "kernels/base/check.h"
 
 #include <dirent.h>
 #include <errno.h>

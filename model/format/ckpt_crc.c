@@ -1,7 +1,7 @@
 // CRC-32C for checkpoint tensors (see ckpt_crc.h). The fast path runs three independent CRC
 // streams over adjacent 4 KiB lanes, so the CRC32 instruction's 3-cycle latency is hidden, and
 // joins them by shifting (multiplying by x^(8 * 4096) modulo the polynomial).
-#include "model/ckpt_crc.h"
+#include "model/format/ckpt_crc.h"
 
 #include <string.h>
 #if defined(__x86_64__)

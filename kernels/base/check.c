@@ -1,5 +1,5 @@
 // Failure path of the check macros: one message naming the rank and the place, then MPI_Abort.
-#include "kernels/check.h"
+#include "kernels/base/check.h"
 #include <mpi.h>
 #include <stdarg.h>
 #include <string.h>

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <mpi.h>
+#include "model/decode.h"
 
 // Version written. 2 dropped the root attribute rng_counter (always 0: nothing in a run draws
 // from an RNG whose state a resume needs); version 1 files still load, their rng_counter ignored.
@@ -106,5 +107,9 @@ int ckpt_find_latest(const char *dir, int64_t before_step, char *path_out, size_
 // tensor's checksum and finiteness, reading each tensor in slices), printing one line per problem
 // to out. Returns the number of problems (0: the checkpoint is sound).
 int ckpt_verify(const char *path, FILE *out);
+
+// A decode_read_fn (model/decode.h) over a checkpoint file, ctx its path: reads each whole tensor
+// "model/<name>" of list on this rank alone (MPI_COMM_SELF), with ckpt_load's checks and errors.
+int ckpt_read_decode(void *path, decode_tensor *list, int n, char *err, size_t n_err);
 
 #endif

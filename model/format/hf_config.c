@@ -1,9 +1,9 @@
 // A Hugging Face Llama's config.json (hf_config.h): the field table, the reader, the check of
 // checkpoint.init_from and the writer of the export.
-#include "model/hf_config.h"
-#include "kernels/check.h"
-#include "model/hf.h"
-#include "model/json.h"
+#include "model/format/hf_config.h"
+#include "kernels/base/check.h"
+#include "model/format/hf.h"
+#include "kernels/base/json.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,0 +1,39 @@
+// The collectives the model calls and does not implement: the tensor- and sequence-parallel
+// region pairs (entering a column-parallel linear gathers, leaving a row-parallel one reduces),
+// the vocab-parallel cross-entropy's row statistics and FP8's amax maxima over the tp group,
+// FP8's amax maxima over the dp group, and host scalars over every rank. The model declares them
+// here and reaches them only through this table; parallel/ implements it over its communicators
+// (parallel/comm/tp.h: tp_bind_model), so no file of model/ sees a communicator or the grid.
+// Every collective comes in two halves where work can run between them (the GEMM over this
+// rank's own rows); the buffers named must not be touched in between.
+#ifndef TRAINER_MODEL_COMM_H
+#define TRAINER_MODEL_COMM_H
+
+#include <stdint.h>
+#include "kernels/backend.h"
+
+typedef enum model_reduce_op { MODEL_REDUCE_SUM, MODEL_REDUCE_MAX } model_reduce_op;
+
+typedef struct model_comm_ops {
+  // In place: x (rows, d) of dtype t holds this rank's rows at the model's own row; with SP the
+  // other tp ranks' rows are gathered into it; else nothing to do.
+  void (*gather_start)(void *ctx, void *x, int d, k_dtype t);
+  void (*gather_finish)(void *ctx);
+  // y (rows, d) partial per tp rank -> y_s (rows_s, d), the sum over ranks of this rank's rows
+  // (SP: reduce-scatter; else all-reduce and a copy; one rank: a copy). y may be clobbered.
+  void (*reduce_start)(void *ctx, float *y, float *y_s, int d);
+  void (*reduce_finish)(void *ctx, float *y, float *y_s, int d);
+  // Blocking in queue order, backend memory, in place: over the tp group (the cross-entropy's
+  // statistics, FP8 amaxes) and over the dp group (FP8 amaxes).
+  void (*tp_all_reduce)(void *ctx, float *x, int64_t n, model_reduce_op op);
+  void (*dp_all_reduce)(void *ctx, float *x, int64_t n, model_reduce_op op);
+  // Host doubles over every rank (a non-finite FP8 amax's report).
+  void (*world_all_reduce)(void *ctx, double *x, int n, model_reduce_op op);
+} model_comm_ops;
+
+typedef struct model_comm {
+  const model_comm_ops *ops;
+  void *ctx;
+} model_comm;
+
+#endif
