@@ -223,7 +223,7 @@ model_layout cfg_model_layout(const cfg *c) {
       .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
                    : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
                                                  : MODEL_RECOMPUTE_NONE,
-      .master_on_host = c->optim.offload,
+      .master_in_optimizer = c->optim.offload,
       .fp8 = {
           .enabled = strcmp(c->train.precision, "fp8") == 0,
           .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT

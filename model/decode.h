@@ -54,7 +54,7 @@ typedef struct decode_model {
 // "final_norm", "lm_head"), with its logical shape ((rows, 1) for a vector), and where in host
 // memory to put it (fp32).
 typedef struct decode_tensor {
-  char name[64];
+  char name[96];
   int ndim;
   int64_t shape[2];
   float *host;

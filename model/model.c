@@ -109,13 +109,14 @@ void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what) {
   return p;
 }
 
-// With the master weights in host memory (held by the optimizer, sharded like its moments),
-// forward and backward read the norm weights (the only fp32 weights they read) from a copy in
-// backend memory, packed one after the other in tensor order: no reads over the host link, and
-// an update running on the host (optimizer.offload_delay) cannot change them under a step. The
+// With the master weights held by the optimizer (sharded like its moments, in device or host
+// memory), forward and backward read the norm weights (the only fp32 weights they read) from a
+// copy in backend memory, packed one after the other in tensor order: every rank has all of
+// them, no reads cross the host link, and an update running on the host
+// (optimizer.offload_delay) cannot change them under a step. The
 // optimizer refreshes it after every update (parallel/step/optim.c, opt_share_norms).
 static void model_place_norms(model *m) {
-  if (!m->master_on_host) return;
+  if (!m->master_in_optimizer) return;
   int64_t n = 0;
   for (int i = 0; i < m->n_tensors; i++) n += m->tensors[i].tp_replicated ? m->tensors[i].n_elem : 0;
   m->norm_copy = m->be->alloc(m->be, (size_t)(n ? n : 1) * sizeof(float));
@@ -192,12 +193,12 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   m->n_params = (off + unit - 1) / unit * unit;
   // With the master weights in host memory the optimizer holds them, only its shard on each dp
   // rank (parallel/step/optim_offload.c): the model then has no fp32 flat buffer of weights.
-  m->master_on_host = ml->master_on_host;
-  m->params = m->master_on_host ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->master_in_optimizer = ml->master_in_optimizer;
+  m->params = m->master_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
   // Master weights in host memory: the compute copy stays in backend memory even in fp32.
-  m->params_c = be->act == K_F32 && !m->master_on_host ? (void *)m->params
+  m->params_c = be->act == K_F32 && !m->master_in_optimizer ? (void *)m->params
                                                         : be->alloc(be, (size_t)m->n_params * m->act_bytes);
   model_place_norms(m);
   for (int i = 0; i < n; i++) {

@@ -51,7 +51,7 @@ typedef struct model_tensor {
   int64_t offset;         // in the flat parameter / gradient buffers
   int tp_replicated;      // same values on every tp rank (norms): counted once in norms
   float *p, *g;           // fp32 weights forward reads (the master; m->norm_copy for a norm, NULL
-                          // for the others, when master_on_host) and gradients
+                          // for the others, when master_in_optimizer) and gradients
   void *pc;               // compute copy in the backend's activation dtype (= p when that is fp32)
 } model_tensor;
 
@@ -93,9 +93,10 @@ typedef struct model {
   model_tensor *tensors;  // (n_tensors), in flat-buffer order
   int n_tensors;
   model_chunk *chunks;    // (vpp)
-  float *params, *grads;  // (n_params) flat, in backend memory; params NULL when master_on_host
-  int master_on_host;     // the optimizer holds the fp32 master weights, sharded in host memory (optimizer.offload)
-  float *norm_copy;       // master_on_host: the norm weights forward reads, in backend memory, packed in tensor
+  float *params, *grads;  // (n_params) flat, in backend memory; params NULL when master_in_optimizer
+  int master_in_optimizer;  // the optimizer holds the fp32 master weights, sharded like its moments (parallel.shard,
+                            // optimizer.offload: in device or host memory)
+  float *norm_copy;       // master_in_optimizer: the norm weights forward reads, in backend memory, packed in tensor
                           // order (the optimizer refreshes it); else NULL
   void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32
   size_t act_bytes;       // element size of the backend's activation dtype
@@ -138,7 +139,7 @@ void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what);
 // Deterministic init, independent of the layout: element (i) of a full tensor gets a value
 // from (seed, tensor name, i), so every layout starts from the same weights. model_init_tensor
 // writes tensor i's block on this rank (n_elem values) into host memory; model_init_weights
-// sets every tensor of m->params so (not with master_on_host: the optimizer's opt_init_weights).
+// sets every tensor of m->params so (not with master_in_optimizer: the optimizer's opt_init_weights).
 void model_init_tensor(const model *m, int i, uint64_t seed, float *block);
 void model_init_weights(model *m, uint64_t seed);
 // The full (logical) shape of a parameter kind; returns its number of dimensions (1 or 2).
@@ -159,7 +160,7 @@ float *model_acts_output_grad(model_acts *a);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
 int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc);
 // Refreshes the compute copy of the weights from m->params (after init or load; not with
-// master_on_host, where the optimizer refreshes it: opt_set_params).
+// master_in_optimizer, where the optimizer refreshes it: opt_set_params).
 void model_sync_compute_weights(model *m);
 // Activation sizes on one rank: tp rank tp_rank of tp, with or without sequence parallelism.
 void model_dims_compute(model_dims *dm, const model_config *mc, int micro_batch, int tp, int tp_rank, int sp);

@@ -53,7 +53,8 @@ typedef struct model_layout {
   int micro_batch;           // sequences per micro-batch
   model_recompute recompute;
   model_fp8_config fp8;
-  int master_on_host;        // bool: the fp32 master weights in the backend's host memory (optimizer.offload)
+  int master_in_optimizer;   // bool: the optimizer holds the fp32 master weights, sharded like its moments
+                             // (parallel.shard, optimizer.offload); the model keeps no fp32 flat copy
 } model_layout;
 
 #endif

@@ -158,8 +158,8 @@ static void opt_share_norms(opt_state *o) {
   float *pack = o->norm_pack ? o->norm_pack : m->norm_copy;
   if (!pack) return;  // forward reads the master itself
   if (o->norm_pack) be->zero(be, o->norm_pack, (size_t)o->norm_pack_n * sizeof(float));
-  if (o->cfg.offload) opt_offload_norms_out(o, pack);
-  for (int k = 0; !o->cfg.offload && k < o->n_norm_own; k++) {
+  if (m->master_in_optimizer) opt_offload_norms_out(o, pack);
+  for (int k = 0; !m->master_in_optimizer && k < o->n_norm_own; k++) {
     const k_range *r = &o->norm_own[k];
     be->copy(be, pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
   }
@@ -315,7 +315,7 @@ void opt_flush(opt_state *o) {
 }
 
 void opt_weights_set(opt_state *o) {
-  if (!o->cfg.offload) {
+  if (!o->m->master_in_optimizer) {
     model_sync_compute_weights(o->m);  // every rank holds the whole master
     return;
   }

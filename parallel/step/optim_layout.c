@@ -137,14 +137,14 @@ static void gather_moment(opt_state *o, int which, float *host) {
 void opt_get_params(opt_state *o, float *params_host) {
   model *m = o->m;
   k_backend *be = m->be;
-  if (!o->zero && !o->cfg.offload) {
+  if (!o->zero && !m->master_in_optimizer) {
     be->to_host(be, params_host, m->params, (size_t)m->n_params * sizeof(float));
     return;
   }
   // This rank's part of every bucket; without ZeRO that is the whole flat buffer.
   float *mine = o->zero ? XMALLOC((size_t)o->shard_n * sizeof(float)) : params_host;
-  if (o->cfg.offload) opt_offload_params_to_host(o, mine);
-  for (int b = 0; !o->cfg.offload && b < o->n_buckets; b++) {
+  if (m->master_in_optimizer) opt_offload_params_to_host(o, mine);
+  for (int b = 0; !m->master_in_optimizer && b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
     be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
   }
@@ -181,7 +181,7 @@ void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_a
 void opt_set_tensor(opt_state *o, int i, const float *block) {
   model *m = o->m;
   const model_tensor *t = &m->tensors[i];
-  if (!o->cfg.offload) {
+  if (!m->master_in_optimizer) {
     m->be->from_host(m->be, m->params + t->offset, block, (size_t)t->n_elem * sizeof(float));
     return;
   }

@@ -100,16 +100,19 @@ void opt_offload_init(opt_state *o) {
   if (o->n_host > o->n_buckets) o->n_host = o->n_buckets;
   o->n_done = o->n_host;
   o->dev_n = o->n_host > 0 ? o->buckets[o->n_host - 1].shard_off : o->shard_n;
-  o->n_dev_ranges = c->offload ? 0 : o->n_upd_ranges;
+  CHECK(!c->offload || o->m->master_in_optimizer, "optimizer.offload=host on a model that holds its master weights: "
+        "model_layout.master_in_optimizer must be set (cfg_model_layout sets it)");
+  // Where the optimizer holds the master weights, every bucket updates on its own (the device
+  // share from dev_master, the host share from host_master); else upd_ranges update m->params.
+  o->n_dev_ranges = o->m->master_in_optimizer ? 0 : o->n_upd_ranges;
+  if (!o->m->master_in_optimizer) return;
+  build_part_ranges(o);
+  o->dev_master = o->m->be->alloc(o->m->be, (size_t)(o->dev_n ? o->dev_n : 1) * sizeof(float));
   if (!c->offload) return;
-  CHECK(o->m->master_on_host, "optimizer.offload=host on a model that holds its master weights: "
-        "model_layout.master_on_host must be set (cfg_model_layout sets it)");
   int64_t n_host_elem = o->shard_n - o->dev_n;
   o->host_master = host_state(o, n_host_elem, sizeof(float), "the fp32 master weights");
   o->host_m = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
   o->host_v = host_state(o, n_host_elem, sizeof(float), "the AdamW moments");
-  build_part_ranges(o);
-  o->dev_master = o->m->be->alloc(o->m->be, (size_t)(o->dev_n ? o->dev_n : 1) * sizeof(float));
   if (!c->offload_cpu) return;
   // A delayed update reads its gradients while the next step makes new ones: every bucket a slot.
   o->n_slots = o->n_host < OFFLOAD_SLOTS || c->offload_delay ? o->n_host : OFFLOAD_SLOTS;
@@ -289,7 +292,7 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
   model *m = o->m;
   k_backend *be = m->be;
   const opt_config *hp = &o->cfg;
-  if (!hp->offload) return;  // upd_ranges update everything (opt_step)
+  if (!m->master_in_optimizer) return;  // upd_ranges update everything (opt_step)
   for (int asc = asc_lo; asc < asc_hi; asc++) {
     const int b = o->n_buckets - 1 - asc;
     const opt_bucket *k = &o->buckets[b];
@@ -402,7 +405,7 @@ void opt_offload_params_to_host(opt_state *o, float *shard_host) {
   k_backend *be = o->m->be;
   be->to_host(be, shard_host, o->dev_master, (size_t)o->dev_n * sizeof(float));
   be->sync(be);  // the gpu engine's kernels have written the host share
-  memcpy(shard_host + o->dev_n, o->host_master, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
+  if (o->n_host) memcpy(shard_host + o->dev_n, o->host_master, (size_t)(o->shard_n - o->dev_n) * sizeof(float));
 }
 
 void opt_offload_set_master(opt_state *o, int64_t shard_off, const float *src_host, int64_t n_elem) {
