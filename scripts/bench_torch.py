@@ -10,7 +10,7 @@ torch._scaled_mm for the forward, data-gradient and weight-gradient GEMMs, fast 
 in the forward only; the LM head stays bf16), under torch.compile.
 
   python3 scripts/bench_torch.py --shape 124m --batch 16 --mode compile
-  python3 scripts/bench_torch.py --shape all            # every shape, eager and compile
+  python3 scripts/bench_torch.py --shape all            # every one-GPU shape, eager and compile
   python3 scripts/bench_torch.py --shape 7b-layers --mode compile_fp8
 
 Prints tokens/s, model TFLOP/s and MFU with the formula the trainer uses: flops per token =
@@ -29,7 +29,11 @@ SHAPES = {  # d, layers, heads, kv heads, ffn, vocab, seq, tied, default batch
     "124m": dict(d=768, L=12, H=12, Hkv=12, ffn=2048, V=32000, T=1024, tied=False, batch=16),
     "1b": dict(d=2048, L=16, H=32, Hkv=8, ffn=8192, V=128256, T=2048, tied=True, batch=4),
     "7b-layers": dict(d=4096, L=8, H=32, Hkv=32, ffn=11008, V=32000, T=4096, tied=False, batch=2),
+    "7b": dict(d=4096, L=32, H=32, Hkv=32, ffn=11008, V=32000, T=4096, tied=False, batch=2),
 }
+# --shape all: the shapes that fit one GPU. 7b does not (its fp32 weights, gradients and AdamW
+# moments alone take 108 GB): scripts/bench_fsdp.py shards it over several.
+ONE_GPU = ["124m", "1b", "7b-layers"]
 
 
 class RMSNorm(nn.Module):
@@ -119,6 +123,14 @@ class Block(nn.Module):
         return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
 
+def rope_tables(s, device=None):
+    """The rotary cos and sin tables, (T, head_dim / 2) in fp32."""
+    hd = s["d"] // s["H"]
+    inv = 10000.0 ** (-torch.arange(0, hd // 2, dtype=torch.float32, device=device) * 2 / hd)
+    ang = torch.arange(s["T"], dtype=torch.float32, device=device)[:, None] * inv[None, :]
+    return ang.cos(), ang.sin()
+
+
 class Model(nn.Module):
     def __init__(self, s):
         super().__init__()
@@ -128,11 +140,9 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(s["d"], s["V"], bias=False)
         if s["tied"]:
             self.lm_head.weight = self.embed.weight
-        hd = s["d"] // s["H"]
-        inv = 10000.0 ** (-torch.arange(0, hd // 2, dtype=torch.float32) * 2 / hd)
-        ang = torch.arange(s["T"], dtype=torch.float32)[:, None] * inv[None, :]
-        self.register_buffer("cos", ang.cos(), persistent=False)
-        self.register_buffer("sin", ang.sin(), persistent=False)
+        cos, sin = rope_tables(s)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, tokens, targets):
         x = self.embed(tokens)
@@ -140,6 +150,13 @@ class Model(nn.Module):
             x = b(x, self.cos, self.sin)
         logits = self.lm_head(self.final_norm(x))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def set_fp8(model, on):
+    """Run the blocks' linear layers in FP8 (compile_fp8) or not; the LM head stays bf16."""
+    for mod in model.modules():
+        if isinstance(mod, Linear):
+            mod.fp8 = on
 
 
 def flops_per_token(s):
@@ -157,9 +174,7 @@ def bench(name, s, batch, mode, steps, warmup, peak):
     model = Model(s).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     torch._dynamo.reset()  # each mode compiles afresh
-    for mod in model.modules():
-        if isinstance(mod, Linear):
-            mod.fp8 = mode == "compile_fp8"
+    set_fp8(model, mode == "compile_fp8")
     step_fn_model = torch.compile(model) if mode.startswith("compile") else model
     tokens = torch.randint(0, s["V"], (batch, s["T"] + 1), device=dev)
     inp, tgt = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -193,7 +208,8 @@ def bench(name, s, batch, mode, steps, warmup, peak):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="all", choices=["all"] + list(SHAPES))
+    ap.add_argument("--shape", default="all", choices=["all"] + list(SHAPES),
+                    help=f"all: {', '.join(ONE_GPU)} (default)")
     ap.add_argument("--batch", type=int, default=0, help="sequences per step (default: per shape)")
     ap.add_argument("--mode", default="both",
                     help="eager, compile, compile_fp8, a comma-separated list of them, or both (eager,compile)")
@@ -208,7 +224,7 @@ def main():
     bad = [m for m in modes if m not in ("eager", "compile", "compile_fp8")]
     if bad:
         ap.error(f"unknown --mode {','.join(bad)}: use eager, compile, compile_fp8 or both")
-    for name in SHAPES if a.shape == "all" else [a.shape]:
+    for name in ONE_GPU if a.shape == "all" else [a.shape]:
         for mode in modes:
             bench(name, SHAPES[name], a.batch or SHAPES[name]["batch"], mode, a.steps, a.warmup, a.peak_tflops)
 
