@@ -39,7 +39,7 @@ def mix(z):
 
 
 def perm(seed, epoch, n):
-    """The window order of an epoch (docs/data.md, pinned by tests/test_data.c)."""
+    """The window order of an epoch (docs/data.md, pinned by tests/unit/test_data.c)."""
     state = mix(seed ^ mix((epoch + 0x632BE59BD9B4E019) & M))
     p = list(range(n))
     for i in range(n - 1, 0, -1):

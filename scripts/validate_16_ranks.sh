@@ -4,7 +4,7 @@
 # (parallel.gpu_comm=mpi; NCCL needs a GPU per rank), STEPS steps (default 20), and the loss
 # curve against one rank of the same model must agree to TRAINER_PARITY_RTOL (default 2e-2: bf16
 # activations, another summation order). It checks the layout's arithmetic on GPUs, not speed;
-# the two-node launch itself is tested on CPU ranks (tests/test_two_nodes.sh). Needs trainer in
+# the two-node launch itself is tested on CPU ranks (tests/e2e/test_two_nodes.sh). Needs trainer in
 # BIN_DIR.
 #   scripts/validate_16_ranks.sh [BIN_DIR (default build)] [STEPS (default 20)] [OUT_DIR (default runs/validate16)]
 set -euo pipefail

@@ -22,7 +22,7 @@
 #   validate_8gpu.sh .gpu 50 summary
 # TRAINER_VALIDATE_CPU=1 runs the same layouts on 8 CPU ranks with a tiny model of the same
 # layout rules (6 steps by default): it checks this script and the layouts, not the figures
-# (tests/test_validate_8gpu.sh). TRAINER_VALIDATE_SHARED=1 runs that tiny model on the GPUs of
+# (tests/e2e/test_validate_8gpu.sh). TRAINER_VALIDATE_SHARED=1 runs that tiny model on the GPUs of
 # a host with fewer than 8, the 8 ranks sharing them over the staged MPI communicator
 # (parallel.gpu_comm=mpi): the CUDA backend under the 8-GPU layouts, again not the figures.
 # TRAINER_VALIDATE_OUT moves the logs, TRAINER_VALIDATE_DATA sets data.train for every run.

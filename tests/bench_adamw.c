@@ -1,6 +1,6 @@
 // Benchmark of the CPU AdamW (k_cpu_adamw_ranges) against the host's copy bandwidth: AdamW is
 // memory-bound, so a plain copy moving as many bytes is the ceiling it is measured against.
-// Prints numbers only; it is not a test. Built by tests/optim.cmake as bench_adamw; run e.g.
+// Prints numbers only; it is not a test. Built by tests/cmake/optim.cmake as bench_adamw; run e.g.
 //   build/bench_adamw -n 500000000 -t 16
 // scripts/bench_adamw.py runs it beside PyTorch's AdamW on the same parameter count and threads.
 //

@@ -1,7 +1,7 @@
 // Benchmark of the CPU kernels at the default run's shapes (d 256, ffn 768, 8 x 128 tokens per
 // micro-batch, 8 query / 4 kv heads of 32): GEMM GFLOP/s for every product a block makes, and
 // attention forward/backward times. Prints numbers only; it is not a test. Built by
-// tests/ops.cmake as bench_ops; run e.g. OMP_NUM_THREADS=2 build/bench_ops.
+// tests/cmake/ops.cmake as bench_ops; run e.g. OMP_NUM_THREADS=2 build/bench_ops.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
