@@ -2,7 +2,7 @@
 // memory-bound, so a plain copy moving as many bytes is the ceiling it is measured against.
 // Prints numbers only; it is not a test. Built by tests/cmake/optim.cmake as bench_adamw; run e.g.
 //   build/bench_adamw -n 500000000 -t 16
-// scripts/bench_adamw.py runs it beside PyTorch's AdamW on the same parameter count and threads.
+// scripts/bench/bench_adamw.py runs it beside PyTorch's AdamW on the same parameter count and threads.
 //
 // Bytes counted per parameter: AdamW reads g, p, m, v (16) and writes p, m, v (12): 28, plus the
 // compute copy it writes (bf16 2, fp32 4). The copy is a memcpy of 14 bytes per parameter from

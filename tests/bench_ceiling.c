@@ -5,7 +5,7 @@
 // prints their sum as a floor for the step time and the tokens/s and MFU that floor allows.
 // Norms, RoPE, SwiGLU, cross-entropy, the embedding and the optimizer are left out, so a real
 // step is slower. Prints numbers only; it is not a test. Built by tests/cmake/cuda.cmake when CUDA is
-// enabled; run `build/bench_ceiling 124m|1b|7b-layers`, or scripts/bench_ceiling.sh for all three.
+// enabled; run `build/bench_ceiling 124m|1b|7b-layers`, or scripts/bench/bench_ceiling.sh for all three.
 // `build/bench_ceiling SHAPE tp2` times instead the GEMMs that tensor parallelism over 2 GPUs
 // with SP splits by rows (model/block.c's gemm_gathered and proj_residual, so that the tp
 // collectives overlap them) with tp 2's shapes: whole, and as its two row halves back to back;

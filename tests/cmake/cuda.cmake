@@ -2,7 +2,7 @@
 # (test_backend_ops_cuda, tests/cmake/ops.cmake).
 if(TRAINER_HAVE_CUDA)
   # The GEMM + attention floor of a training step on one GPU (a benchmark, not a test:
-  # scripts/bench_ceiling.sh runs it).
+  # scripts/bench/bench_ceiling.sh runs it).
   add_executable(bench_ceiling tests/bench_ceiling.c)
   target_link_libraries(bench_ceiling PRIVATE trainer_app)
 endif()

@@ -23,7 +23,7 @@ if(TRAINER_HAVE_CUDA)
   endforeach()
 
   # FP8: three layouts against 1 GPU, both in FP8 (through TRAINER_TEST_ARGS, which the reference
-  # run gets too), on 2 GPUs over NCCL; 5e-2 as in scripts/test_gpu.sh.
+  # run gets too), on 2 GPUs over NCCL; 5e-2 as in scripts/validate/test_gpu.sh.
   set(PARITY_PREFIX gpu_)
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2"
       "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8")
@@ -51,7 +51,7 @@ if(TRAINER_HAVE_CUDA)
                          "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};${pg_env}")
   endforeach()
 
-  # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/test_gpu.sh.
+  # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/validate/test_gpu.sh.
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4")
   trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
   trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01

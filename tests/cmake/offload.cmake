@@ -16,7 +16,7 @@ endforeach()
 add_test(NAME offload_bad_input COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload_bad_input.sh)
 set_tests_properties(offload_bad_input PROPERTIES LABELS "e2e" ENVIRONMENT
                      "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
-# On GPUs (label gpu; scripts/test_gpu.sh runs the same): both engines against the on-GPU
+# On GPUs (label gpu; scripts/validate/test_gpu.sh runs the same): both engines against the on-GPU
 # optimizer within 2e-2 relative, resume with offload bitwise.
 if(TRAINER_HAVE_CUDA)
   foreach(t ONE DP2_DISTOPT)

@@ -128,7 +128,7 @@ resumed_bitwise() {
 }
 
 # numpy_python: prints a python3 that has numpy and h5py (Debian's python3-numpy and python3-h5py,
-# which scripts/setup.sh installs): the one on PATH, else the system's.
+# which scripts/setup/setup.sh installs): the one on PATH, else the system's.
 numpy_python() {
   for p in python3 /usr/bin/python3; do
     if "$p" -c 'import numpy, h5py' > /dev/null 2>&1; then echo "$p"; return 0; fi

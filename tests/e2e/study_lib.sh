@@ -1,10 +1,10 @@
-# Shared by the tests of scripts/study.py (tests/cmake/study.cmake), after lib.sh: the Python that
+# Shared by the tests of scripts/study/study.py (tests/cmake/study.cmake), after lib.sh: the Python that
 # runs it (TRAINER_PYTHON, chosen by study.cmake: one with PyYAML and matplotlib), a runner that
 # records the exit status, and checks of its output.
 PY=${TRAINER_PYTHON:-python3}
-STUDY="$SRC/scripts/study.py"
+STUDY="$SRC/scripts/study/study.py"
 
-# study NAME ARGS...: scripts/study.py ARGS with the test corpus and the trainer of this build;
+# study NAME ARGS...: scripts/study/study.py ARGS with the test corpus and the trainer of this build;
 # output in $WORK/NAME.txt, exit status in $RC.
 study() {
   local name=$1
@@ -16,7 +16,7 @@ study() {
   set -e
 }
 
-# collect NAME ARGS...: scripts/study.py --collect ARGS (no runs); output and $RC as study.
+# collect NAME ARGS...: scripts/study/study.py --collect ARGS (no runs); output and $RC as study.
 collect() {
   local name=$1
   shift

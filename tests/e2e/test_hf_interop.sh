@@ -48,8 +48,8 @@ done
 $CHECK equals "$WORK/imp_one/ckpt/ckpt_00000000.h5" "$CK" fp32 && pass "fresh optimizer state" \
   || fail "optimizer state after init_from"
 # The step-1 loss of the run started from the export equals Llama's forward written out in numpy
-# (scripts/hf_check.py --engine numpy) on the batch rebuilt from docs/data.md's sample order.
-$PY "$SRC/scripts/hf_check.py" "$WORK/hf32" --engine numpy --global-batch 8 --data "$WORK/data/train_*.bin" \
+# (scripts/tools/hf_check.py --engine numpy) on the batch rebuilt from docs/data.md's sample order.
+$PY "$SRC/scripts/tools/hf_check.py" "$WORK/hf32" --engine numpy --global-batch 8 --data "$WORK/data/train_*.bin" \
   --metrics "$WORK/imp_one/metrics.jsonl" --rtol 1e-5 && pass "step-1 loss equals an independent forward" \
   || fail "step-1 loss differs from the numpy forward"
 

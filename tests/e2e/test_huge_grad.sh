@@ -6,7 +6,7 @@
 # ordinary clipped one.
 . "$(dirname "$0")/lib.sh"
 make_corpus
-PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup.sh)"; exit 1; }
+PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup/setup.sh)"; exit 1; }
 export TRAINER_TEST_HUGE_GRAD_AT_STEP=3
 
 # finite NAME: every floating-point dataset of every checkpoint of the run is finite.

@@ -6,7 +6,7 @@
 # non-finite FP8 amax (the TRAINER_TEST_FP8_INF_AT_STEP hook), naming the tensor.
 . "$(dirname "$0")/lib.sh"
 make_corpus
-PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup.sh)"; exit 1; }
+PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup/setup.sh)"; exit 1; }
 
 # all_finite NAME: every floating-point dataset of every checkpoint of the run is finite.
 all_finite() {

@@ -5,7 +5,7 @@
 # so the half is several buckets on each side), and checks that every loss and every final
 # parameter and moment agree with the run without offload to TRAINER_OFFLOAD_RTOL (default 0:
 # on CPU ranks both engines run the reference AdamW on the same values, so the runs are bitwise
-# equal; on GPUs, scripts/test_gpu.sh, the cpu engine's host arithmetic may round differently
+# equal; on GPUs, scripts/validate/test_gpu.sh, the cpu engine's host arithmetic may round differently
 # from the GPU kernel's, and the script states its tolerance). Then bitwise resume with
 # offload, and a resume that switches offload off (and on) at the checkpoint; the cpu engine's
 # update finished layer by layer in the next forward (offload_layer_wait) against the whole

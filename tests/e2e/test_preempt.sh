@@ -1,7 +1,7 @@
 #!/bin/sh
 # Preemption through mpirun: a 2-rank run whose checkpoint writes take 4 s longer
 # (TRAINER_TEST_CKPT_DELAY_S, as a slow file system would) gets SIGTERM once it logs step 3.
-# - Started by scripts/launch_mpirun.sh, the signal sent to the launcher must end the job with
+# - Started by scripts/launch/launch_mpirun.sh, the signal sent to the launcher must end the job with
 #   exit 143 and a complete checkpoint of the step it names, from which checkpoint.resume=auto
 #   continues.
 # - Started by mpirun itself, the same signal sent to mpirun loses that checkpoint (Open MPI kills
@@ -28,7 +28,7 @@ preempt() {
   wait $pid || status=$?
 }
 
-preempt wrapped "$SRC/scripts/launch_mpirun.sh"
+preempt wrapped "$SRC/scripts/launch/launch_mpirun.sh"
 [ "$status" = 143 ] && pass "launch_mpirun.sh: exit 143" || { fail "launch_mpirun.sh: exit $status, expected 143"; tail -n 15 "$WORK/wrapped/log"; }
 at=$(sed -n 's/^signal 15: stopping after step \([0-9]*\)$/\1/p' "$WORK/wrapped/log")
 ckpt=$WORK/wrapped/ckpt/$(printf 'ckpt_%08d.h5' "${at:-0}")

@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/study.py on broken studies: each case ends with a named error (exit 2) or a failed
+# scripts/study/study.py on broken studies: each case ends with a named error (exit 2) or a failed
 # study that names the variant (exit 1), never a Python traceback: an unknown key, a missing
 # config, malformed YAML, a missing study file, an unknown --only name, a folder that holds no
 # study; a variant that crashes (its exit status and its log's last lines in the report) while

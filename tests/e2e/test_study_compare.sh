@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/study.py, compares on CPU ranks: dp2 against tp2 (configs/studies/cpu_dp2_vs_tp2.yaml,
+# scripts/study/study.py, compares on CPU ranks: dp2 against tp2 (configs/studies/cpu_dp2_vs_tp2.yaml,
 # the same model and data) passes with loss curves within 1e-5; the same with the candidate's lr
 # ten times higher fails on its loss curve. The speed verdict of `expect: faster` on metrics with
 # known speeds (the first run's, rewritten): a candidate as fast as the baseline fails, one twice

@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/study.py, a weak-scaling study on CPU ranks (configs/studies/cpu_weak_tiny.yaml: the
+# scripts/study/study.py, a weak-scaling study on CPU ranks (configs/studies/cpu_weak_tiny.yaml: the
 # tiny model on 1, 2 and 4 ranks): it passes, the report names every point with its efficiency,
 # report.json holds the figures, the four plots are PNGs of 800 x 450 pixels; with two repeats
 # the intervals are over repeats; expectations recorded with --update-expectations pass --check,

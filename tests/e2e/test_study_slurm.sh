@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/study.py's slurm launcher: it writes an sbatch script per run and a driver; the driver,
+# scripts/study/study.py's slurm launcher: it writes an sbatch script per run and a driver; the driver,
 # run here with stand-ins for sbatch and srun (the job at once, mpirun for srun), leaves the
 # metrics files that --collect turns into the report. Before the jobs run, --collect fails and
 # names the runs it lacks.

@@ -18,7 +18,7 @@
 # segments after the same host and collide: ranks talk TCP over the loopback interface. Open MPI
 # sees 8 slots per node and does not know that 16 ranks share 2 cores: mpi_yield_when_idle.
 #
-# TRAINER_TEST_ARGS and TRAINER_PARITY_RTOL apply; on GPU hosts scripts/validate_16_ranks.sh
+# TRAINER_TEST_ARGS and TRAINER_PARITY_RTOL apply; on GPU hosts scripts/validate/validate_16_ranks.sh
 # checks the same layout's arithmetic on one node.
 . "$(dirname "$0")/lib.sh"
 make_corpus

@@ -1,7 +1,7 @@
 // Prints the pipeline schedule of every rank, one line each, as pp_schedule_build makes it:
 // F/B for the forward/backward of micro-batch m in local chunk c ("F3.1"), sA/rA/sG/rG for the
 // sends and receives of activations and gradients, and [ ... ] around each group of transfers.
-// scripts/pp_bubble_model.py reads it.
+// scripts/bench/pp_bubble_model.py reads it.
 //   pp_schedule_dump PP VPP N_MICRO
 #include <stdio.h>
 #include <stdlib.h>

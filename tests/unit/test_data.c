@@ -231,7 +231,7 @@ static void test_errors(void) {
   int32_t *src = seq_tokens(100, 0);
 
   path_in(path, sizeof path, "nope.bin");
-  EXPECT(open_fails_with(path, 8, "no data shard matches", "scripts/get_corpus.sh"), "missing file");
+  EXPECT(open_fails_with(path, 8, "no data shard matches", "scripts/setup/get_corpus.sh"), "missing file");
   snprintf(pattern, sizeof pattern, "%s/*.nothing", tmpdir);
   EXPECT(open_fails_with(pattern, 8, "no data shard matches", "*.nothing"), "glob without match");
 

@@ -5,13 +5,13 @@
 # then, for 7b-layers, what splitting tp 2's GEMMs into row halves (SP overlap) costs.
 # With `fp8`, instead: for each shape the layer's four projections in all three roles as bf16
 # GEMMs and as FP8 GEMMs (gemm_fp8), the FP8 casts, and the layer's totals both ways.
-#   scripts/bench_ceiling.sh [BIN_DIR (default build)] [fp8]
+#   scripts/bench/bench_ceiling.sh [BIN_DIR (default build)] [fp8]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}
 mode=${2:-}
 if [ -n "$mode" ] && [ "$mode" != fp8 ]; then
-  echo "usage: scripts/bench_ceiling.sh [BIN_DIR] [fp8]" >&2
+  echo "usage: scripts/bench/bench_ceiling.sh [BIN_DIR] [fp8]" >&2
   exit 2
 fi
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)

@@ -1,11 +1,11 @@
 #!/bin/sh
 # Builds the small corpus of the default runs: the King James Bible (public domain), taken
 # from Debian's bible-kjv packages, as byte-level token shards in data/corpus/ (gitignored).
-#   scripts/get_corpus.sh [BUILD_DIR]     (default build; needs BUILD_DIR/prepare)
+#   scripts/setup/get_corpus.sh [BUILD_DIR]     (default build; needs BUILD_DIR/prepare)
 # Skips the work when data/corpus/train_000.bin and val_000.bin exist (delete data/corpus to
 # redo).
 set -eu
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
 corpus=$root/data/corpus

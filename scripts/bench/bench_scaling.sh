@@ -1,6 +1,6 @@
 #!/bin/bash
 # Scaling figures on 2 GPUs, each layout against 1 GPU in the same call, as two studies
-# (scripts/study.py):
+# (scripts/study/study.py):
 #  - configs/studies/scaling_2gpu_1b.yaml: DP2 on the 1b shape (same micro-batch per GPU; plain,
 #    and with the distributed optimizer at two bucket sizes, with fewer CTAs for the reductions
 #    that overlap backward, and with the reduction in bf16), 30 steps each;
@@ -12,11 +12,11 @@
 # Each prints tokens/s per GPU, efficiency against 1 GPU, MFU, peak memory, the step split and
 # the pipeline bubble (measured: mean over ranks and on the busiest stage; and theoretical), and
 # writes its report (report.md, report.json, plots) under runs/scaling/1b and runs/scaling/7b_layers.
-#   scripts/bench_scaling.sh [BIN_DIR (default build)] [STEPS (default 8)]
+#   scripts/bench/bench_scaling.sh [BIN_DIR (default build)] [STEPS (default 8)]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}; steps=${2:-8}
-study=(python3 scripts/study.py --trainer "$bin/trainer")
+study=(python3 scripts/study/study.py --trainer "$bin/trainer")
 rc=0
 "${study[@]}" configs/studies/scaling_2gpu_1b.yaml --out runs/scaling/1b < /dev/null || rc=1
 "${study[@]}" configs/studies/scaling_2gpu_7b_layers.yaml --out runs/scaling/7b_layers --steps "$steps" \

@@ -13,9 +13,9 @@ them. Three ways to run the transfers (--semantics):
 Prints the schedule's length and each rank's idle share of it: (length - own compute) / length,
 as the run report measures it.
 
-  scripts/pp_bubble_model.py [--bin build] [--pp 2] [--vpp 2] [--micro 8] [--layers 2,2,2,2]
+  scripts/bench/pp_bubble_model.py [--bin build] [--pp 2] [--vpp 2] [--micro 8] [--layers 2,2,2,2]
       [--layer-ms 17.1] [--head-ms 14.8] [--fwd-share 0.333] [--xfer 0.9 ...] [--semantics groups]
-  scripts/pp_bubble_model.py --bin build --check-theory
+  scripts/bench/pp_bubble_model.py --bin build --check-theory
 
 --check-theory (a ctest): with equal stages, no head and free transfers every rank of several
 shapes must be idle exactly (p-1)/(v*m+p-1) of the schedule, as the schedules are built to be,

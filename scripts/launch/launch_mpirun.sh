@@ -1,7 +1,7 @@
 #!/bin/sh
 # mpirun for a trainer job that a scheduler may stop with SIGTERM (preemption, a time limit):
 #
-#   scripts/launch_mpirun.sh [mpirun options] build/trainer CONFIG.yaml [overrides]
+#   scripts/launch/launch_mpirun.sh [mpirun options] build/trainer CONFIG.yaml [overrides]
 #
 # Open MPI's mpirun, given SIGTERM or SIGINT, ends the job itself: it sends the ranks SIGCONT,
 # waits odls_base_sigkill_timeout (1 s), sends SIGTERM, waits as long again, sends SIGKILL and

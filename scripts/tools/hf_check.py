@@ -3,7 +3,7 @@
 LlamaForCausalLM.from_pretrained (no missing, unexpected or mismatched tensors allowed),
 computes the loss of the trainer's first batch, and compares it with the trainer's step-1 loss.
 
-    python3 scripts/hf_check.py EXPORT_DIR --global-batch 8 [--metrics FILE | --trainer-loss X]
+    python3 scripts/tools/hf_check.py EXPORT_DIR --global-batch 8 [--metrics FILE | --trainer-loss X]
             [--data 'data/corpus/train_*.bin'] [--seed 1234] [--device cuda] [--dtype float32]
             [--rtol 1e-4] [--engine transformers|numpy]
 

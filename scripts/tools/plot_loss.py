@@ -3,7 +3,7 @@
 validation loss where a run evaluated (markers), one colour per run, read from the metrics JSONL
 files the runs wrote (docs/metrics.md). Prints each run's final validation loss and its
 difference to the first run's.
-  scripts/plot_loss.py OUT.png LABEL=METRICS.jsonl [LABEL=METRICS.jsonl ...] [--title TEXT]
+  scripts/tools/plot_loss.py OUT.png LABEL=METRICS.jsonl [LABEL=METRICS.jsonl ...] [--title TEXT]
 Needs matplotlib."""
 import argparse
 import json

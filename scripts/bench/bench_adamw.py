@@ -2,8 +2,8 @@
 """The trainer's CPU AdamW (build/bench_adamw) against PyTorch's on the same host cores and
 parameter count.
 
-  python3 scripts/bench_adamw.py --params 500e6 --threads 16 --bench build/bench_adamw
-  python3 scripts/bench_adamw.py --bench .gpu/bench_adamw --lib-path .gpu/lib   # a GPU build
+  python3 scripts/bench/bench_adamw.py --params 500e6 --threads 16 --bench build/bench_adamw
+  python3 scripts/bench/bench_adamw.py --bench .gpu/bench_adamw --lib-path .gpu/lib   # a GPU build
 
 PyTorch: torch.optim.AdamW over fp32 tensors of --tensor-elems elements (the last shorter),
 foreach=True and fused=True (the latter where this PyTorch has a CPU fused AdamW), each timed

@@ -26,7 +26,7 @@ def trainer_path(study, root):
     full = path if os.path.isabs(path) else os.path.join(root, path)
     if not (os.path.isfile(full) and os.access(full, os.X_OK)):
         raise StudyError(f"trainer binary '{path}' not found or not executable (build it with "
-                         f"bash scripts/setup.sh build, or pass --trainer PATH)")
+                         f"bash scripts/setup/setup.sh build, or pass --trainer PATH)")
     return os.path.abspath(full)
 
 
@@ -199,7 +199,7 @@ def _sbatch_script(study, v, pv, repeat, trainer, root, out, study_py):
     head += [f"--partition={la.partition}"] * bool(la.partition) + [f"--account={la.account}"] * bool(la.account)
     cmd = ["srun"] + la.srun_args + trainer_args(study, v, trainer, os.path.join(out, f"{s}.jsonl"))
     p = lambda ext: shlex.quote(os.path.join(out, f"{s}.{ext}"))  # noqa: E731
-    lines = ["#!/bin/bash", f"# Study {study.name}, variant {v.name}, repeat {repeat} (written by scripts/study.py)."]
+    lines = ["#!/bin/bash", f"# Study {study.name}, variant {v.name}, repeat {repeat} (written by scripts/study/study.py)."]
     lines += [f"#SBATCH {a}" for a in head + la.sbatch_args]
     lines += [f"cd {shlex.quote(root)}"] + [f"export {k}={shlex.quote(val)}" for k, val in sorted(la.env.items())]
     lines += [f"rm -f {p('status')}",
@@ -227,7 +227,7 @@ def write_slurm(study, runs, plan, trainer, root, out, study_py):
         f.write(f"""#!/bin/bash
 # Submits study {study.name}'s {len(scripts)} jobs; once they have finished,
 #   python3 {study_py} --collect {out}
-# writes the report. Written by scripts/study.py.
+# writes the report. Written by scripts/study/study.py.
 set -euo pipefail
 cd "$(dirname "$0")"
 serial={int(study.launcher.serial)}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summary of a timeline written by cupti_timeline.c (scripts/profile_timeline.sh): where a
+"""Summary of a timeline written by cupti_timeline.c (scripts/profile/profile_timeline.sh): where a
 training step's wall time goes on the GPU, as it ran.
 
 Steps are delimited by the end of a kernel that runs once per step (--marker, a substring of
@@ -8,7 +8,7 @@ once per piece of the distributed optimizer's update). Per step: the GPU's busy 
 copies and memsets over every stream), its idle time, and the idle gaps longer than --gap-us,
 each named by the work before and after it and by the host's CUDA calls running during it
 (a host-side wait, or a slow launch, shows there). Then the kernels' time per step as they ran,
-to set beside Nsight Compute's isolated replays (scripts/profile_kernels.sh).
+to set beside Nsight Compute's isolated replays (scripts/profile/profile_kernels.sh).
   summary.py TIMELINE.csv [--marker sumsq_ranges_total] [--skip 1] [--gap-us 10] [--top 15]
 """
 import argparse

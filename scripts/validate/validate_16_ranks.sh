@@ -6,9 +6,9 @@
 # activations, another summation order). It checks the layout's arithmetic on GPUs, not speed;
 # the two-node launch itself is tested on CPU ranks (tests/e2e/test_two_nodes.sh). Needs trainer in
 # BIN_DIR.
-#   scripts/validate_16_ranks.sh [BIN_DIR (default build)] [STEPS (default 20)] [OUT_DIR (default runs/validate16)]
+#   scripts/validate/validate_16_ranks.sh [BIN_DIR (default build)] [STEPS (default 20)] [OUT_DIR (default runs/validate16)]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$(cd "${1:-build}" && pwd)
 steps=${2:-20}
 out=${3:-runs/validate16}

@@ -1,4 +1,4 @@
-// A GPU timeline of any CUDA program, for scripts/profile_timeline.sh: loaded through
+// A GPU timeline of any CUDA program, for scripts/profile/profile_timeline.sh: loaded through
 // CUDA_INJECTION64_PATH, it records with CUPTI's activity API every kernel, copy and memset as
 // it ran (start and end on the GPU clock, stream, name) and every CUDA runtime call of the
 // host (start and end on the same clock, name), and at exit writes them as CSV to

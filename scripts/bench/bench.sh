@@ -2,13 +2,13 @@
 # Throughput benchmark on one GPU: the trainer on the 124m, 1b and 7b-layers shapes in each
 # precision asked for, then the PyTorch baseline of the same model (eager, torch.compile, and
 # torch.compile with FP8 linears) in the same run, on the same GPU.
-#   scripts/bench.sh [BIN_DIR (default build)] [STEPS (default 12)] [extra trainer overrides]
+#   scripts/bench/bench.sh [BIN_DIR (default build)] [STEPS (default 12)] [extra trainer overrides]
 # BENCH_PRECISION="bf16 fp8" picks the trainer's train.precision values (default bf16);
 # BENCH_TORCH the PyTorch modes: none, both (eager and compile, the default), or a comma list of
 # eager, compile, compile_fp8; BENCH_SHAPES="124m 1b 7b_layers" the shapes.
 # Trainer figures are the mean over the steps after the first two (warm-up excluded).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}; steps=${2:-12}; shift $(( $# > 2 ? 2 : $# ))
 mkdir -p runs/bench
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
@@ -34,5 +34,5 @@ done
 mode=${BENCH_TORCH:-both}
 shapes=$(echo "${BENCH_SHAPES:-124m 1b 7b_layers}" | tr _ -)
 if [ "$mode" != none ]; then
-  for s in $shapes; do python3 scripts/bench_torch.py --shape "$s" --mode "$mode" --steps 10 --warmup 3; done
+  for s in $shapes; do python3 scripts/bench/bench_torch.py --shape "$s" --mode "$mode" --steps 10 --warmup 3; done
 fi

@@ -143,7 +143,7 @@ def markdown(rep, plots):
     what = f"{s['scaling']} scaling" if s["kind"] == "scaling" else f"compare against {s['baseline']}"
     out = [f"# {title}", "", f"**{rep['verdict']}**" + (": " + "; ".join(rep["failures"]) if rep["failures"] else ""),
            "", f"- Machine: {rep['machine_line']}",
-           f"- Commit: {rep['commit']} (the checkout scripts/study.py ran from)",
+           f"- Commit: {rep['commit']} (the checkout scripts/study/study.py ran from)",
            f"- Date: {rep['date']}", f"- Command: `{rep['command']}`",
            f"- Study: `{s['file']}`, {what}, base config `{s['config']}`, {s['steps']} steps, {s['warmup']} warm-up, "
            f"{s['repeats']} repeat{'s' if s['repeats'] > 1 else ''}" +

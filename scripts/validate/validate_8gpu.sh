@@ -1,5 +1,5 @@
 #!/bin/bash
-# The 8-GPU validation in one call on an 8-GPU host, as two studies (scripts/study.py) and
+# The 8-GPU validation in one call on an 8-GPU host, as two studies (scripts/study/study.py) and
 # commbench:
 #  1. the five 8-GPU layouts of the 7B model (configs/studies/7b_layouts_8gpu.yaml: configs/7b_tp2_dp4,
 #     7b_tp2_pp2_dp2, 7b_tp4_dp2, 7b_dp8_distopt, 7b_pp4_vpp2), STEPS steps each on the same data
@@ -13,7 +13,7 @@
 # weak-scaling study's under runs/validate8/weak; the summary ends with the targets (7B MFU >= 55%
 # on the best layout, DP weak scaling at 8 GPUs >= 95%). Exits non-zero when a run fails, a
 # curve disagrees or a loss does not fall.
-#   scripts/validate_8gpu.sh [BIN_DIR (default build)] [STEPS (default 50)] [PART ...]
+#   scripts/validate/validate_8gpu.sh [BIN_DIR (default build)] [STEPS (default 50)] [PART ...]
 # PARTs (default: all) run a share of it where one command may not take the whole (about 10
 # minutes on 8 H200s): layout names, `commbench`, `weak`; the summary then covers every run
 # found under the log folder, and `summary` alone runs nothing and needs them all, e.g.
@@ -27,7 +27,7 @@
 # (parallel.gpu_comm=mpi): the CUDA backend under the 8-GPU layouts, again not the figures.
 # TRAINER_VALIDATE_OUT moves the logs, TRAINER_VALIDATE_DATA sets data.train for every run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}
 layouts="7b_tp2_dp4 7b_tp2_pp2_dp2 7b_tp4_dp2 7b_dp8_distopt 7b_pp4_vpp2"
 parts=" ${*:3} "; [ "$parts" = "  " ] && parts=" $layouts commbench weak "
@@ -41,7 +41,7 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 # --bind-to none: Open MPI would otherwise bind small jobs' ranks to one core each (README)
 mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
-study=(python3 scripts/study.py --trainer "$bin/trainer")
+study=(python3 scripts/study/study.py --trainer "$bin/trainer")
 small=()
 [ -n "${TRAINER_VALIDATE_DATA:-}" ] && small=("data.train=$TRAINER_VALIDATE_DATA")
 tiny=0
@@ -77,7 +77,7 @@ if want weak; then
 fi
 if want summary; then  # every run must be there: the studies' reports from all of them
   for d in "$out" "$out/weak"; do
-    python3 scripts/study.py --collect "$d" > "$d/collect.txt" 2>&1 ||
+    python3 scripts/study/study.py --collect "$d" > "$d/collect.txt" 2>&1 ||
       { grep -E "^study|FAIL|error" "$d/collect.txt"; failed=1; }
   done
 fi

@@ -11,9 +11,9 @@
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
 # instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
-#   scripts/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
+#   scripts/validate/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)

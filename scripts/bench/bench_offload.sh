@@ -7,11 +7,11 @@
 # step split (compute; exposed optimizer time, which with offload holds the exposed copies and
 # host update, and with the layer wait the host's time in the update inside forward:
 # parallel/comm/timing.h) and peak device memory, as means over the steps after the first two.
-#   scripts/bench_offload.sh [BIN_DIR (default build)] [STEPS (default 10)] [extra trainer overrides]
+#   scripts/bench/bench_offload.sh [BIN_DIR (default build)] [STEPS (default 10)] [extra trainer overrides]
 # OMP_NUM_THREADS sets the cores of the cpu engine's AdamW (default: all of the host's);
 # BENCH_OFFLOAD_SHAPES="1b 7b" the shapes (default both).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}; steps=${2:-10}; shift $(( $# > 2 ? 2 : $# ))
 mkdir -p runs/bench_offload
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true

@@ -9,9 +9,9 @@ runs the block's linear layers in FP8 the way torchao's float8 "tensorwise" reci
 torch._scaled_mm for the forward, data-gradient and weight-gradient GEMMs, fast accumulation
 in the forward only; the LM head stays bf16), under torch.compile.
 
-  python3 scripts/bench_torch.py --shape 124m --batch 16 --mode compile
-  python3 scripts/bench_torch.py --shape all            # every shape, eager and compile
-  python3 scripts/bench_torch.py --shape 7b-layers --mode compile_fp8
+  python3 scripts/bench/bench_torch.py --shape 124m --batch 16 --mode compile
+  python3 scripts/bench/bench_torch.py --shape all            # every shape, eager and compile
+  python3 scripts/bench/bench_torch.py --shape 7b-layers --mode compile_fp8
 
 Prints tokens/s, model TFLOP/s and MFU with the formula the trainer uses: flops per token =
 6 N + 12 L d T, N the parameters without the embedding table; peak 989.4 TFLOP/s (H100/H200

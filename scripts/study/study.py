@@ -32,7 +32,7 @@ import sys
 from studylib import launch, machine, plots, report, runs, spec, verdict
 from studylib.spec import StudyError
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def parse_args(argv):

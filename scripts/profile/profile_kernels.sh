@@ -4,10 +4,10 @@
 # at a time, caches and clocks left alone), then prints the kernels summed by name per step,
 # largest first, with their share of the step's kernel time. Serialised kernels hide nothing
 # behind each other, so the sum is an upper bound of the step's GPU time; use it to see which
-# kernels matter, and scripts/bench.sh for throughput.
-#   scripts/profile_kernels.sh [BIN_DIR (default build)] [CONFIG (default configs/124m.yaml)] [STEPS (default 2)] [overrides]
+# kernels matter, and scripts/bench/bench.sh for throughput.
+#   scripts/profile/profile_kernels.sh [BIN_DIR (default build)] [CONFIG (default configs/124m.yaml)] [STEPS (default 2)] [overrides]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build}; config=${2:-configs/124m.yaml}; steps=${3:-2}; shift $(( $# > 3 ? 3 : $# ))
 out=runs/profile; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
