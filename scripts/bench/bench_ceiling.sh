@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GEMM + attention floor of a training step on one GPU for the 124m, 1b and 7b-layers shapes:
 # each GEMM and attention call of one layer and of the head timed through the CUDA backend, the
-# sum as a step-time floor, and the tokens/s and MFU ceilings it gives (tests/bench_ceiling.c);
+# sum as a step-time floor, and the tokens/s and MFU ceilings it gives (scripts/bench/bench_ceiling.c);
 # then, for 7b-layers, what splitting tp 2's GEMMs into row halves (SP overlap) costs.
 # With `fp8`, instead: for each shape the layer's four projections in all three roles as bf16
 # GEMMs and as FP8 GEMMs (gemm_fp8), the FP8 casts, and the layer's totals both ways.

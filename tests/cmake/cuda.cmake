@@ -3,6 +3,6 @@
 if(TRAINER_HAVE_CUDA)
   # The GEMM + attention floor of a training step on one GPU (a benchmark, not a test:
   # scripts/bench/bench_ceiling.sh runs it).
-  add_executable(bench_ceiling tests/bench_ceiling.c)
+  add_executable(bench_ceiling scripts/bench/bench_ceiling.c)
   target_link_libraries(bench_ceiling PRIVATE trainer_app)
 endif()

@@ -1,7 +1,7 @@
 # CPU reference kernels: unit test (forward vs naive double loops, backward vs finite
 # differences, determinism across thread counts) and the kernel benchmark (not a test).
 trainer_add_test(test_ops tests/unit/test_ops.c)
-add_executable(bench_ops tests/bench_ops.c)
+add_executable(bench_ops scripts/bench/bench_ops.c)
 target_link_libraries(bench_ops PRIVATE trainer_kernels)
 # The op suite: every op of the backend table (kernels/backend.h) against the CPU reference, one
 # table of cases run on every backend present, with a coverage report that fails on an op
