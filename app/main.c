@@ -132,7 +132,7 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   if (f.device >= 0) snprintf(device, sizeof device, "cuda:%d", f.device);
   launch_report(&f.place, env, &f.g, device, a->print_layout, stdout);
   if (rank == 0) print_resolved(&c, a->path);
-  // Test-only fault injection (tests/test_resume.sh), read once here.
+  // Test-only fault injection (tests/e2e/test_resume.sh), read once here.
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *fail_env = getenv("TRAINER_TEST_FAIL_IN_CKPT"),
              *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"), *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");
   const char *delay_env = getenv("TRAINER_TEST_CKPT_DELAY_S"), *huge_env = getenv("TRAINER_TEST_HUGE_GRAD_AT_STEP");

@@ -296,7 +296,7 @@ int data_open(data_loader *d, const char *pattern, int seq_len, uint64_t seed, c
   int rc = glob(pattern, 0, NULL, &g);
   if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
     if (rc == 0) globfree(&g);
-    snprintf(err, n_err, "no data shard matches '%s': run scripts/get_corpus.sh (or "
+    snprintf(err, n_err, "no data shard matches '%s': run scripts/setup/get_corpus.sh (or "
              "build/prepare) first, or set data.train", pattern);
     return -1;
   }

@@ -7,8 +7,8 @@
 # turned checkpoints off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh build
-scripts/get_corpus.sh build
+scripts/setup/setup.sh build
+scripts/setup/get_corpus.sh build
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 build/trainer configs/default.yaml "$@"
 

@@ -3,6 +3,6 @@
 # Usage: scripts/test.sh [extra ctest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh build
+scripts/setup/setup.sh build
 cd build
 ctest --output-on-failure -LE gpu -j "$(nproc)" "$@"

@@ -12,7 +12,7 @@
 
 #define CRC_POLY 0x82F63B78u  // Castagnoli, bit-reflected
 // Lanes of the three-stream loop: 4 KiB for long runs, 512 B for the rest, and x^(8 * lane)
-// modulo the polynomial for each, which joins the streams (tests/test_ckpt_crc.c checks the fast
+// modulo the polynomial for each, which joins the streams (tests/unit/test_ckpt_crc.c checks the fast
 // path against the byte table across both).
 #define CRC_LANE 4096
 #define CRC_LANE_OP 0x35d73a62u

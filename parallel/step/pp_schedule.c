@@ -1,7 +1,7 @@
 // Pipeline schedules as data: the order of forwards and backwards of one pipeline rank (1F1B,
 // or interleaved 1F1B over vpp model chunks) with the sends and receives that feed them, placed
 // so that the executor can run every run of consecutive send/recv steps as one group without
-// deadlock (see pp_schedule_build). tests/test_pp_schedule.c simulates every rank under those
+// deadlock (see pp_schedule_build). tests/unit/test_pp_schedule.c simulates every rank under those
 // group semantics for all small shapes and checks that nothing deadlocks.
 #include "parallel/step/pp_schedule.h"
 

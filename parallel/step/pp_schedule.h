@@ -4,7 +4,7 @@
 // [s * L / (pp*vpp), (s+1) * L / (pp*vpp)); stage s sends activations to stage s + 1.
 // Consecutive send/recv steps form one group: the executor posts them all, then completes
 // them together (comm group_start/group_end), which is what makes crossed pairs safe.
-// The executor contract, precisely (tests/test_pp_schedule.c simulates it for every rank):
+// The executor contract, precisely (tests/unit/test_pp_schedule.c simulates it for every rank):
 // - a group is a maximal run of consecutive send/recv steps; post every step of it, in the
 //   listed order, between one group_start and one group_end, and nothing else in that group;
 //   run compute steps one by one (FWD and BWD may follow each other with no group between);

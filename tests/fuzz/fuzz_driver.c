@@ -3,7 +3,7 @@
 // LLVMFuzzerTestOneInput and a dictionary; this driver feeds it the seed corpus, then mutated
 // copies (bit flips, interesting bytes and integers, insertions, deletions, splices, dictionary
 // words) from a fixed seed, for a bounded number of inputs and seconds. The targets are built
-// with AddressSanitizer and UBSan (tests/fuzz.cmake): a crash, a sanitizer report or a leak
+// with AddressSanitizer and UBSan (tests/cmake/fuzz.cmake): a crash, a sanitizer report or a leak
 // ends the run non-zero, and an input that runs longer than --timeout-ms is a hang. The input
 // at fault is written to --crash-dir so `fuzz_X FILE` replays it.
 //

@@ -3,7 +3,7 @@
 // what it reads to the host, runs the MPI communicator (parallel/comm/comm.c) there and copies the
 // results back, so it is slow; but it needs no NCCL and lets several ranks share one GPU, which
 // NCCL refuses: the layouts of the parallel layer can then be tested against one GPU on a
-// machine with one GPU (scripts/test_gpu.sh does when it sees one).
+// machine with one GPU (scripts/validate/test_gpu.sh does when it sees one).
 // Semantics are comm.h's, as strict as the MPI communicator's: a started collective reads its
 // operands at the start and writes its results at the wait, a receive lands in its buffer when
 // its ticket is waited for, never earlier.

@@ -1,3 +1,0 @@
-# Tests of the data module: the shard reader/writer, and the prepare tool end to end.
-trainer_add_test(test_data tests/test_data.c)
-add_test(NAME test_prepare COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_prepare.sh $<TARGET_FILE:prepare>)

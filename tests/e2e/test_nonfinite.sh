@@ -1,0 +1,94 @@
+#!/bin/sh
+# A non-finite gradient never reaches the weights or a checkpoint: the gradient of one step is
+# made NaN (the TRAINER_TEST_NAN_AT_STEP hook); the run stops at that step with one line, and
+# every checkpoint it wrote holds only finite values. With train.skip_nonfinite=1 the step is
+# skipped with a warning and the run finishes, on one rank and under dp2 with ZeRO. The same for a
+# non-finite FP8 amax (the TRAINER_TEST_FP8_INF_AT_STEP hook), naming the tensor.
+. "$(dirname "$0")/lib.sh"
+make_corpus
+PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup/setup.sh)"; exit 1; }
+
+# all_finite NAME: every floating-point dataset of every checkpoint of the run is finite.
+all_finite() {
+  "$PY" - "$WORK/$1/ckpt" <<'PYEOF'
+import glob, sys, h5py, numpy as np
+files = sorted(glob.glob(sys.argv[1] + "/*.h5"))
+bad, n = [], 0
+def visit(name, obj):
+    global n
+    if isinstance(obj, h5py.Dataset) and obj.dtype.kind == "f":
+        n += 1
+        if not np.isfinite(obj[()]).all(): bad.append(name)
+for f in files:
+    with h5py.File(f, "r") as h: h.visititems(visit)
+print("%d checkpoints, %d float datasets, non-finite: %s" % (len(files), n, bad))
+sys.exit(1 if bad or not files else 0)
+PYEOF
+}
+
+# A run that stopped at step 4 (exit status $2): a plain error exit, not a signal; an error line
+# matching $3; checkpoints up to step 3 and none of step 4; every checkpoint finite.
+check_stopped() {
+  name=$1
+  if [ "$2" != 0 ] && [ "$2" -lt 128 ]; then pass "$name: exit $2"; else fail "$name: exit $2"; fi
+  grep -q "$3" "$WORK/$name/log" && pass "$name: $(grep -m1 'error:' "$WORK/$name/log" | cut -c1-110)..." \
+    || { fail "$name: no error line"; cat "$WORK/$name/log"; }
+  [ -f "$WORK/$name/ckpt/ckpt_00000003.h5" ] && [ ! -e "$WORK/$name/ckpt/ckpt_00000004.h5" ] \
+    && pass "$name: checkpoints up to step 3, none of step 4" || fail "$name: checkpoints $(ls "$WORK/$name/ckpt")"
+  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+}
+
+for layout in "1" "2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01"; do
+  set -- $layout
+  np=$1; shift
+  name=stop_np$np
+  set +e
+  TRAINER_TEST_NAN_AT_STEP=4 run "$name" "$np" checkpoint.every=1 checkpoint.keep=0 "$@"
+  status=$?
+  set -e
+  check_stopped "$name" "$status" "error: step 4: the gradient norm is nan.*weights of step 3.*lower train.lr or check the data"
+
+  name=skip_np$np
+  if TRAINER_TEST_NAN_AT_STEP=4 run "$name" "$np" checkpoint.every=1 checkpoint.keep=0 train.skip_nonfinite=1 "$@"; then
+    pass "$name: the run finishes"
+  else
+    fail "$name: exit $?"; cat "$WORK/$name/log"
+  fi
+  grep -q "warning: step 4: the gradient norm is nan: update skipped (1 of train.skip_nonfinite = 1)" \
+    "$WORK/$name/log" && pass "$name: one warning" || fail "$name: no warning"
+  [ -f "$WORK/$name/ckpt/ckpt_00000006.h5" ] && pass "$name: checkpoint of step 6" || fail "$name: no final checkpoint"
+  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+done
+
+# The skipped step left the weights as they were: checkpoints 3 and 4 hold the same weights.
+"$BUILD/ckpt_compare" "$WORK/skip_np1/ckpt/ckpt_00000003.h5" "$WORK/skip_np1/ckpt/ckpt_00000004.h5" --rtol 0 \
+  > "$WORK/cmp" 2>&1 && pass "skipped step 4 left the weights of step 3" || { fail "weights changed at step 4"; cat "$WORK/cmp"; }
+grep -q '"step": 4, .*"grad_norm": null.*"skipped": true' "$WORK/skip_np1/metrics.jsonl" \
+  && pass "metrics mark step 4 skipped" || fail "metrics of step 4: $(grep '"step": 4' "$WORK/skip_np1/metrics.jsonl")"
+
+# FP8 (train.precision=fp8): an Inf amax (the TRAINER_TEST_FP8_INF_AT_STEP hook; the input of the
+# first FP8 projection, layer 0's fused QKV) refuses the update like a non-finite gradient: the
+# run stops naming the tensor and the step, or (skip_nonfinite, tp2) skips it.
+# Either way every checkpoint, FP8 scaling state and amax histories included, is finite.
+name=fp8_stop
+set +e
+TRAINER_TEST_FP8_INF_AT_STEP=4 run "$name" 1 checkpoint.every=1 checkpoint.keep=0 train.precision=fp8
+status=$?
+set -e
+check_stopped "$name" "$status" \
+  "error: step 4: the FP8 amax of layer 0's QKV projection input is inf, so the update was refused.*weights of step 3.*train.precision=bf16"
+
+name=fp8_skip_tp2
+if TRAINER_TEST_FP8_INF_AT_STEP=4 run "$name" 2 checkpoint.every=1 checkpoint.keep=0 train.skip_nonfinite=1 \
+  train.precision=fp8 parallel.tp=2; then
+  pass "$name: the run finishes"
+else
+  fail "$name: exit $?"; cat "$WORK/$name/log"
+fi
+grep -q "warning: step 4: the FP8 amax of layer 0's QKV projection input is inf: update skipped (1 of train.skip_nonfinite = 1)" \
+  "$WORK/$name/log" && pass "$name: one warning" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
+all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+"$BUILD/ckpt_compare" "$WORK/$name/ckpt/ckpt_00000003.h5" "$WORK/$name/ckpt/ckpt_00000004.h5" --rtol 0 \
+  > "$WORK/cmp" 2>&1 && pass "$name: skipped step 4 left the weights of step 3" || { fail "$name: weights changed"; cat "$WORK/cmp"; }
+
+summary
