@@ -1,7 +1,7 @@
-// Run configuration: the table of every key (section, name, type, offset, range, default, doc),
-// YAML loading with libyaml's event API, `section.key=value` overrides, the table's range check
-// and the YAML dump that checkpoints store. The rules between keys are in config_rules.c. Key
-// reference: docs/config.md.
+// Run configuration: the table of every key (section, name, type, offset, range, default, doc,
+// and a choice key's words), YAML loading with libyaml's event API, `section.key=value`
+// overrides, the table's range check and the YAML dump that checkpoints store. The rules between
+// keys are in config_rules.c. Key reference: docs/config.md.
 #include "app/config.h"
 #include "app/config_from.h"
 #include "kernels/base/json.h"
@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
-typedef enum { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STRING, CFG_T_UINT64 } cfg_type;
+typedef enum { CFG_T_INT, CFG_T_FLOAT, CFG_T_BOOL, CFG_T_STRING, CFG_T_UINT64, CFG_T_CHOICE } cfg_type;
 
 typedef struct cfg_key {
   const char *section;
@@ -28,10 +28,32 @@ typedef struct cfg_key {
   cfg_type type;
   size_t offset;        // offsetof(cfg, section.key)
   double min, max;      // inclusive range of int and float keys
-  double def;           // default of numeric and bool keys (a uint64 default must be exact in a double)
+  double def;           // default of numeric, bool and choice keys (a uint64 default must be exact in a double)
   const char *def_str;  // default of string keys
   const char *doc;      // one line, shown in docs/config.md and configs/default.yaml
+  const char *const *words;  // choice keys: the words, NULL-terminated, in the order of the field's enum
 } cfg_key;
+
+// A choice key's words, once: the loader turns a word into its index (the enum value), and the
+// dump, the error for another word and docs/config.md's range column (checked by test_config)
+// come from the same list. Each list must name every enumerator of its enum, in order.
+#define CFG_WORDS(etype, last, ...)                                                \
+  const char *const etype##_names[] = {__VA_ARGS__, NULL};                        \
+  _Static_assert(sizeof etype##_names / sizeof etype##_names[0] == (size_t)(last) + 2, \
+                 #etype "_names: one word per enumerator of " #etype ", in order")
+CFG_WORDS(cfg_device, CFG_DEVICE_CUDA, "auto", "cpu", "cuda");
+CFG_WORDS(cfg_precision, CFG_PRECISION_FP8, "auto", "fp32", "tf32", "bf16", "fp8");
+CFG_WORDS(cfg_attention, CFG_ATTENTION_OWN, "cudnn", "own");
+CFG_WORDS(cfg_cpu_isa, CFG_CPU_ISA_SSE, "auto", "avx512", "avx2", "sse");
+CFG_WORDS(cfg_recompute, CFG_RECOMPUTE_FULL, "none", "selective", "full");
+CFG_WORDS(cfg_fp8_recipe, CFG_FP8_RECIPE_BLOCK, "delayed", "current", "block");
+CFG_WORDS(cfg_amax_compute, CFG_AMAX_COMPUTE_MOST_RECENT, "max", "most_recent");
+CFG_WORDS(cfg_fp8_format, CFG_FP8_FORMAT_E4M3, "hybrid", "e4m3");
+CFG_WORDS(cfg_offload, CFG_OFFLOAD_HOST, "none", "host");
+CFG_WORDS(cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU, "gpu", "cpu");
+CFG_WORDS(cfg_gpu_comm, CFG_GPU_COMM_MPI, "nccl", "mpi");
+CFG_WORDS(cfg_grad_compress, CFG_GRAD_COMPRESS_INT8, "none", "bf16", "fp16", "int8");
+CFG_WORDS(cfg_error_feedback, CFG_ERROR_FEEDBACK_OFF, "auto", "on", "off");
 
 // A row whose declared type differs from the struct field's would silently write the wrong
 // bytes, so each row checks its field's C type at compile time: a _Generic selection with no
@@ -39,16 +61,22 @@ typedef struct cfg_key {
 #define CFG_TYPE_CHECK(field, ctype) (0 * _Generic(((cfg *)0)->field, ctype: 1))
 #define CFG_OFF(field, ctype) (offsetof(cfg, field) + CFG_TYPE_CHECK(field, ctype))
 
-#define CFG_INT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(sec.k, int), lo, hi, d, NULL, doc}
-#define CFG_FLOAT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(sec.k, float), lo, hi, d, NULL, doc}
-#define CFG_BOOL(sec, k, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(sec.k, int), 0, 1, d, NULL, doc}
+#define CFG_INT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(sec.k, int), lo, hi, d, NULL, doc, NULL}
+#define CFG_FLOAT(sec, k, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(sec.k, float), lo, hi, d, NULL, doc, NULL}
+#define CFG_BOOL(sec, k, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(sec.k, int), 0, 1, d, NULL, doc, NULL}
 // Keys whose field belongs to a module's own config struct (the optimizer's, cfg.optim).
-#define CFG_INT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(field, int), lo, hi, d, NULL, doc}
-#define CFG_FLOAT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_FLOAT, CFG_OFF(field, float), lo, hi, d, NULL, doc}
-#define CFG_BOOL_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(field, int), 0, 1, d, NULL, doc}
-#define CFG_STRING_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(field, char *), 0, 0, 0, d, doc}
-#define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc}
-#define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc}
+#define CFG_INT_IN(sec, k, field, lo, hi, d, doc) {#sec, #k, CFG_T_INT, CFG_OFF(field, int), lo, hi, d, NULL, doc, NULL}
+#define CFG_FLOAT_IN(sec, k, field, lo, hi, d, doc) \
+  {#sec, #k, CFG_T_FLOAT, CFG_OFF(field, float), lo, hi, d, NULL, doc, NULL}
+#define CFG_BOOL_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_BOOL, CFG_OFF(field, int), 0, 1, d, NULL, doc, NULL}
+#define CFG_STRING_IN(sec, k, field, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(field, char *), 0, 0, 0, d, doc, NULL}
+#define CFG_U64(sec, k, d, doc) {#sec, #k, CFG_T_UINT64, CFG_OFF(sec.k, uint64_t), 0, 0, d, NULL, doc, NULL}
+#define CFG_STRING(sec, k, d, doc) {#sec, #k, CFG_T_STRING, CFG_OFF(sec.k, char *), 0, 0, 0, d, doc, NULL}
+// A choice key's field has the enum type etype (checked), whose words are etype##_names; the
+// loader writes it as an int, so the enum must be int-sized.
+#define CFG_INT_SIZED(etype) (0 * sizeof(char[sizeof(etype) == sizeof(int) ? 1 : -1]))
+#define CFG_CHOICE(sec, k, etype, d, doc) \
+  {#sec, #k, CFG_T_CHOICE, CFG_OFF(sec.k, etype) + CFG_INT_SIZED(etype), 0, 0, d, NULL, doc, etype##_names}
 
 static const char *const cfg_sections[] = {"model", "parallel", "train", "fp8", "optimizer", "data", "checkpoint", "log"};
 #define CFG_N_SECTIONS ((int)(sizeof cfg_sections / sizeof cfg_sections[0]))
@@ -86,16 +114,16 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
   CFG_BOOL_IN(parallel, distributed_optimizer, optim.distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
-  CFG_STRING(parallel, grad_compress, "none",
-             "wire format of the DP gradient reduction: none (fp32) | bf16 | fp16 (a per-bucket power-of-two scale "
-             "agreed over dp) | int8 (blocks of 256 with an fp32 scale, all-to-all then all-gather); "
-             "docs/compression.md; no effect with dp 1"),
-  CFG_STRING(parallel, grad_error_feedback, "auto",
-             "carry what the gradient compression dropped on each rank into the next step: auto (on for int8) | "
-             "on | off; stored in checkpoints"),
-  CFG_STRING(parallel, gpu_comm, "nccl",
-             "communicator of GPU ranks: nccl | mpi (mpi: device buffers copied through host memory, slow, but "
-             "several ranks may share a GPU, e.g. to test a layout on one GPU; NCCL needs one GPU per rank)"),
+  CFG_CHOICE(parallel, grad_compress, cfg_grad_compress, CFG_GRAD_COMPRESS_NONE,
+             "wire format of the DP gradient reduction (none: fp32; fp16: a per-bucket power-of-two scale agreed "
+             "over dp; int8: blocks of 256 with an fp32 scale, all-to-all then all-gather); docs/compression.md; no "
+             "effect with dp 1"),
+  CFG_CHOICE(parallel, grad_error_feedback, cfg_error_feedback, CFG_ERROR_FEEDBACK_AUTO,
+             "carry what the gradient compression dropped on each rank into the next step (auto: on for int8); "
+             "stored in checkpoints"),
+  CFG_CHOICE(parallel, gpu_comm, cfg_gpu_comm, CFG_GPU_COMM_NCCL,
+             "communicator of GPU ranks (mpi: device buffers copied through host memory, slow, but several ranks "
+             "may share a GPU, e.g. to test a layout on one GPU; nccl needs one GPU per rank)"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),
@@ -121,29 +149,30 @@ static const cfg_key cfg_keys[] = {
           "steps whose gradient norm is NaN or Inf that are skipped (no update, a warning each) before the "
           "run stops; 0 = the first such step stops the run"),
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
-  CFG_STRING(train, device, "auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)"),
-  CFG_STRING(train, precision, "auto",
-             "arithmetic of activations and GEMMs: auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on "
-             "CPU ranks; tf32: fp32 activations with TF32 GEMMs, GPUs only; fp8: bf16 activations and the four "
-             "projections of every block in FP8 (the fp8 section), emulated exactly on CPU ranks); master "
-             "weights, gradients and optimizer state are fp32 in every case"),
-  CFG_STRING(train, attention, "cudnn",
-             "GPU attention kernel: cudnn (cuDNN's fused attention with bf16 activations; the own kernel for fp32 "
-             "or a shape cuDNN refuses) | own (the project's own kernel always)"),
-  CFG_STRING(train, cpu_isa, "auto",
-             "widest vector instruction set of the CPU GEMM and AdamW: auto (the widest the CPU has) | avx512 | avx2 | "
-             "sse"),
-  CFG_STRING(train, recompute, "none", "activation recomputation: none | selective | full"),
+  CFG_CHOICE(train, device, cfg_device, CFG_DEVICE_AUTO, "where ranks compute (auto: cuda when a GPU is visible)"),
+  CFG_CHOICE(train, precision, cfg_precision, CFG_PRECISION_AUTO,
+             "arithmetic of activations and GEMMs (auto: bf16 on GPUs, fp32 on CPU ranks; tf32: fp32 activations "
+             "with TF32 GEMMs, GPUs only; fp8: bf16 activations and the four projections of every block in FP8 (the "
+             "fp8 section), emulated exactly on CPU ranks); master weights, gradients and optimizer state are fp32 "
+             "in every case"),
+  CFG_CHOICE(train, attention, cfg_attention, CFG_ATTENTION_CUDNN,
+             "GPU attention kernel (cudnn: cuDNN's fused attention with bf16 activations, the own kernel for fp32 or "
+             "a shape cuDNN refuses; own: the project's own kernel always)"),
+  CFG_CHOICE(train, cpu_isa, cfg_cpu_isa, CFG_CPU_ISA_AUTO,
+             "widest vector instruction set of the CPU GEMM and AdamW (auto: the widest the CPU has)"),
+  CFG_CHOICE(train, recompute, cfg_recompute, CFG_RECOMPUTE_NONE, "activation recomputation"),
 
-  CFG_STRING(fp8, recipe, "delayed",
-             "scaling of activations and gradients: delayed (per tensor, from the amax history of earlier steps) | "
-             "current (per tensor, from its own amax, reduced over its tensor-parallel group, before each cast) | "
-             "block (a scale per 1x128 tile of activations and gradients and per 128x128 tile of weights, each from "
+  CFG_CHOICE(fp8, recipe, cfg_fp8_recipe, CFG_FP8_RECIPE_DELAYED,
+             "scaling of activations and gradients (delayed: per tensor, from the amax history of earlier steps; "
+             "current: per tensor, from its own amax, reduced over its tensor-parallel group, before each cast; "
+             "block: a scale per 1x128 tile of activations and gradients and per 128x128 tile of weights, each from "
              "its own amax; all E4M3)"),
   CFG_INT(fp8, amax_history, 1, 4096, 1024, "delayed: steps of amax history per tensor"),
-  CFG_STRING(fp8, amax_compute, "max", "delayed: max (the history's largest amax) | most_recent"),
+  CFG_CHOICE(fp8, amax_compute, cfg_amax_compute, CFG_AMAX_COMPUTE_MAX,
+             "delayed: the amax of the history a scale comes from (max: the largest; most_recent: the last step's)"),
   CFG_INT(fp8, margin, 0, 32, 0, "scale = largest FP8 value / amax / 2^margin"),
-  CFG_STRING(fp8, format, "hybrid", "hybrid (E4M3 weights and activations, E5M2 gradients) | e4m3 (all E4M3)"),
+  CFG_CHOICE(fp8, format, cfg_fp8_format, CFG_FP8_FORMAT_HYBRID,
+             "FP8 formats (hybrid: E4M3 weights and activations, E5M2 gradients; e4m3: all E4M3)"),
   CFG_BOOL(fp8, fast_accum, 1, "forward FP8 GEMMs accumulate in the tensor cores' fast mode (GPUs; backward never)"),
   CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
   CFG_BOOL(fp8, head, 0, "the LM head's GEMMs (forward, data and weight gradient) in FP8 too, with scaling of its own"),
@@ -152,14 +181,14 @@ static const cfg_key cfg_keys[] = {
               "compute copy (half the bytes; bitwise the same training); needs parallel.distributed_optimizer and "
               "fp8.recipe delayed or current; no effect with dp 1"),
 
-  CFG_STRING(optimizer, offload, "none",
-             "where the fp32 master weights and AdamW moments live: none (backend memory) | host (pinned host "
-             "memory, sharded over dp like the distributed optimizer; the bf16 compute copy and the gradients stay "
-             "on the GPU; on CPU ranks there is nothing to offload: the same bookkeeping runs in plain memory)"),
-  CFG_STRING(optimizer, offload_update, "cpu",
-             "offload=host: who updates the host share: cpu (gradients copied to host per bucket, AdamW on the "
-             "rank's cores, new weights copied back per bucket) | gpu (the AdamW kernel reads and writes the "
-             "host memory in place over NVLink-C2C or PCIe, no staging copies)"),
+  CFG_CHOICE(optimizer, offload, cfg_offload, CFG_OFFLOAD_NONE,
+             "where the fp32 master weights and AdamW moments live (none: backend memory; host: pinned host memory, "
+             "sharded over dp like the distributed optimizer; the bf16 compute copy and the gradients stay on the "
+             "GPU; on CPU ranks there is nothing to offload: the same bookkeeping runs in plain memory)"),
+  CFG_CHOICE(optimizer, offload_update, cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU,
+             "offload=host: who updates the host share (cpu: gradients copied to host per bucket, AdamW on the "
+             "rank's cores, new weights copied back per bucket; gpu: the AdamW kernel reads and writes the host "
+             "memory in place over NVLink-C2C or PCIe, no staging copies)"),
   CFG_FLOAT_IN(optimizer, offload_fraction, optim.offload_fraction, 0, 1, 1,
                "offload=host: share of the gradient buckets (the last layers first) whose master weights and "
                "moments live and update in host memory; the rest stay in backend memory and update on the GPU"),
@@ -350,12 +379,34 @@ static void cfg_set_defaults(cfg *c) {
     char *p = (char *)c + k->offset;
     switch (k->type) {
       case CFG_T_INT:
-      case CFG_T_BOOL: *(int *)p = (int)k->def; break;
+      case CFG_T_BOOL:
+      case CFG_T_CHOICE: *(int *)p = (int)k->def; break;
       case CFG_T_FLOAT: *(float *)p = (float)k->def; break;
       case CFG_T_UINT64: *(uint64_t *)p = (uint64_t)k->def; break;
       case CFG_T_STRING: snprintf(p, CFG_STR, "%s", k->def_str); break;
     }
   }
+}
+
+int cfg_find_choice(const char *const *words, const char *word) {
+  for (int i = 0; words[i]; i++)
+    if (strcmp(words[i], word) == 0) return i;
+  return -1;
+}
+
+static int cfg_n_words(const char *const *words) {
+  int n = 0;
+  while (words[n]) n++;
+  return n;
+}
+
+// "auto, fp32, tf32" from a choice key's words, cut to fit.
+static const char *cfg_join_words(const char *const *words, char *buf, size_t n_buf) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; words[i] && n < n_buf; i++)
+    n += (size_t)snprintf(buf + n, n_buf - n, "%s%s", i ? ", " : "", words[i]);
+  return buf;
 }
 
 static int cfg_parse_bool(const char *t, int *out) {
@@ -435,6 +486,15 @@ static int cfg_set_value(cfg *c, const cfg_key *k, const char *text, int plain, 
           return cfg_fail(err, n_err, s, "%s.%s: byte %zu (0x%02x) is not UTF-8 text; config strings are UTF-8",
                           k->section, k->key, i, (unsigned char)text[i]);
       memcpy(p, text, n + 1);
+      return 0;
+    }
+    case CFG_T_CHOICE: {
+      int v = cfg_find_choice(k->words, text);
+      char words[256];
+      if (v < 0)
+        return cfg_fail(err, n_err, s, "%s.%s = '%s' is not one of: %s", k->section, k->key, shown,
+                        cfg_join_words(k->words, words, sizeof words));
+      *(int *)p = v;
       return 0;
     }
   }
@@ -802,6 +862,15 @@ int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_
   return rc;
 }
 
+const char *const *cfg_list_choices(const char *name) {
+  char section[CFG_STR];
+  const char *dot = strchr(name, '.');
+  if (!dot || (size_t)(dot - name) >= sizeof section) return NULL;
+  snprintf(section, sizeof section, "%.*s", (int)(dot - name), name);
+  const cfg_key *k = cfg_find_key(section, dot + 1);
+  return k ? k->words : NULL;
+}
+
 int cfg_check_ranges(const cfg *c, char *err, size_t n_err) {
   for (int i = 0; i < CFG_N_KEYS; i++) {
     const cfg_key *k = &cfg_keys[i];
@@ -816,6 +885,12 @@ int cfg_check_ranges(const cfg *c, char *err, size_t n_err) {
       if (!(x >= k->min && x <= k->max))
         return cfg_fail(err, n_err, NULL, "%s.%s = %d is out of range [%.10g, %.10g]", k->section, k->key, x,
                         k->min, k->max);
+    } else if (k->type == CFG_T_CHOICE) {
+      int x = *(const int *)v, n = cfg_n_words(k->words);
+      char words[256];
+      if (x < 0 || x >= n)
+        return cfg_fail(err, n_err, NULL, "%s.%s = %d is out of range [0, %d] (the enum of: %s)", k->section, k->key,
+                        x, n - 1, cfg_join_words(k->words, words, sizeof words));
     }
   }
   return 0;
@@ -880,6 +955,12 @@ size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf) {
       }
       case CFG_T_UINT64: cfg_put(&o, "%" PRIu64, *(const uint64_t *)p); break;
       case CFG_T_STRING: cfg_put_string(&o, p); break;
+      case CFG_T_CHOICE: {  // the word, quoted as strings are; a struct filled by code may hold any number
+        int x = *(const int *)p;
+        if (x >= 0 && x < cfg_n_words(k->words)) cfg_put_string(&o, k->words[x]);
+        else cfg_put(&o, "%d", x);
+        break;
+      }
     }
     cfg_put(&o, "\n");
   }

@@ -1,6 +1,8 @@
 // Run configuration: one plain struct filled from a YAML file plus `section.key=value`
 // overrides. Every key is a row of one table (name, type, offset, min, max, default) in
 // config.c; cfg_validate checks the cross-field rules and names the fields in its errors.
+// A choice key (one of a fixed set of words) is an enum here; files, overrides, the printed
+// config and checkpoints hold its word.
 #ifndef TRAINER_CONFIG_H
 #define TRAINER_CONFIG_H
 
@@ -12,6 +14,51 @@
 #define CFG_STR 256
 #define CFG_MAX_VOCAB 16777216  // the largest model.vocab_size
 
+// The choice keys' enums. Each has its words in config.c, in the enum's order: cfg_<name>_names,
+// NULL-terminated (cfg_device_names[CFG_DEVICE_CUDA] is "cuda").
+typedef enum cfg_device { CFG_DEVICE_AUTO, CFG_DEVICE_CPU, CFG_DEVICE_CUDA } cfg_device;
+typedef enum cfg_precision {
+  CFG_PRECISION_AUTO,
+  CFG_PRECISION_FP32,
+  CFG_PRECISION_TF32,
+  CFG_PRECISION_BF16,
+  CFG_PRECISION_FP8
+} cfg_precision;
+typedef enum cfg_attention { CFG_ATTENTION_CUDNN, CFG_ATTENTION_OWN } cfg_attention;
+typedef enum cfg_cpu_isa { CFG_CPU_ISA_AUTO, CFG_CPU_ISA_AVX512, CFG_CPU_ISA_AVX2, CFG_CPU_ISA_SSE } cfg_cpu_isa;
+typedef enum cfg_recompute { CFG_RECOMPUTE_NONE, CFG_RECOMPUTE_SELECTIVE, CFG_RECOMPUTE_FULL } cfg_recompute;
+typedef enum cfg_fp8_recipe { CFG_FP8_RECIPE_DELAYED, CFG_FP8_RECIPE_CURRENT, CFG_FP8_RECIPE_BLOCK } cfg_fp8_recipe;
+typedef enum cfg_amax_compute { CFG_AMAX_COMPUTE_MAX, CFG_AMAX_COMPUTE_MOST_RECENT } cfg_amax_compute;
+typedef enum cfg_fp8_format { CFG_FP8_FORMAT_HYBRID, CFG_FP8_FORMAT_E4M3 } cfg_fp8_format;
+typedef enum cfg_offload { CFG_OFFLOAD_NONE, CFG_OFFLOAD_HOST } cfg_offload;
+typedef enum cfg_offload_update { CFG_OFFLOAD_UPDATE_GPU, CFG_OFFLOAD_UPDATE_CPU } cfg_offload_update;
+typedef enum cfg_gpu_comm { CFG_GPU_COMM_NCCL, CFG_GPU_COMM_MPI } cfg_gpu_comm;
+typedef enum cfg_grad_compress {
+  CFG_GRAD_COMPRESS_NONE,
+  CFG_GRAD_COMPRESS_BF16,
+  CFG_GRAD_COMPRESS_FP16,
+  CFG_GRAD_COMPRESS_INT8
+} cfg_grad_compress;
+typedef enum cfg_error_feedback {
+  CFG_ERROR_FEEDBACK_AUTO,
+  CFG_ERROR_FEEDBACK_ON,
+  CFG_ERROR_FEEDBACK_OFF
+} cfg_error_feedback;
+
+extern const char *const cfg_device_names[];
+extern const char *const cfg_precision_names[];
+extern const char *const cfg_attention_names[];
+extern const char *const cfg_cpu_isa_names[];
+extern const char *const cfg_recompute_names[];
+extern const char *const cfg_fp8_recipe_names[];
+extern const char *const cfg_amax_compute_names[];
+extern const char *const cfg_fp8_format_names[];
+extern const char *const cfg_offload_names[];
+extern const char *const cfg_offload_update_names[];
+extern const char *const cfg_gpu_comm_names[];
+extern const char *const cfg_grad_compress_names[];
+extern const char *const cfg_error_feedback_names[];
+
 typedef struct cfg_parallel {
   int tp;                     // tensor-parallel ranks
   int pp;                     // pipeline stages
@@ -21,12 +68,12 @@ typedef struct cfg_parallel {
   int pp_comm_bf16;           // pipeline transfers in bf16 (0: fp32)
   int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
-  char gpu_comm[CFG_STR];     // GPU ranks' communicator: nccl | mpi (staged through host memory)
+  cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message
   int mpi_chunk_elems;        // MPI: largest message in elements; 0 = no chunking
-  char grad_compress[CFG_STR];        // none | bf16 | fp16 | int8 (resolved into optim.grad_compress)
-  char grad_error_feedback[CFG_STR];  // auto | on | off (resolved into optim.grad_error_feedback)
+  cfg_grad_compress grad_compress;          // resolved into optim.grad_compress
+  cfg_error_feedback grad_error_feedback;   // resolved into optim.grad_error_feedback
 } cfg_parallel;
 
 typedef struct cfg_train {
@@ -36,27 +83,27 @@ typedef struct cfg_train {
   int micro_batch;      // sequences per micro-batch on one rank
   int skip_nonfinite;   // steps whose gradient norm is NaN or Inf skipped (no update) before the run stops
   uint64_t seed;
-  char device[CFG_STR];     // auto | cpu | cuda
-  char precision[CFG_STR];  // auto | fp32 | tf32 | bf16 | fp8 (auto: bf16 on GPUs, fp32 on CPU ranks)
-  char attention[CFG_STR];  // cudnn | own (GPUs)
-  char cpu_isa[CFG_STR];    // auto | avx512 | avx2 | sse: widest vector ISA of the CPU GEMM and AdamW
-  char recompute[CFG_STR];  // none | selective | full
+  cfg_device device;
+  cfg_precision precision;  // auto: bf16 on GPUs, fp32 on CPU ranks
+  cfg_attention attention;  // GPUs
+  cfg_cpu_isa cpu_isa;      // widest vector ISA of the CPU GEMM and AdamW
+  cfg_recompute recompute;
 } cfg_train;
 
 typedef struct cfg_fp8 {
-  char recipe[CFG_STR];        // delayed | current
+  cfg_fp8_recipe recipe;
   int amax_history;            // steps of amax history (delayed)
-  char amax_compute[CFG_STR];  // max | most_recent (delayed)
+  cfg_amax_compute amax_compute;  // delayed
   int margin;
-  char format[CFG_STR];        // hybrid | e4m3
+  cfg_fp8_format format;
   int fast_accum;              // bool: forward GEMMs only
   int bf16_edge_layers;        // bool
   int head;                    // bool: the LM head's GEMMs in FP8 too
 } cfg_fp8;
 
 typedef struct cfg_optimizer {
-  char offload[CFG_STR];         // none | host
-  char offload_update[CFG_STR];  // gpu | cpu
+  cfg_offload offload;
+  cfg_offload_update offload_update;
 } cfg_optimizer;
 
 typedef struct cfg_data {
@@ -90,8 +137,8 @@ typedef struct cfg {
   cfg_fp8 fp8;
   opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
                          // parallel.bucket_mb, optimizer.offload_*; grad_compress and
-                         // grad_error_feedback resolved from parallel's strings by cfg_validate
-  cfg_optimizer optimizer;  // the optimizer section's strings (cfg_validate resolves them into optim)
+                         // grad_error_feedback resolved from parallel's choices by cfg_validate
+  cfg_optimizer optimizer;  // the optimizer section's choices (cfg_validate resolves them into optim)
   cfg_data data;
   cfg_checkpoint checkpoint;
   cfg_log log;
@@ -104,8 +151,13 @@ typedef struct cfg {
 int cfg_load(cfg *c, const char *path, int n_overrides, char **overrides, char *err, size_t n_err);
 // Same, from YAML text in memory (the copy stored in a checkpoint); name is used in messages.
 int cfg_load_string(cfg *c, const char *yaml, const char *name, char *err, size_t n_err);
-// The key table's ranges (cfg_validate checks them again for a struct filled by code). 0, or -1
-// with a message naming the key.
+// The words of choice key name ("train.precision"), NULL-terminated in its enum's order; NULL
+// for a key that is not a choice.
+const char *const *cfg_list_choices(const char *name);
+// The index of word among words (a cfg_<name>_names list), which is its enum value; -1 if absent.
+int cfg_find_choice(const char *const *words, const char *word);
+// The key table's ranges and choices (cfg_validate checks them again for a struct filled by code). 0,
+// or -1 with a message naming the key.
 int cfg_check_ranges(const cfg *c, char *err, size_t n_err);
 // Cross-field rules of the model and training sections, and of the layout for world_size
 // ranks (world_size <= 0 skips the layout rules). Resolves parallel.dp when it is 0.

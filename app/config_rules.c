@@ -7,49 +7,40 @@
 #include <stdio.h>
 #include <string.h>
 
-static int cfg_is_one_of(const char *v, const char *const *options, int n) {
-  for (int i = 0; i < n; i++)
-    if (strcmp(v, options[i]) == 0) return 1;
-  return 0;
-}
-
-// parallel.grad_compress and grad_error_feedback (checked strings) into the optimizer's config.
+// parallel.grad_compress and grad_error_feedback into the optimizer's config.
 static void cfg_resolve_compress(cfg *c) {
-  static const char *const names[] = {"none", "bf16", "fp16", "int8"};
+  static const comm_compress_mode modes[] = {
+      [CFG_GRAD_COMPRESS_NONE] = COMM_COMPRESS_NONE, [CFG_GRAD_COMPRESS_BF16] = COMM_COMPRESS_BF16,
+      [CFG_GRAD_COMPRESS_FP16] = COMM_COMPRESS_FP16, [CFG_GRAD_COMPRESS_INT8] = COMM_COMPRESS_INT8};
   const cfg_parallel *p = &c->parallel;
-  for (int i = 0; i < 4; i++)
-    if (strcmp(p->grad_compress, names[i]) == 0) c->optim.grad_compress = (comm_compress_mode)i;
-  const char *fb = p->grad_error_feedback;
-  const comm_compress_mode m = c->optim.grad_compress;
+  const comm_compress_mode m = c->optim.grad_compress = modes[p->grad_compress];
+  const cfg_error_feedback fb = p->grad_error_feedback;
+  const int int8 = m == COMM_COMPRESS_INT8;
   c->optim.grad_error_feedback =
-      m != COMM_COMPRESS_NONE && (strcmp(fb, "on") == 0 || (strcmp(fb, "auto") == 0 && m == COMM_COMPRESS_INT8));
+      m != COMM_COMPRESS_NONE && (fb == CFG_ERROR_FEEDBACK_ON || (fb == CFG_ERROR_FEEDBACK_AUTO && int8));
 }
 
-// The optimizer section: its strings, resolved into c->optim.
+// The optimizer section's choices, resolved into c->optim.
 static int cfg_validate_offload(cfg *c, char *err, size_t n_err) {
-  static const char *const places[] = {"none", "host"}, *const engines[] = {"gpu", "cpu"};
   const cfg_optimizer *s = &c->optimizer;
   opt_config *o = &c->optim;
-  if (!cfg_is_one_of(s->offload, places, 2))
-    return check_errf(err, n_err, "optimizer.offload = '%s' is not one of: none, host", s->offload);
-  if (!cfg_is_one_of(s->offload_update, engines, 2))
-    return check_errf(err, n_err, "optimizer.offload_update = '%s' is not one of: gpu, cpu", s->offload_update);
-  o->offload = strcmp(s->offload, "host") == 0;
-  o->offload_cpu = strcmp(s->offload_update, "cpu") == 0;
+  o->offload = s->offload == CFG_OFFLOAD_HOST;
+  o->offload_cpu = s->offload_update == CFG_OFFLOAD_UPDATE_CPU;
   if (o->offload_delay && !(o->offload && o->offload_cpu))
     return check_errf(err, n_err, "optimizer.offload_delay = 1 delays the host update of the cpu engine: it needs "
                       "optimizer.offload=host and optimizer.offload_update=cpu (found offload=%s, offload_update=%s); "
-                      "set offload_delay=0 or both", s->offload, s->offload_update);
+                      "set offload_delay=0 or both", cfg_offload_names[s->offload],
+                      cfg_offload_update_names[s->offload_update]);
   return 0;
 }
 
 // fp8.param_gather: the FP8 codes of one scale per tensor, gathered by the distributed optimizer.
 static int cfg_validate_param_gather(const cfg *c, char *err, size_t n_err) {
   if (!c->optim.fp8_param_gather) return 0;
-  if (strcmp(c->train.precision, "fp8") != 0)
+  if (c->train.precision != CFG_PRECISION_FP8)
     return check_errf(err, n_err, "fp8.param_gather = true gathers FP8 weights, but train.precision = %s: set "
-                      "train.precision=fp8 or fp8.param_gather=false", c->train.precision);
-  if (strcmp(c->fp8.recipe, "block") == 0)
+                      "train.precision=fp8 or fp8.param_gather=false", cfg_precision_names[c->train.precision]);
+  if (c->fp8.recipe == CFG_FP8_RECIPE_BLOCK)
     return check_errf(err, n_err, "fp8.param_gather = true gathers codes of one scale per tensor, but fp8.recipe = "
                       "block scales 128 x 128 tiles: set fp8.recipe to delayed or current, or fp8.param_gather=false");
   if (!c->optim.distributed_optimizer)
@@ -90,36 +81,11 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   CFG_RULE(o->warmup_steps <= t->steps,
            "train.warmup_steps = %d is larger than train.steps = %d: set warmup_steps <= steps", o->warmup_steps,
            t->steps);
-  static const char *const devices[] = {"auto", "cpu", "cuda"}, *const recomputes[] = {"none", "selective", "full"};
-  CFG_RULE(cfg_is_one_of(t->device, devices, 3), "train.device = '%s' is not one of: auto, cpu, cuda", t->device);
-  static const char *const gpu_comms[] = {"nccl", "mpi"};
-  CFG_RULE(cfg_is_one_of(p->gpu_comm, gpu_comms, 2), "parallel.gpu_comm = '%s' is not one of: nccl, mpi", p->gpu_comm);
-  CFG_RULE(cfg_is_one_of(t->recompute, recomputes, 3), "train.recompute = '%s' is not one of: none, selective, full",
-           t->recompute);
-  static const char *const compressions[] = {"none", "bf16", "fp16", "int8"}, *const feedbacks[] = {"auto", "on", "off"};
-  CFG_RULE(cfg_is_one_of(p->grad_compress, compressions, 4),
-           "parallel.grad_compress = '%s' is not one of: none, bf16, fp16, int8", p->grad_compress);
-  CFG_RULE(cfg_is_one_of(p->grad_error_feedback, feedbacks, 3),
-           "parallel.grad_error_feedback = '%s' is not one of: auto, on, off", p->grad_error_feedback);
+  // The choice keys hold one of their words (cfg_load, cfg_check_ranges above).
   cfg_resolve_compress(c);
-  static const char *const precisions[] = {"auto", "fp32", "tf32", "bf16", "fp8"}, *const attentions[] = {"cudnn", "own"},
-                           *const isas[] = {"auto", "avx512", "avx2", "sse"};
-  CFG_RULE(cfg_is_one_of(t->precision, precisions, 5),
-           "train.precision = '%s' is not one of: auto, fp32, tf32, bf16, fp8", t->precision);
-  static const char *const recipes[] = {"delayed", "current", "block"}, *const amax_modes[] = {"max", "most_recent"},
-                           *const formats[] = {"hybrid", "e4m3"};
-  CFG_RULE(cfg_is_one_of(c->fp8.recipe, recipes, 3), "fp8.recipe = '%s' is not one of: delayed, current, block",
-           c->fp8.recipe);
-  CFG_RULE(cfg_is_one_of(c->fp8.amax_compute, amax_modes, 2), "fp8.amax_compute = '%s' is not one of: max, most_recent",
-           c->fp8.amax_compute);
-  CFG_RULE(cfg_is_one_of(c->fp8.format, formats, 2), "fp8.format = '%s' is not one of: hybrid, e4m3", c->fp8.format);
-  CFG_RULE(cfg_is_one_of(t->attention, attentions, 2), "train.attention = '%s' is not one of: cudnn, own",
-           t->attention);
-  CFG_RULE(cfg_is_one_of(t->cpu_isa, isas, 4), "train.cpu_isa = '%s' is not one of: auto, avx512, avx2, sse",
-           t->cpu_isa);
-  CFG_RULE(strcmp(t->device, "cpu") != 0 || (strcmp(t->precision, "tf32") != 0 && strcmp(t->precision, "bf16") != 0),
+  CFG_RULE(t->device != CFG_DEVICE_CPU || (t->precision != CFG_PRECISION_TF32 && t->precision != CFG_PRECISION_BF16),
            "train.precision = %s with train.device = cpu: CPU ranks compute in fp32; set train.precision=fp32 (or "
-           "auto), or train.device=cuda", t->precision);
+           "auto), or train.device=cuda", cfg_precision_names[t->precision]);
   CFG_RULE(c->checkpoint.resume[0] != '\0',
            "checkpoint.resume is empty: set it to none, auto, or the path of a checkpoint file");
   const char *from = c->checkpoint.init_from;
@@ -190,7 +156,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "model.tie_embeddings with parallel.pp = %d is not supported (embedding and LM head sit on different "
            "stages): set model.tie_embeddings=false",
            p->pp);
-  if (strcmp(t->precision, "fp8") == 0) {
+  if (t->precision == CFG_PRECISION_FP8) {
     // FP8 GEMMs take dimensions that are multiples of 16 only: each projection's local sizes
     // and the rows of a micro-batch (of a sequence shard with SP, whose GEMMs run per shard).
     long long hd = m->dim / m->n_heads, rows = (long long)m->seq_len * t->micro_batch;
@@ -212,27 +178,29 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
   return 0;
 }
 
+// The choices the model's layout holds, in the model's own enums: this is the one mapping.
 model_layout cfg_model_layout(const cfg *c) {
-  const char *r = c->train.recompute;
+  static const model_recompute recomputes[] = {[CFG_RECOMPUTE_NONE] = MODEL_RECOMPUTE_NONE,
+                                               [CFG_RECOMPUTE_SELECTIVE] = MODEL_RECOMPUTE_SELECTIVE,
+                                               [CFG_RECOMPUTE_FULL] = MODEL_RECOMPUTE_FULL};
+  static const model_fp8_recipe recipes[] = {[CFG_FP8_RECIPE_DELAYED] = MODEL_FP8_DELAYED,
+                                             [CFG_FP8_RECIPE_CURRENT] = MODEL_FP8_CURRENT,
+                                             [CFG_FP8_RECIPE_BLOCK] = MODEL_FP8_BLOCK};
   return (model_layout){
       .pp = c->parallel.pp,
       .vpp = c->parallel.vpp,
       .last_stage_layers = c->parallel.last_stage_layers,
       .sequence_parallel = c->parallel.sequence_parallel,
       .micro_batch = c->train.micro_batch,
-      .recompute = strcmp(r, "full") == 0        ? MODEL_RECOMPUTE_FULL
-                   : strcmp(r, "selective") == 0 ? MODEL_RECOMPUTE_SELECTIVE
-                                                 : MODEL_RECOMPUTE_NONE,
+      .recompute = recomputes[c->train.recompute],
       .master_in_optimizer = c->optim.offload,
       .fp8 = {
-          .enabled = strcmp(c->train.precision, "fp8") == 0,
-          .recipe = strcmp(c->fp8.recipe, "current") == 0 ? MODEL_FP8_CURRENT
-                    : strcmp(c->fp8.recipe, "block") == 0 ? MODEL_FP8_BLOCK
-                                                          : MODEL_FP8_DELAYED,
+          .enabled = c->train.precision == CFG_PRECISION_FP8,
+          .recipe = recipes[c->fp8.recipe],
           .amax_history = c->fp8.amax_history,
-          .amax_max = strcmp(c->fp8.amax_compute, "max") == 0,
+          .amax_max = c->fp8.amax_compute == CFG_AMAX_COMPUTE_MAX,
           .margin = c->fp8.margin,
-          .hybrid = strcmp(c->fp8.format, "hybrid") == 0,
+          .hybrid = c->fp8.format == CFG_FP8_FORMAT_HYBRID,
           .fast_accum = c->fp8.fast_accum,
           .edge_layers_bf16 = c->fp8.bf16_edge_layers,
           .head = c->fp8.head,
@@ -243,6 +211,6 @@ model_layout cfg_model_layout(const cfg *c) {
 int cfg_n_micro(const cfg *c) { return c->train.global_batch / (c->parallel.dp * c->train.micro_batch); }
 
 int cfg_act_bf16(const cfg *c) {
-  const char *p = c->train.precision;
-  return strcmp(p, "auto") == 0 || strcmp(p, "bf16") == 0 || strcmp(p, "fp8") == 0;
+  const cfg_precision p = c->train.precision;
+  return p == CFG_PRECISION_AUTO || p == CFG_PRECISION_BF16 || p == CFG_PRECISION_FP8;
 }

@@ -9,15 +9,13 @@
 #include <string.h>
 
 k_backend_opts factory_backend_opts(const cfg *c, int on_gpu) {
-  const char *isa = c->train.cpu_isa;
+  static const k_isa isas[] = {[CFG_CPU_ISA_AUTO] = K_ISA_AUTO, [CFG_CPU_ISA_AVX512] = K_ISA_AVX512,
+                               [CFG_CPU_ISA_AVX2] = K_ISA_AVX2, [CFG_CPU_ISA_SSE] = K_ISA_SSE};
   return (k_backend_opts){
       .act = on_gpu && cfg_act_bf16(c) ? K_BF16 : K_F32,
-      .tf32 = strcmp(c->train.precision, "tf32") == 0,
-      .attn_own = strcmp(c->train.attention, "own") == 0,
-      .cpu_isa = strcmp(isa, "avx512") == 0 ? K_ISA_AVX512
-                 : strcmp(isa, "avx2") == 0 ? K_ISA_AVX2
-                 : strcmp(isa, "sse") == 0  ? K_ISA_SSE
-                                            : K_ISA_AUTO,
+      .tf32 = c->train.precision == CFG_PRECISION_TF32,
+      .attn_own = c->train.attention == CFG_ATTENTION_OWN,
+      .cpu_isa = isas[c->train.cpu_isa],
       .peak_tflops = c->log.peak_tflops,
   };
 }
@@ -30,10 +28,10 @@ static int factory_gpu_count(void) {
 #endif
 }
 
-// Whether device ("auto" | "cpu" | "cuda", set by `option`, e.g. "train.device=") uses a GPU:
-// cuda, or auto with one visible. -1 with a message when cuda is asked for and none is there.
-static int factory_wants_gpu(const char *option, const char *dev, int n_gpus, char *err, size_t n_err) {
-  int gpu = strcmp(dev, "cuda") == 0 || (strcmp(dev, "auto") == 0 && n_gpus > 0);
+// Whether device dev (set by `option`, e.g. "train.device=") uses a GPU: cuda, or auto with one
+// visible. -1 with a message when cuda is asked for and none is there.
+static int factory_wants_gpu(const char *option, cfg_device dev, int n_gpus, char *err, size_t n_err) {
+  int gpu = dev == CFG_DEVICE_CUDA || (dev == CFG_DEVICE_AUTO && n_gpus > 0);
   if (gpu && n_gpus == 0) {
 #ifdef TRAINER_HAVE_CUDA
     const char *why = "no GPU is visible";
@@ -48,17 +46,17 @@ static int factory_wants_gpu(const char *option, const char *dev, int n_gpus, ch
 // Whether this run uses GPUs: train.device=cuda, or auto with a GPU visible. -1 with a message
 // when it cannot run as configured.
 static int factory_use_gpu(const cfg *c, int n_gpus, char *err, size_t n_err) {
-  const char *dev = c->train.device, *prec = c->train.precision;
-  int gpu = factory_wants_gpu("train.device=", dev, n_gpus, err, n_err);
+  const cfg_precision prec = c->train.precision;
+  int gpu = factory_wants_gpu("train.device=", c->train.device, n_gpus, err, n_err);
   if (gpu < 0) return -1;
-  if (!gpu && (strcmp(prec, "tf32") == 0 || strcmp(prec, "bf16") == 0))
+  if (!gpu && (prec == CFG_PRECISION_TF32 || prec == CFG_PRECISION_BF16))
     return snprintf(err, n_err, "train.precision=%s needs a GPU, and this rank runs on the CPU (train.device=%s, "
-                    "%d GPU%s visible): CPU ranks compute in fp32, set train.precision=fp32 or auto", prec, dev,
-                    n_gpus, n_gpus == 1 ? "" : "s"), -1;
+                    "%d GPU%s visible): CPU ranks compute in fp32, set train.precision=fp32 or auto",
+                    cfg_precision_names[prec], cfg_device_names[c->train.device], n_gpus, n_gpus == 1 ? "" : "s"), -1;
   return gpu;
 }
 
-k_backend *factory_tool_backend(const char *device, char *err, size_t n_err) {
+k_backend *factory_tool_backend(cfg_device device, char *err, size_t n_err) {
   const k_backend_opts fp32 = {.act = K_F32};  // tf32 off, GPU 0
   int gpu = factory_wants_gpu("--device ", device, factory_gpu_count(), err, n_err);
   if (gpu < 0) return NULL;
@@ -84,10 +82,10 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
     // GPU; the staged MPI communicator lets them share it. Both order their work on the
     // backend's compute stream.
     bo.device = f->device = f->place.local_rank % n_gpus;
-    if (strcmp(c->train.precision, "fp8") == 0 && k_cuda_device_fp8_check(bo.device, err, n_err) != 0) return -1;
+    if (c->train.precision == CFG_PRECISION_FP8 && k_cuda_device_fp8_check(bo.device, err, n_err) != 0) return -1;
     f->be = k_backend_cuda_create(&bo);
     co.stream = k_cuda_stream_of(f->be);
-    f->comms = strcmp(p->gpu_comm, "mpi") == 0 ? comm_staged_factory(&co) : comm_nccl_factory(&co);
+    f->comms = p->gpu_comm == CFG_GPU_COMM_MPI ? comm_staged_factory(&co) : comm_nccl_factory(&co);
   }
 #endif
   if (!f->be) {

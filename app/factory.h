@@ -23,11 +23,11 @@ k_backend_opts factory_backend_opts(const cfg *c, int on_gpu);
 // Collective. Builds the backend, communicators and grid. 0, or -1 with a message in err (a
 // GPU asked for and none visible, a precision the CPU backend cannot run).
 int factory_init(factory *f, const cfg *c, char *err, size_t n_err);
-// The backend of a one-process tool (build/sample) on device "auto" | "cpu" | "cuda" (as
-// train.device; auto: GPU 0 when one is visible): fp32 activations and, on a GPU, full fp32 GEMMs
+// The backend of a one-process tool (build/sample) on device (as train.device; auto: GPU 0 when
+// one is visible): fp32 activations and, on a GPU, full fp32 GEMMs
 // (no TF32), so that it computes what the CPU does. NULL with a message naming the option when
 // cuda is asked for and there is no GPU (or no CUDA backend in the build).
-k_backend *factory_tool_backend(const char *device, char *err, size_t n_err);
+k_backend *factory_tool_backend(cfg_device device, char *err, size_t n_err);
 // Collective. Communicators first (NCCL's streams and events belong to the backend's device).
 // Safe twice.
 void factory_free(factory *f);

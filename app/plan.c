@@ -98,7 +98,7 @@ double plan_host_bytes(const cfg *c, int64_t n) {
   if (!o->offload) return 0;
   int dp = c->parallel.dp, zero = o->distributed_optimizer && dp > 1;
   double share = (double)o->offload_fraction * n / (zero ? dp : 1);
-  int act_bytes = strcmp(c->train.device, "cpu") != 0 && cfg_act_bf16(c) ? 2 : 4;
+  int act_bytes = c->train.device != CFG_DEVICE_CPU && cfg_act_bf16(c) ? 2 : 4;
   // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
   // and new weights.
   double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
@@ -125,12 +125,12 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   printf("batch: global %d sequences = dp %d x %d micro-batches x %d; pipeline bubble (theory) %.1f%%\n",
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
-  int gpu = strcmp(c->train.device, "cuda") == 0, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
+  int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
   const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
                                                      : "fp32 compute copy + fp32 masters of the device share")
                         : bf16_act ? "fp32 master weights + bf16 compute copy" : "fp32 master weights";
   printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
-         "moments %s):\n", gpu ? "cuda" : c->train.device, weights,
+         "moments %s):\n", gpu ? "cuda" : cfg_device_names[c->train.device], weights,
          bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
@@ -220,8 +220,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                                                           : ", whole on each dp rank";
     printf("offload: the master weights and moments of offload_fraction %g of the buckets%s, in pinned host memory "
            "(offload_update=%s): up to %.2f GiB per rank, up to %.2f GiB per node of %d ranks; the table above is "
-           "device memory\n", (double)c->optim.offload_fraction, spread, c->optimizer.offload_update, gib(host_max),
-           gib(host_max * rpn), rpn);
+           "device memory\n", (double)c->optim.offload_fraction, spread,
+           cfg_offload_update_names[c->optimizer.offload_update], gib(host_max), gib(host_max * rpn), rpn);
   }
   if (launch) plan_print_launch(c, world_size, launch);
   return 0;

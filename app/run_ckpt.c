@@ -204,7 +204,7 @@ static int ckpt_extra_state(const char *path, MPI_Comm world, int *has_fp8, int 
   char msg[256];
   *has_fp8 = *has_head = *res_dp = 0;
   if (meta.config_yaml && cfg_load_string(&stored, meta.config_yaml, path, msg, sizeof msg) == 0) {
-    *has_fp8 = strcmp(stored.train.precision, "fp8") == 0;
+    *has_fp8 = stored.train.precision == CFG_PRECISION_FP8;
     *has_head = *has_fp8 && stored.fp8.head;
     if (cfg_validate(&stored, 0, msg, sizeof msg) == 0 && grad_compress_on(&stored.optim, stored.parallel.dp) &&
         stored.optim.grad_error_feedback)

@@ -23,7 +23,8 @@
 #include <time.h>
 
 typedef struct sample_args {
-  const char *ckpt, *prompt, *data, *device;
+  const char *ckpt, *prompt, *data;
+  cfg_device device;
   long tokens;
   float temperature, top_p;
   uint64_t seed;
@@ -60,9 +61,9 @@ static int parse_option(sample_args *a, const char *opt, const char *val) {
   } else if (strcmp(opt, "--data") == 0) {
     a->data = val;
   } else if (strcmp(opt, "--device") == 0) {
-    if (strcmp(val, "auto") != 0 && strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0)
-      return fprintf(stderr, "error: --device %s: expected auto, cpu or cuda\n", val), 2;
-    a->device = val;
+    int device = cfg_find_choice(cfg_device_names, val);
+    if (device < 0) return fprintf(stderr, "error: --device %s: expected auto, cpu or cuda\n", val), 2;
+    a->device = (cfg_device)device;
   } else if (strcmp(opt, "--tokens") == 0) {
     if (parse_num(val, 0, 1e9, &v) || v != floor(v))
       return fprintf(stderr, "error: --tokens %s: expected a whole number from 0 to 1e9\n", val), 2;
@@ -90,7 +91,7 @@ static int parse_option(sample_args *a, const char *opt, const char *val) {
 
 // 0, or 2 after printing what is wrong with the command line.
 static int parse_args(sample_args *a, int argc, char **argv) {
-  *a = (sample_args){.tokens = 200, .temperature = 0.8f, .top_p = 0.95f, .device = "auto"};
+  *a = (sample_args){.tokens = 200, .temperature = 0.8f, .top_p = 0.95f, .device = CFG_DEVICE_AUTO};
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     if (strcmp(s, "--stream-loss") == 0) {

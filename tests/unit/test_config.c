@@ -46,7 +46,9 @@ static void test_defaults(void) {
   EXPECT(c.optim.lr == 3e-3f && c.optim.min_lr == 3e-4f && c.optim.warmup_steps == 30, "schedule");
   EXPECT(c.optim.weight_decay == 0.1f && c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f, "adamw");
   EXPECT(c.optim.eps == 1e-8f && c.optim.grad_clip == 1.0f && c.train.seed == 1234, "eps clip seed");
-  EXPECT(!strcmp(c.train.device, "auto") && !strcmp(c.train.recompute, "none"), "enums");
+  EXPECT(c.train.device == CFG_DEVICE_AUTO && c.train.recompute == CFG_RECOMPUTE_NONE, "choices");
+  EXPECT(c.train.precision == CFG_PRECISION_AUTO && c.fp8.recipe == CFG_FP8_RECIPE_DELAYED &&
+         c.optimizer.offload_update == CFG_OFFLOAD_UPDATE_CPU && c.parallel.gpu_comm == CFG_GPU_COMM_NCCL, "choices");
   EXPECT(!strcmp(c.data.train, "data/corpus/train_*.bin") && !strcmp(c.data.val, "data/corpus/val_*.bin"), "data");
   EXPECT(!strcmp(c.checkpoint.dir, "runs/default/ckpt") && c.checkpoint.every == 100, "ckpt");
   EXPECT(!strcmp(c.checkpoint.resume, "none") && c.checkpoint.keep == 3, "resume keep");
@@ -82,7 +84,7 @@ static void test_file_and_overrides(void) {
   EXPECT(rc == 0, "%s", err);
   EXPECT(c.model.dim == 64 && c.model.norm_eps == 1e-6f && c.model.tie_embeddings == 1, "model");
   EXPECT(c.parallel.sequence_parallel == 1 && c.optim.distributed_optimizer == 0, "bools");
-  EXPECT(c.train.seed == UINT64_MAX && !strcmp(c.train.device, "cpu") && c.optim.lr == 0.5f, "train");
+  EXPECT(c.train.seed == UINT64_MAX && c.train.device == CFG_DEVICE_CPU && c.optim.lr == 0.5f, "train");
   EXPECT(c.checkpoint.dir[0] == '\0', "plain null is an empty string, got '%s'", c.checkpoint.dir);
   EXPECT(!strcmp(c.checkpoint.resume, "null"), "quoted null stays a string, got '%s'", c.checkpoint.resume);
   EXPECT(c.model.n_layers == 4 && c.train.steps == 300, "unset keys keep defaults");
@@ -91,7 +93,7 @@ static void test_file_and_overrides(void) {
   char *ov[] = {"model.dim=128", "train.device=cuda", "model.tie_embeddings=off", "data.val=", "train.seed=7"};
   rc = load_text(&c, "file2.yaml", yaml, 5, ov, err, sizeof err);
   EXPECT(rc == 0, "%s", err);
-  EXPECT(c.model.dim == 128 && !strcmp(c.train.device, "cuda") && c.model.tie_embeddings == 0, "overrides win");
+  EXPECT(c.model.dim == 128 && c.train.device == CFG_DEVICE_CUDA && c.model.tie_embeddings == 0, "overrides win");
   EXPECT(c.data.val[0] == '\0' && c.train.seed == 7, "override empty string and seed");
   char *ov2[] = {"model.dim=32", "model.dim=96"};
   EXPECT(cfg_load(&c, NULL, 2, ov2, err, sizeof err) == 0 && c.model.dim == 96, "last override wins");
@@ -193,10 +195,10 @@ static void test_load_errors(void) {
   cfg old;
   char old_err[256] = "";
   EXPECT(cfg_load_string(&old, "parallel:\n  dp: 2\n  grad_reduce_bf16: true\n", "old.h5", old_err,
-                         sizeof old_err) == 0 && strcmp(old.parallel.grad_compress, "bf16") == 0 && old.parallel.dp == 2,
+                         sizeof old_err) == 0 && old.parallel.grad_compress == CFG_GRAD_COMPRESS_BF16 && old.parallel.dp == 2,
          "stored grad_reduce_bf16: true reads as grad_compress bf16: %s", old_err);
   EXPECT(cfg_load_string(&old, "parallel:\n  grad_reduce_bf16: false", "old.h5", old_err, sizeof old_err) == 0 &&
-             strcmp(old.parallel.grad_compress, "none") == 0,
+             old.parallel.grad_compress == CFG_GRAD_COMPRESS_NONE,
          "stored grad_reduce_bf16: false reads as grad_compress none: %s", old_err);
   char *replaced[] = {"parallel.grad_reduce_bf16=true"};
   LOAD_ERR("ov_replaced", NULL, 1, replaced, "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress");
@@ -208,6 +210,41 @@ static void test_load_errors(void) {
   LOAD_ERR("ov_range", NULL, 1, bad_range, "override 'model.dim=-4': model.dim = -4 is out of range");
   char *ok_then_bad[] = {"model.dim=64", "model.dim="};
   LOAD_ERR("ov_empty", NULL, 2, ok_then_bad, "override 'model.dim=': model.dim: expected an integer, found ''");
+
+  // A choice key takes one of its words, exactly (case included); the message lists them.
+  char *choices[][2] = {
+      {"train.device=gpu", "train.device = 'gpu' is not one of: auto, cpu, cuda"},
+      {"train.recompute=some", "train.recompute = 'some' is not one of: none, selective, full"},
+      {"train.precision=fp16", "train.precision = 'fp16' is not one of: auto, fp32, tf32, bf16, fp8"},
+      {"train.attention=flash", "train.attention = 'flash' is not one of: cudnn, own"},
+      {"train.cpu_isa=neon", "train.cpu_isa = 'neon' is not one of: auto, avx512, avx2, sse"},
+      {"fp8.recipe=tensorwise", "fp8.recipe = 'tensorwise' is not one of: delayed, current, block"},
+      {"fp8.amax_compute=mean", "fp8.amax_compute = 'mean' is not one of: max, most_recent"},
+      {"fp8.format=e5m2", "fp8.format = 'e5m2' is not one of: hybrid, e4m3"},
+      {"optimizer.offload=gpu", "optimizer.offload = 'gpu' is not one of: none, host"},
+      {"optimizer.offload_update=disk", "optimizer.offload_update = 'disk' is not one of: gpu, cpu"},
+      {"parallel.gpu_comm=gloo", "parallel.gpu_comm = 'gloo' is not one of: nccl, mpi"},
+      {"parallel.grad_compress=fp8", "parallel.grad_compress = 'fp8' is not one of: none, bf16, fp16, int8"},
+      {"parallel.grad_error_feedback=yes", "parallel.grad_error_feedback = 'yes' is not one of: auto, on, off"},
+      {"train.device=CPU", "train.device = 'CPU' is not one of"},
+      {"train.device=", "train.device = '' is not one of"},
+  };
+  for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++)
+    LOAD_ERR(choices[i][0], NULL, 1, choices[i], choices[i][1]);
+  LOAD_ERR("choice.yaml", "train:\n  steps: 3\n  precision: fp16\n", 0, NULL, "choice.yaml:3:",
+           "train.precision = 'fp16' is not one of: auto, fp32, tf32, bf16, fp8");
+  // Quoted or not, in a file or an override, a word reads as its enum value.
+  cfg c2;
+  char *words[] = {"train.precision=fp8", "fp8.amax_compute=most_recent", "optimizer.offload=host"};
+  EXPECT(load_text(&c2, "words.yaml", "train:\n  device: \"cpu\"\n  recompute: selective\n", 3, words, err,
+                   sizeof err) == 0, "%s", err);
+  EXPECT(c2.train.device == CFG_DEVICE_CPU && c2.train.recompute == CFG_RECOMPUTE_SELECTIVE &&
+         c2.train.precision == CFG_PRECISION_FP8 && c2.fp8.amax_compute == CFG_AMAX_COMPUTE_MOST_RECENT &&
+         c2.optimizer.offload == CFG_OFFLOAD_HOST, "choices as enums");
+  EXPECT(cfg_find_choice(cfg_precision_names, "bf16") == CFG_PRECISION_BF16 &&
+         cfg_find_choice(cfg_precision_names, "BF16") == -1, "cfg_find_choice");
+  EXPECT(cfg_list_choices("fp8.format") == cfg_fp8_format_names && !cfg_list_choices("model.dim") &&
+         !cfg_list_choices("train") && !cfg_list_choices("fp8.formats"), "cfg_list_choices");
 }
 
 // Expects cfg_validate to fail on c with a message holding each substring.
@@ -242,11 +279,7 @@ static void test_validate(void) {
   INVALID(0, OV("model.dim=250"), "model.dim = 250", "model.n_heads = 8");
   INVALID(0, OV("model.dim=24"), "model.dim / model.n_heads", "= 3", "even");
   INVALID(0, OV("train.micro_batch=64"), "train.micro_batch = 64", "train.global_batch = 32");
-  INVALID(0, OV("train.device=gpu"), "train.device = 'gpu'", "auto, cpu, cuda");
-  INVALID(0, OV("train.recompute=some"), "train.recompute = 'some'", "none, selective, full");
   INVALID(0, OV("checkpoint.resume="), "checkpoint.resume", "none, auto");
-  INVALID(0, OV("parallel.grad_compress=fp8"), "parallel.grad_compress = 'fp8'", "none, bf16, fp16, int8");
-  INVALID(0, OV("parallel.grad_error_feedback=yes"), "parallel.grad_error_feedback = 'yes'", "auto, on, off");
   INVALID(0, OV("train.min_lr=0.01"), "train.min_lr", "train.lr");
   INVALID(0, OV("train.warmup_steps=301"), "train.warmup_steps = 301", "train.steps = 300");
   cfg c;
@@ -317,6 +350,10 @@ static void test_validate(void) {
   cfg_load(&c, NULL, 0, NULL, err, sizeof err);
   c.model.n_heads = 0;
   EXPECT(cfg_validate(&c, 1, err, sizeof err) == -1 && has(err, "model.n_heads = 0 is out of range"), "'%s'", err);
+  cfg_load(&c, NULL, 0, NULL, err, sizeof err);
+  c.train.precision = (cfg_precision)5;
+  EXPECT(cfg_validate(&c, 1, err, sizeof err) == -1 &&
+         has(err, "train.precision = 5 is out of range [0, 4] (the enum of: auto, fp32, tf32, bf16, fp8)"), "'%s'", err);
 }
 
 static void test_round_trip(void) {
@@ -377,7 +414,8 @@ static char *read_all(const char *path) {
 }
 
 // configs/default.yaml must be the defaults with every key written out; docs/config.md must
-// document every key. The key list comes from cfg_to_yaml (one "  key:" line per key).
+// document every key, a choice key with its words and default as the table has them. The key
+// list comes from cfg_to_yaml (one "  key: value" line per key).
 static void test_shipped_files(void) {
   const char *src = getenv("TRAINER_SOURCE_DIR");
   char path[512], err[512];
@@ -408,6 +446,15 @@ static void test_shipped_files(void) {
     EXPECT(has(default_text, want), "configs/default.yaml lacks %s.%s", section, name);
     snprintf(want, sizeof want, "`%s.%s`", section, name);
     EXPECT(has(doc, want), "docs/config.md lacks %s", want);
+    snprintf(want, sizeof want, "%s.%s", section, name);
+    const char *const *words = cfg_list_choices(want);
+    if (!words) continue;
+    char row[512];
+    int n = snprintf(row, sizeof row, "| `%s` | choice | ", want);
+    for (int i = 0; words[i]; i++) n += snprintf(row + n, sizeof row - (size_t)n, "%s%s", i ? " \\| " : "", words[i]);
+    const char *value = strchr(line, ':') + 2;  // the default's word, quoted
+    snprintf(row + n, sizeof row - (size_t)n, " | `%.*s` |", (int)strlen(value) - 2, value + 1);
+    EXPECT(has(doc, row), "docs/config.md lacks the row '%s'", row);
   }
   free(dump);
   free(default_text);
