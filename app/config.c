@@ -52,6 +52,7 @@ CFG_WORDS(cfg_fp8_format, CFG_FP8_FORMAT_E4M3, "hybrid", "e4m3");
 CFG_WORDS(cfg_offload, CFG_OFFLOAD_HOST, "none", "host");
 CFG_WORDS(cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU, "gpu", "cpu");
 CFG_WORDS(cfg_gpu_comm, CFG_GPU_COMM_MPI, "nccl", "mpi");
+CFG_WORDS(cfg_shard, CFG_SHARD_OPTIMIZER, "none", "optimizer");
 CFG_WORDS(cfg_grad_compress, CFG_GRAD_COMPRESS_INT8, "none", "bf16", "fp16", "int8");
 CFG_WORDS(cfg_error_feedback, CFG_ERROR_FEEDBACK_OFF, "auto", "on", "off");
 
@@ -112,7 +113,10 @@ static const cfg_key cfg_keys[] = {
            "for the transfer it reads; false = each group of transfers completes before the next compute; no "
            "effect with pp 1"),
   CFG_BOOL(parallel, sequence_parallel, 0, "shard activations outside TP regions along the sequence (needs tp > 1)"),
-  CFG_BOOL_IN(parallel, distributed_optimizer, optim.distributed_optimizer, 0, "shard optimizer state over dp (ZeRO-1); no effect with dp 1"),
+  CFG_CHOICE(parallel, shard, cfg_shard, CFG_SHARD_NONE,
+             "what each dp rank holds only its part of: none (every rank holds all of the optimizer's state); "
+             "optimizer: the fp32 master weights and the AdamW moments (ZeRO-1: DP buckets are reduce-scattered, each "
+             "rank updates its part and the compute copy is all-gathered); no effect with dp 1"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
   CFG_CHOICE(parallel, grad_compress, cfg_grad_compress, CFG_GRAD_COMPRESS_NONE,
              "wire format of the DP gradient reduction (none: fp32; fp16: a per-bucket power-of-two scale agreed "
@@ -341,6 +345,8 @@ static const struct {
 } cfg_replaced[] = {
     {"parallel", "grad_reduce_bf16", "set parallel.grad_compress: bf16 (true) or none (false)",
      "  grad_compress: \"bf16\"", "  grad_compress: \"none\""},
+    {"parallel", "distributed_optimizer", "set parallel.shard: optimizer (true) or none (false)",
+     "  shard: \"optimizer\"", "  shard: \"none\""},
 };
 
 // Hint order: a replaced key's successor; a close name in the same section, else the same name

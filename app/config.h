@@ -33,6 +33,8 @@ typedef enum cfg_fp8_format { CFG_FP8_FORMAT_HYBRID, CFG_FP8_FORMAT_E4M3 } cfg_f
 typedef enum cfg_offload { CFG_OFFLOAD_NONE, CFG_OFFLOAD_HOST } cfg_offload;
 typedef enum cfg_offload_update { CFG_OFFLOAD_UPDATE_GPU, CFG_OFFLOAD_UPDATE_CPU } cfg_offload_update;
 typedef enum cfg_gpu_comm { CFG_GPU_COMM_NCCL, CFG_GPU_COMM_MPI } cfg_gpu_comm;
+// parallel.shard: what each dp rank holds only its part of (docs/config.md).
+typedef enum cfg_shard { CFG_SHARD_NONE, CFG_SHARD_OPTIMIZER } cfg_shard;
 typedef enum cfg_grad_compress {
   CFG_GRAD_COMPRESS_NONE,
   CFG_GRAD_COMPRESS_BF16,
@@ -68,6 +70,7 @@ typedef struct cfg_parallel {
   int pp_comm_bf16;           // pipeline transfers in bf16 (0: fp32)
   int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
+  cfg_shard shard;            // what is sharded over dp (resolved into optim.distributed_optimizer)
   cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message

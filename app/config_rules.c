@@ -20,11 +20,13 @@ static void cfg_resolve_compress(cfg *c) {
       m != COMM_COMPRESS_NONE && (fb == CFG_ERROR_FEEDBACK_ON || (fb == CFG_ERROR_FEEDBACK_AUTO && int8));
 }
 
-// The optimizer section's choices, resolved into c->optim.
+// The optimizer's state: what is sharded over dp and where it lives (the optimizer section's
+// choices), resolved into c->optim.
 static int cfg_validate_offload(cfg *c, char *err, size_t n_err) {
   const cfg_optimizer *s = &c->optimizer;
   opt_config *o = &c->optim;
   o->offload = s->offload == CFG_OFFLOAD_HOST;
+  o->distributed_optimizer = c->parallel.shard >= CFG_SHARD_OPTIMIZER;
   o->offload_cpu = s->offload_update == CFG_OFFLOAD_UPDATE_CPU;
   if (o->offload_delay && !(o->offload && o->offload_cpu))
     return check_errf(err, n_err, "optimizer.offload_delay = 1 delays the host update of the cpu engine: it needs "
@@ -44,9 +46,9 @@ static int cfg_validate_param_gather(const cfg *c, char *err, size_t n_err) {
     return check_errf(err, n_err, "fp8.param_gather = true gathers codes of one scale per tensor, but fp8.recipe = "
                       "block scales 128 x 128 tiles: set fp8.recipe to delayed or current, or fp8.param_gather=false");
   if (!c->optim.distributed_optimizer)
-    return check_errf(err, n_err, "fp8.param_gather = true replaces the distributed optimizer's all-gather of the "
-                      "updated weights, but parallel.distributed_optimizer = false: set "
-                      "parallel.distributed_optimizer=true or fp8.param_gather=false");
+    return check_errf(err, n_err, "fp8.param_gather = true replaces the sharded optimizer's all-gather of the "
+                      "updated weights, but parallel.shard = none: set parallel.shard=optimizer or "
+                      "fp8.param_gather=false");
   return 0;
 }
 
@@ -193,7 +195,9 @@ model_layout cfg_model_layout(const cfg *c) {
       .sequence_parallel = c->parallel.sequence_parallel,
       .micro_batch = c->train.micro_batch,
       .recompute = recomputes[c->train.recompute],
-      .master_in_optimizer = c->optim.offload,
+      // With the optimizer's state sharded the optimizer holds the master weights (its part only); with
+      // dp 1 its part is all of it, held by the model as without sharding.
+      .master_in_optimizer = c->optim.offload || (c->optim.distributed_optimizer && c->parallel.dp > 1),
       .fp8 = {
           .enabled = c->train.precision == CFG_PRECISION_FP8,
           .recipe = recipes[c->fp8.recipe],

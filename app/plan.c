@@ -117,7 +117,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
   int hd = mc->dim / mc->n_heads;
   printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
-         sp ? ", sequence parallel" : "", c->optim.distributed_optimizer && dp > 1 ? ", distributed optimizer" : "");
+         sp ? ", sequence parallel" : "", c->optim.distributed_optimizer && dp > 1 ? ", optimizer state sharded" : "");
   printf("model: %.3fB parameters (%.3fB without the embedding), d %d, %d layers, %d heads (%d kv), head dim %d, "
          "ffn %d, vocab %d, seq %d\n",
          n_total / 1e9, n_no_embed / 1e9, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, hd, mc->ffn_dim,
@@ -126,9 +126,15 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
   int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
-  const char *weights = c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
-                                                     : "fp32 compute copy + fp32 masters of the device share")
-                        : bf16_act ? "fp32 master weights + bf16 compute copy" : "fp32 master weights";
+  // The optimizer holds the fp32 masters (ml.master_in_optimizer): its part with parallel.shard, the
+  // device share's with optimizer.offload; else the model holds them whole.
+  const char *weights = ml.master_in_optimizer
+                            ? (c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
+                                                            : "fp32 compute copy + fp32 masters of the device share")
+                                                : (bf16_act ? "bf16 compute copy + fp32 masters of this rank's part"
+                                                            : "fp32 compute copy + fp32 masters of this rank's part"))
+                        : bf16_act ? "fp32 master weights + bf16 compute copy"
+                                   : "fp32 master weights";
   printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
          "moments %s):\n", gpu ? "cuda" : cfg_device_names[c->train.device], weights,
          bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
@@ -175,10 +181,12 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       // optimizer.offload=host: the master weights and the host share of the moments move to
       // pinned host memory (plan_host_bytes); the compute copy is then separate even in fp32.
       const opt_config *oc = &c->optim;
-      // The device share keeps its fp32 master weights beside its moments, sharded like them.
-      double dev_share = oc->offload ? (1.0 - oc->offload_fraction) * n / (zero ? dp : 1) : 0.0;
-      double w = oc->offload ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
-      double adam = 8.0 * n / (zero ? dp : 1) * (oc->offload ? 1.0 - oc->offload_fraction : 1.0);
+      // Where the optimizer holds the masters, the device share keeps them beside its moments,
+      // sharded like them (all of the state is the device share without offload).
+      double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
+      double dev_share = ml.master_in_optimizer ? dev_frac * n / (zero ? dp : 1) : 0.0;
+      double w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
+      double adam = 8.0 * n / (zero ? dp : 1) * dev_frac;
       double host = plan_host_bytes(c, n);
       if (host > host_max) host_max = host;
       // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap

@@ -54,6 +54,19 @@ static void report_param_gather(trainer *t) {
               "%s) instead of %.3f MiB in %s\n", mib[0] + mib[1], mib[0], mib[1], act, mib[2], act);
 }
 
+// parallel.shard: what each rank holds of the optimizer's state (rank 0; every part is the same
+// size), or that dp 1 leaves nothing to shard.
+static void report_shard_line(trainer *t) {
+  if (t->c->parallel.shard == CFG_SHARD_NONE || t->g->world_rank != 0) return;
+  if (t->g->dp == 1) {
+    printf("parallel.shard=optimizer: no effect with dp 1 (one rank holds all of the optimizer's state)\n");
+    return;
+  }
+  printf("parallel.shard=optimizer: each rank holds its part (1/%d) of the fp32 master weights and AdamW moments: "
+         "%lld of %lld parameters, %.2f GiB\n", t->g->dp, (long long)t->o.shard_n, (long long)t->m.n_params,
+         12.0 * (double)t->o.shard_n / 1073741824.0);
+}
+
 // optimizer.offload: the pinned host memory the optimizer's state took (its own allocations), on
 // rank 0 per parameter it holds, and on the fullest rank; and whether offload_layer_wait is in force.
 static void report_offload_line(trainer *t) {
@@ -78,6 +91,7 @@ void report_model_line(trainer *t) {
            "per step, %s backend, %d rank%s, %d OpenMP thread%s per rank\n",
            n_params / 1e6, n_params_no_embed / 1e6, t->n_micro, c->train.micro_batch, c->model.seq_len, t->be->name,
            t->g->world_size, t->g->world_size > 1 ? "s" : "", -n_threads, n_threads < -1 ? "s" : "");
+  report_shard_line(t);
   report_param_gather(t);
   report_offload_line(t);
 }

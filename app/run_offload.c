@@ -56,7 +56,7 @@ int run_offload_check(const cfg *c, const grid *g, const k_backend *be, char *er
   return check_errf(err, n_err,
                     "optimizer.offload=host: %d rank%s on one node need %.2f GiB of pinned host memory but the node "
                     "has %.2f GiB available (MemAvailable in /proc/meminfo): lower optimizer.offload_fraction, shard "
-                    "the master weights and moments over more dp ranks (parallel.distributed_optimizer), or run "
+                    "the master weights and moments over more dp ranks (parallel.shard=optimizer), or run "
                     "fewer ranks per node",
                     (int)worst[2], worst[2] == 1 ? "" : "s", worst[0] / 1073741824.0, worst[1] / 1073741824.0);
 }

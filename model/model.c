@@ -104,7 +104,7 @@ void model_stage_layers(const model_config *mc, const model_layout *ml, int vsta
 void *model_host_alloc(k_backend *be, size_t n_bytes, const char *what) {
   void *p = be->host_alloc(be, n_bytes);
   CHECK(p, "cannot pin %.2f GiB of host memory for %s (optimizer.offload=host): lower optimizer.offload_fraction, "
-        "shard over more dp ranks (parallel.distributed_optimizer) or run fewer ranks per node",
+        "shard over more dp ranks (parallel.shard=optimizer) or run fewer ranks per node",
         n_bytes / 1073741824.0, what);
   return p;
 }

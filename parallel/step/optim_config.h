@@ -15,7 +15,7 @@ typedef struct opt_config {
   float beta2;
   float eps;
   float grad_clip;            // global gradient-norm clip; 0 = off
-  int distributed_optimizer;  // bool: ZeRO-1 over dp
+  int distributed_optimizer;  // bool: parallel.shard=optimizer: master weights and moments sharded over dp (ZeRO-1)
   float bucket_mb;            // DP gradient bucket size in MiB
   comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
   int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step

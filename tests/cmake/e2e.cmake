@@ -16,21 +16,21 @@ set_tests_properties(e2e_two_nodes PROPERTIES RUN_SERIAL TRUE)
 add_test(NAME e2e_slurm COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_slurm.sh)
 set_tests_properties(e2e_slurm PROPERTIES LABELS "e2e" SKIP_RETURN_CODE 77 TIMEOUT 900 RUN_SERIAL TRUE ENVIRONMENT
                      "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")
-set(RESUME_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
+set(RESUME_ZERO parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01)
 set(RESUME_TP2_SP parallel.tp=2 parallel.sequence_parallel=true)
 set(RESUME_PP2_VPP2_OVERLAP parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true)
 # FP8: the scaling state (scales and amax histories) resumes bitwise too; pp2 with the head in FP8
 # (its state written by the last stage alone).
-set(RESUME_FP8_ZERO train.precision=fp8 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01)
+set(RESUME_FP8_ZERO train.precision=fp8 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01)
 set(RESUME_FP8_TP2_SP train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4)
 set(RESUME_FP8_PP2_VPP2 train.precision=fp8 parallel.pp=2 parallel.vpp=2 fp8.head=true)
 # The FP8 weights all-gathered as codes (fp8.param_gather): their copies after a resume are cast
 # from the loaded weights, bit for bit the gathered ones.
-set(RESUME_FP8_PGATHER train.precision=fp8 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+set(RESUME_FP8_PGATHER train.precision=fp8 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
     fp8.param_gather=true)
 # Compressed DP gradients: error feedback's residual (per dp rank) resumes bitwise too.
 set(RESUME_INT8_EF parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
-set(RESUME_FP16_EF_ZERO parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+set(RESUME_FP16_EF_ZERO parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
     parallel.grad_compress=fp16 parallel.grad_error_feedback=on)
 foreach(t ZERO TP2_SP PP2_VPP2_OVERLAP FP8_ZERO FP8_TP2_SP FP8_PP2_VPP2 FP8_PGATHER INT8_EF FP16_EF_ZERO)
   string(TOLOWER ${t} name)

@@ -29,7 +29,7 @@ if(TRAINER_HAVE_CUDA)
       "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8")
   trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
   trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
-  trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+  trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
   # Block scaling with the head in FP8, on a model whose tp2 shards keep the single GPU's tiles.
   set(block_args "train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true")
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=${block_args}")
@@ -54,7 +54,7 @@ if(TRAINER_HAVE_CUDA)
   # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/validate/test_gpu.sh.
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4")
   trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
-  trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+  trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                      parallel.grad_compress=int8)
 
   # The whole model on CPU fp32 against the GPU in bf16: loss and every parameter gradient.

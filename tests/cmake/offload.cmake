@@ -5,7 +5,7 @@
 # --dry-run plans (tests/e2e/test_offload.sh), on one rank and on dp2 with the distributed optimizer
 # (the host share's master weights and moments sharded over dp).
 set(OFFLOAD_ONE 1)
-set(OFFLOAD_DP2_DISTOPT 2 parallel.dp=2 parallel.distributed_optimizer=true)
+set(OFFLOAD_DP2_DISTOPT 2 parallel.dp=2 parallel.shard=optimizer)
 foreach(t ONE DP2_DISTOPT)
   string(TOLOWER ${t} name)
   add_test(NAME offload_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload.sh ${name} ${OFFLOAD_${t}})

@@ -16,12 +16,12 @@ trainer_add_parity(pp4_vpp2_overlap 4 parallel.pp=4 parallel.vpp=2 model.n_layer
 trainer_add_parity(pp2_last1 2 parallel.pp=2 parallel.last_stage_layers=1)
 trainer_add_parity(pp2_vpp2_last1 2 parallel.pp=2 parallel.vpp=2 parallel.last_stage_layers=1 model.n_layers=7)
 trainer_add_parity(dp2 2 parallel.dp=2)
-trainer_add_parity(dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+trainer_add_parity(dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
 # Many 10 KiB buckets, each reduce-scattered while backward runs, on a second dp communicator.
-trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    parallel.dp_overlap_ctas=4)
 # A tied embedding (head and lookup add into one gradient) cut into many bucket parts.
-trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    model.tie_embeddings=true)
 # Compressed DP gradients (parallel.grad_compress, docs/compression.md), plain and with the
 # distributed optimizer, 20 steps against the uncompressed single rank, losses and weights:
@@ -29,15 +29,15 @@ trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.distributed_optimiz
 # (measured: docs/compression.md).
 set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2;TRAINER_TEST_ARGS=train.steps=20")
 trainer_add_parity(dp2_bf16_reduce 2 parallel.dp=2 parallel.grad_compress=bf16)
-trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    parallel.grad_compress=bf16)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-3;TRAINER_TEST_ARGS=train.steps=20")
 trainer_add_parity(dp2_fp16_reduce 2 parallel.dp=2 parallel.grad_compress=fp16 parallel.bucket_mb=0.05)
-trainer_add_parity(dp2_distopt_fp16_ef 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+trainer_add_parity(dp2_distopt_fp16_ef 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    parallel.grad_compress=fp16 parallel.grad_error_feedback=on)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2;TRAINER_TEST_ARGS=train.steps=20")
 trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)
-trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01
+trainer_add_parity(dp2_distopt_int8_reduce 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    parallel.grad_compress=int8)
 trainer_add_parity(dp2_int8_no_ef 2 parallel.dp=2 parallel.grad_compress=int8 parallel.grad_error_feedback=off)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2")
@@ -53,7 +53,7 @@ trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp
 # tp2_dp4 is configs/7b_tp2_dp4.yaml's 8-GPU form, pp 1: its 16-rank layout is e2e_two_nodes).
 trainer_add_parity(tp2_dp4_sp 8 parallel.tp=2 parallel.dp=4 parallel.sequence_parallel=true)
 trainer_add_parity(tp4_dp2_sp 8 parallel.tp=4 parallel.dp=2 parallel.sequence_parallel=true model.n_kv_heads=4)
-trainer_add_parity(dp8_distopt 8 parallel.dp=8 parallel.distributed_optimizer=true train.micro_batch=1)
+trainer_add_parity(dp8_distopt 8 parallel.dp=8 parallel.shard=optimizer train.micro_batch=1)
 trainer_add_parity(pp4_vpp2_dp2 8 parallel.pp=4 parallel.vpp=2 parallel.dp=2 model.n_layers=8 train.micro_batch=1)
 # FP8 (train.precision=fp8, emulated exactly on CPU ranks): each layout against the single rank
 # in FP8. A layout that sums in another order (tp) can round an element to the neighbouring FP8
@@ -64,7 +64,7 @@ set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8
 trainer_add_parity(fp8_tp2 2 parallel.tp=2)
 trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
-trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.distributed_optimizer=true)
+trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
 trainer_add_parity(fp8_tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
 # The fp8 keys go to the single-rank run too (TRAINER_TEST_ARGS; the layout's keys do not).

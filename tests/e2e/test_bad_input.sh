@@ -103,9 +103,9 @@ expect_error "zero AdamW epsilon" "train.eps = 0 is out of range" 1 "$T" "$D" tr
 expect_error "non-positive collective timeout" "parallel.comm_timeout_s" 1 "$T" "$D" parallel.comm_timeout_s=0
 # fp8.param_gather gathers per-tensor FP8 codes for the distributed optimizer.
 expect_error "FP8 weight gather without FP8" "fp8.param_gather = true gathers FP8 weights, but train.precision" 2 \
-  "$T" "$D" parallel.dp=2 parallel.distributed_optimizer=true fp8.param_gather=true
+  "$T" "$D" parallel.dp=2 parallel.shard=optimizer fp8.param_gather=true
 expect_error "FP8 weight gather with block scaling" "fp8.recipe = block" 2 "$T" "$D" train.precision=fp8 \
-  fp8.recipe=block parallel.dp=2 parallel.distributed_optimizer=true fp8.param_gather=true
-expect_error "FP8 weight gather without the distributed optimizer" "set parallel.distributed_optimizer=true" 2 \
+  fp8.recipe=block parallel.dp=2 parallel.shard=optimizer fp8.param_gather=true
+expect_error "FP8 weight gather without the distributed optimizer" "set parallel.shard=optimizer" 2 \
   "$T" "$D" train.precision=fp8 parallel.dp=2 fp8.param_gather=true
 summary

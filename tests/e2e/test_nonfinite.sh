@@ -38,7 +38,7 @@ check_stopped() {
   all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
 }
 
-for layout in "1" "2 parallel.dp=2 parallel.distributed_optimizer=true parallel.bucket_mb=0.01"; do
+for layout in "1" "2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01"; do
   set -- $layout
   np=$1; shift
   name=stop_np$np

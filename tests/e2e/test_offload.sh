@@ -18,7 +18,7 @@ rtol=${TRAINER_OFFLOAD_RTOL:-0}
 # The parts the host state is cut into: dp with the distributed optimizer, else 1.
 parts=1
 case " $* " in
-  *" parallel.distributed_optimizer=true "*) parts=$(printf '%s\n' "$@" | sed -n 's/^parallel\.dp=//p') ;;
+  *" parallel.shard=optimizer "*) parts=$(printf '%s\n' "$@" | sed -n 's/^parallel\.dp=//p') ;;
 esac
 # host_bytes RUN FRACTION: the pinned host memory the run reports at start-up (the sum of its own
 # allocations) is the master weights and both moments of rank 0's part of the host share: 12 bytes
@@ -62,14 +62,14 @@ for engine in cpu gpu; do
   done
 done
 # --dry-run counts the same for the 7B shape on 8 ranks (gpu engine: no copy slots): 12 bytes a
-# parameter of the rank, over dp 8 with the distributed optimizer, whole without it.
-for zero in true false; do
-  "$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 8 parallel.dp=8 parallel.distributed_optimizer=$zero \
-    optimizer.offload=host optimizer.offload_update=gpu > "$WORK/plan_$zero.txt" 2>&1
-  python3 - "$WORK/plan_$zero.txt" "$zero" <<'PY' && pass "dry run: pinned host memory, distributed_optimizer=$zero" \
-    || fail "dry run: pinned host memory with distributed_optimizer=$zero: $(grep '^offload' "$WORK/plan_$zero.txt")"
+# parameter of the rank, over dp 8 with parallel.shard=optimizer, whole without it.
+for shard in optimizer none; do
+  "$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 8 parallel.dp=8 parallel.shard=$shard \
+    optimizer.offload=host optimizer.offload_update=gpu > "$WORK/plan_$shard.txt" 2>&1
+  python3 - "$WORK/plan_$shard.txt" "$shard" <<'PY' && pass "dry run: pinned host memory, parallel.shard=$shard" \
+    || fail "dry run: pinned host memory with parallel.shard=$shard: $(grep '^offload' "$WORK/plan_$shard.txt")"
 import re, sys
-text, dp = open(sys.argv[1]).read(), 8 if sys.argv[2] == "true" else 1
+text, dp = open(sys.argv[1]).read(), 8 if sys.argv[2] == "optimizer" else 1
 n = float(re.search(r"^  0 +0 .* ([0-9.]+)M ", text, re.M).group(1)) * 1e6
 gib = float(re.search(r"^offload: .* up to ([0-9.]+) GiB per rank", text, re.M).group(1))
 print("dry run: %.2f GiB per rank, expected %.2f" % (gib, 12 * n / dp / 2**30))

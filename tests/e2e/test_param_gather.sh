@@ -44,7 +44,7 @@ compare() {
     pass "$name: final checkpoints (${fa##*/}) bitwise equal"; else fail "$name: final checkpoints differ"; fi
 }
 
-Z="train.precision=fp8 parallel.distributed_optimizer=true parallel.bucket_mb=0.01"
+Z="train.precision=fp8 parallel.shard=optimizer parallel.bucket_mb=0.01"
 for layout in $LAYOUTS; do
   # shellcheck disable=SC2086
   case $layout in

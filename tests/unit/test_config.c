@@ -41,7 +41,7 @@ static void test_defaults(void) {
   EXPECT(c.model.norm_eps == 1e-5f && c.model.rope_theta == 10000.0f && c.model.init_std == 0.02f, "model floats");
   EXPECT(c.model.tie_embeddings == 0, "tie");
   EXPECT(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.dp == 0 && c.parallel.vpp == 1, "layout");
-  EXPECT(!c.parallel.sequence_parallel && !c.optim.distributed_optimizer && c.optim.bucket_mb == 100, "par");
+  EXPECT(!c.parallel.sequence_parallel && c.parallel.shard == CFG_SHARD_NONE && c.optim.bucket_mb == 100, "par");
   EXPECT(c.train.steps == 300 && c.train.global_batch == 32 && c.train.micro_batch == 8, "train ints");
   EXPECT(c.optim.lr == 3e-3f && c.optim.min_lr == 3e-4f && c.optim.warmup_steps == 30, "schedule");
   EXPECT(c.optim.weight_decay == 0.1f && c.optim.beta1 == 0.9f && c.optim.beta2 == 0.95f, "adamw");
@@ -70,7 +70,7 @@ static void test_file_and_overrides(void) {
       "  tie_embeddings: yes\n"
       "parallel:\n"
       "  sequence_parallel: On\n"
-      "  distributed_optimizer: 0\n"
+      "  pp_overlap: 0\n"
       "train:\n"
       "  seed: 18446744073709551615\n"
       "  device: 'cpu'\n"
@@ -83,7 +83,7 @@ static void test_file_and_overrides(void) {
   int rc = load_text(&c, "file.yaml", yaml, 0, NULL, err, sizeof err);
   EXPECT(rc == 0, "%s", err);
   EXPECT(c.model.dim == 64 && c.model.norm_eps == 1e-6f && c.model.tie_embeddings == 1, "model");
-  EXPECT(c.parallel.sequence_parallel == 1 && c.optim.distributed_optimizer == 0, "bools");
+  EXPECT(c.parallel.sequence_parallel == 1 && c.parallel.pp_overlap == 0, "bools");
   EXPECT(c.train.seed == UINT64_MAX && c.train.device == CFG_DEVICE_CPU && c.optim.lr == 0.5f, "train");
   EXPECT(c.checkpoint.dir[0] == '\0', "plain null is an empty string, got '%s'", c.checkpoint.dir);
   EXPECT(!strcmp(c.checkpoint.resume, "null"), "quoted null stays a string, got '%s'", c.checkpoint.resume);
@@ -202,6 +202,14 @@ static void test_load_errors(void) {
          "stored grad_reduce_bf16: false reads as grad_compress none: %s", old_err);
   char *replaced[] = {"parallel.grad_reduce_bf16=true"};
   LOAD_ERR("ov_replaced", NULL, 1, replaced, "parallel.grad_reduce_bf16 was replaced", "parallel.grad_compress");
+  LOAD_ERR("replaced_zero.yaml", "parallel:\n  distributed_optimizer: true\n", 0, NULL, "replaced_zero.yaml:2:",
+           "parallel.distributed_optimizer was replaced", "parallel.shard: optimizer");
+  EXPECT(cfg_load_string(&old, "parallel:\n  dp: 2\n  distributed_optimizer: true\n", "old.h5", old_err,
+                         sizeof old_err) == 0 && old.parallel.shard == CFG_SHARD_OPTIMIZER && old.parallel.dp == 2,
+         "stored distributed_optimizer: true reads as shard optimizer: %s", old_err);
+  EXPECT(cfg_load_string(&old, "parallel:\n  distributed_optimizer: false", "old.h5", old_err, sizeof old_err) == 0 &&
+             old.parallel.shard == CFG_SHARD_NONE,
+         "stored distributed_optimizer: false reads as shard none: %s", old_err);
   char *bad_sec[] = {"modl.dim=3"};
   LOAD_ERR("ov_sec", NULL, 1, bad_sec, "override 'modl.dim=3': unknown section 'modl'");
   char *bad_type[] = {"train.steps=ten"};
@@ -316,14 +324,14 @@ static void test_validate(void) {
   char *fp8_no_head[] = {"train.precision=fp8", "model.vocab_size=1000"};
   EXPECT(validates(1, 2, fp8_no_head, &c), "fp8 without fp8.head takes a vocabulary of 1000");
   // fp8.param_gather: FP8, per-tensor scales and the distributed optimizer; with dp 1 it has nothing to do.
-  INVALID(0, OV("fp8.param_gather=true", "parallel.distributed_optimizer=true"), "fp8.param_gather = true",
+  INVALID(0, OV("fp8.param_gather=true", "parallel.shard=optimizer"), "fp8.param_gather = true",
           "train.precision = auto", "set train.precision=fp8 or fp8.param_gather=false");
-  INVALID(0, OV("fp8.param_gather=true", "parallel.distributed_optimizer=true", "train.precision=fp8",
+  INVALID(0, OV("fp8.param_gather=true", "parallel.shard=optimizer", "train.precision=fp8",
                 "fp8.recipe=block"), "fp8.param_gather = true", "fp8.recipe = block",
           "set fp8.recipe to delayed or current, or fp8.param_gather=false");
   INVALID(0, OV("fp8.param_gather=true", "train.precision=fp8"), "fp8.param_gather = true",
-          "parallel.distributed_optimizer = false", "set parallel.distributed_optimizer=true or fp8.param_gather=false");
-  char *pgather[] = {"train.precision=fp8", "fp8.recipe=current", "parallel.distributed_optimizer=true",
+          "parallel.shard = none", "set parallel.shard=optimizer or fp8.param_gather=false");
+  char *pgather[] = {"train.precision=fp8", "fp8.recipe=current", "parallel.shard=optimizer",
                      "fp8.param_gather=true"};
   EXPECT(validates(2, 4, pgather, &c) && c.optim.fp8_param_gather, "fp8.param_gather with current scaling on dp 2");
   EXPECT(validates(1, 4, pgather, &c) && c.parallel.dp == 1, "fp8.param_gather with dp 1 (no effect)");
@@ -333,7 +341,7 @@ static void test_validate(void) {
   // Valid layouts: dp inferred, distributed optimizer with dp 1 is allowed (a no-op).
   char *tp_sp[] = {"parallel.tp=2", "parallel.sequence_parallel=true"};
   EXPECT(validates(4, 2, tp_sp, &c) && c.parallel.dp == 2, "tp 2 sp on 4 ranks: dp %d", c.parallel.dp);
-  char *pp_vpp[] = {"parallel.pp=2", "parallel.vpp=2", "parallel.distributed_optimizer=true"};
+  char *pp_vpp[] = {"parallel.pp=2", "parallel.vpp=2", "parallel.shard=optimizer"};
   EXPECT(validates(2, 3, pp_vpp, &c) && c.parallel.dp == 1, "pp 2 vpp 2, dist-opt with dp 1");
   // Gradient compression: error feedback's auto is on for int8 only, and off means off.
   char *int8[] = {"parallel.grad_compress=int8"}, *fp16[] = {"parallel.grad_compress=fp16"},
