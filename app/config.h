@@ -52,6 +52,7 @@ extern const char *const cfg_precision_names[];
 extern const char *const cfg_attention_names[];
 extern const char *const cfg_cpu_isa_names[];
 extern const char *const cfg_recompute_names[];
+extern const char *const cfg_shard_names[];
 extern const char *const cfg_fp8_recipe_names[];
 extern const char *const cfg_amax_compute_names[];
 extern const char *const cfg_fp8_format_names[];

@@ -107,6 +107,116 @@ double plan_host_bytes(const cfg *c, int64_t n) {
   return 12.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
 }
 
+// One rank's memory estimate (bytes; act for one micro-batch in one chunk, acts for all in flight).
+typedef struct plan_mem {
+  int64_t n;              // local parameters
+  double w, gr, adam;     // weights (compute copy, masters held here, FP8 copies), gradients, moments
+  double act, acts;       // activations of one micro-batch chunk, and of all in flight (and staging)
+  double host;            // pinned host memory (optimizer.offload)
+  int in_flight;          // micro-batch chunks whose backward has not run yet
+  char layers[64];        // the layers it holds, per chunk
+  model_dims dm;          // its activation sizes
+} plan_mem;
+
+static double plan_total(const plan_mem *r) { return r->w + r->gr + r->adam + r->acts; }
+
+// What rank (pp_rank pr, tp_rank tr) of c holds.
+static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
+  const model_config *mc = &c->model;
+  const cfg_parallel *pc = &c->parallel;
+  const model_layout ml = cfg_model_layout(c);
+  int tp = pc->tp, pp = pc->pp, dp = pc->dp, vpp = pc->vpp, sp = pc->sequence_parallel && tp > 1;
+  int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
+  plan_mem r = {0};
+  pp_schedule s = {0};
+  char err[256];
+  int built = pp_schedule_build(&s, pp, vpp, cfg_n_micro(c), pr, err, sizeof err) == 0;
+  int max_group = built ? pp_schedule_max_group(&s) : 1;
+  r.in_flight = built ? s.max_in_flight : 1;
+  pp_schedule_free(&s);
+  model_dims *dm = &r.dm;
+  model_dims_compute(dm, mc, ml.micro_batch, tp, tr, sp);
+  int64_t act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8), and the head's
+  int has_fp8_head = 0, len = 0;
+  for (int ci = 0; ci < vpp; ci++) {
+    int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
+    model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
+    len += snprintf(r.layers + len, sizeof r.layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
+    r.n += plan_chunk_params(c, &ml, vs);
+    for (int l = l0; l < l0 + per_chunk; l++)
+      if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
+        for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
+          if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
+    if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
+    int64_t a = model_acts_bytes(dm, per_chunk, last, act_bytes, ml.recompute);
+    if (a > act) act = a;
+  }
+  const double n = (double)r.n;
+  // With the optimizer's state sharded the reduced part of every bucket sits beside the full
+  // gradients. A compressed reduction (parallel/step/grad_compress.c) adds its wire buffers: 16-bit
+  // codes of both, or int8 send and receive slots with a scale per 256 elements; error feedback an
+  // fp32 residual.
+  int zero = c->optim.distributed_optimizer && dp > 1;
+  comm_compress_mode gcm = dp > 1 ? c->optim.grad_compress : COMM_COMPRESS_NONE;
+  double wire = gcm == COMM_COMPRESS_NONE   ? 0.0
+                : gcm == COMM_COMPRESS_INT8 ? 2.0 * (1.0 + 4.0 / 256)
+                                            : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
+  double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
+  r.gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
+  // optimizer.offload=host: the master weights and the host share of the moments move to pinned
+  // host memory (plan_host_bytes); the compute copy is then separate even in fp32. Where the
+  // optimizer holds the masters, the device share keeps them beside its moments, sharded like
+  // them (all of the state is the device share without offload).
+  const opt_config *oc = &c->optim;
+  double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
+  double dev_share = ml.master_in_optimizer ? dev_frac * n / (zero ? dp : 1) : 0.0;
+  r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
+  r.adam = 8.0 * n / (zero ? dp : 1) * dev_frac;
+  r.host = plan_host_bytes(c, r.n);
+  // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
+  // two per activation set in flight (parallel/step/pp_exec.c).
+  double n_stage = pc->pp_overlap ? 2.0 * r.in_flight : (double)max_group;
+  double stage = pc->pp_comm_bf16 && pp > 1 ? n_stage * dm->rows_s * dm->d * 2.0 : 0.0;
+  // FP8: each projection's weight in FP8 and transposed (2 bytes a parameter), and the casts of
+  // one GEMM's input and output gradient (model/fp8.c); the scaling state is a few KiB.
+  if (ml.fp8.enabled) {
+    int qd = dm->nh * dm->hd, qkvd = qd + 2 * dm->nkv * dm->hd, k_max = dm->d > qd ? dm->d : qd, n_max = dm->d;
+    if (dm->ffn > k_max) k_max = dm->ffn;
+    if (qkvd > n_max) n_max = qkvd;
+    if (2 * dm->ffn > n_max) n_max = 2 * dm->ffn;
+    if (has_fp8_head && dm->vocab > n_max) n_max = dm->vocab;
+    r.w += 2.0 * n_proj + (double)dm->rows * (k_max + 2.0 * n_max);
+  }
+  r.act = (double)act;
+  r.acts = r.act * r.in_flight + stage;
+  return r;
+}
+
+// The fullest rank's device memory of c (bytes).
+static double plan_max_total(const cfg *c) {
+  double most = 0;
+  for (int pr = 0; pr < c->parallel.pp; pr++)
+    for (int tr = 0; tr < c->parallel.tp; tr++) {
+      const plan_mem r = plan_rank_mem(c, pr, tr);
+      if (plan_total(&r) > most) most = plan_total(&r);
+    }
+  return most;
+}
+
+// The fullest rank under each parallel.shard mode, the rest of c as it is (dp > 1).
+static void plan_print_shard_modes(const cfg *c) {
+  if (c->parallel.dp == 1) return;
+  printf("parallel.shard: the fullest rank needs");
+  for (int m = CFG_SHARD_NONE; m <= CFG_SHARD_OPTIMIZER; m++) {
+    cfg alt = *c;
+    alt.parallel.shard = (cfg_shard)m;
+    alt.optim.distributed_optimizer = m >= CFG_SHARD_OPTIMIZER;
+    printf("%s %.2f GiB with %s%s", m ? "," : "", gib(plan_max_total(&alt)), cfg_shard_names[m],
+           m == (int)c->parallel.shard ? " (this run)" : "");
+  }
+  printf("\n");
+}
+
 int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   const model_config *mc = &c->model;
   const cfg_parallel *pc = &c->parallel;
@@ -125,7 +235,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   printf("batch: global %d sequences = dp %d x %d micro-batches x %d; pipeline bubble (theory) %.1f%%\n",
          c->train.global_batch, dp, n_micro, c->train.micro_batch, 100 * pp_bubble_theory(pp, vpp, n_micro));
   // GPUs in bf16 hold bf16 activations and a bf16 compute copy of the weights beside the fp32 masters.
-  int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c), act_bytes = bf16_act ? 2 : 4;
+  int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c);
   // The optimizer holds the fp32 masters (ml.master_in_optimizer): its part with parallel.shard, the
   // device share's with optimizer.offload; else the model holds them whole.
   const char *weights = ml.master_in_optimizer
@@ -141,78 +251,18 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   double host_max = 0;  // pinned host memory of the rank that needs most
-  model_dims dm;
   for (int pr = 0; pr < pp; pr++) {
-    pp_schedule s = {0};
-    char err[256];
-    int built = pp_schedule_build(&s, pp, vpp, n_micro, pr, err, sizeof err) == 0;
-    int max_in_flight = built ? s.max_in_flight : 1, max_group = built ? pp_schedule_max_group(&s) : 1;
-    pp_schedule_free(&s);
     for (int tr = 0; tr < tp; tr++) {
-      model_dims_compute(&dm, mc, ml.micro_batch, tp, tr, sp);
-      int64_t n = 0, act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8), and the head's
-      int has_fp8_head = 0;
-      char layers[64] = "";
-      int len = 0;
-      for (int ci = 0; ci < vpp; ci++) {
-        int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
-        model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
-        len += snprintf(layers + len, sizeof layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
-        n += plan_chunk_params(c, &ml, vs);
-        for (int l = l0; l < l0 + per_chunk; l++)
-          if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
-            for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
-              if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
-        if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
-        int64_t a = model_acts_bytes(&dm, per_chunk, last, act_bytes, ml.recompute);
-        if (a > act) act = a;
-      }
-      // The distributed optimizer keeps its reduced part of every bucket beside the full gradients.
-      // A compressed reduction (parallel/step/grad_compress.c) adds its wire buffers: 16-bit codes of
-      // both, or int8 send and receive slots with a scale per 256 elements; error feedback an fp32
-      // residual.
-      int zero = c->optim.distributed_optimizer && dp > 1;
-      comm_compress_mode gcm = dp > 1 ? c->optim.grad_compress : COMM_COMPRESS_NONE;
-      double wire = gcm == COMM_COMPRESS_NONE   ? 0.0
-                    : gcm == COMM_COMPRESS_INT8 ? 2.0 * (1.0 + 4.0 / 256)
-                                                : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
-      double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
-      double gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
-      // optimizer.offload=host: the master weights and the host share of the moments move to
-      // pinned host memory (plan_host_bytes); the compute copy is then separate even in fp32.
-      const opt_config *oc = &c->optim;
-      // Where the optimizer holds the masters, the device share keeps them beside its moments,
-      // sharded like them (all of the state is the device share without offload).
-      double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
-      double dev_share = ml.master_in_optimizer ? dev_frac * n / (zero ? dp : 1) : 0.0;
-      double w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
-      double adam = 8.0 * n / (zero ? dp : 1) * dev_frac;
-      double host = plan_host_bytes(c, n);
-      if (host > host_max) host_max = host;
-      // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
-      // two per activation set in flight (parallel/step/pp_exec.c).
-      double n_stage = pc->pp_overlap ? 2.0 * max_in_flight : (double)max_group;
-      double stage = pc->pp_comm_bf16 && pp > 1 ? n_stage * dm.rows_s * dm.d * 2.0 : 0.0;
-      // FP8: each projection's weight in FP8 and transposed (2 bytes a parameter), and the casts of
-      // one GEMM's input and output gradient (model/fp8.c); the scaling state is a few KiB.
-      double fp8 = 0;
-      if (ml.fp8.enabled) {
-        int qd = dm.nh * dm.hd, qkvd = qd + 2 * dm.nkv * dm.hd, k_max = dm.d > qd ? dm.d : qd, n_max = dm.d;
-        if (dm.ffn > k_max) k_max = dm.ffn;
-        if (qkvd > n_max) n_max = qkvd;
-        if (2 * dm.ffn > n_max) n_max = 2 * dm.ffn;
-        if (has_fp8_head && dm.vocab > n_max) n_max = dm.vocab;
-        fp8 = 2.0 * n_proj + (double)dm.rows * (k_max + 2.0 * n_max);
-      }
-      w += fp8;
-      double acts = (double)act * max_in_flight + stage;
+      const plan_mem r = plan_rank_mem(c, pr, tr);
+      const model_dims *dm = &r.dm;
+      if (r.host > host_max) host_max = r.host;
       char heads[32], kv[32], vocab[32];
-      snprintf(heads, sizeof heads, "%d-%d", tr * dm.nh, (tr + 1) * dm.nh - 1);
-      snprintf(kv, sizeof kv, "%d-%d", tr * dm.nkv, (tr + 1) * dm.nkv - 1);
-      snprintf(vocab, sizeof vocab, "%d-%d", dm.v0, dm.v0 + dm.vocab - 1);
-      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, layers,
-             heads, kv, vocab, n / 1e6, gib(w), gib(gr), gib(adam), gib((double)act), max_in_flight,
-             gib(w + gr + adam + acts));
+      snprintf(heads, sizeof heads, "%d-%d", tr * dm->nh, (tr + 1) * dm->nh - 1);
+      snprintf(kv, sizeof kv, "%d-%d", tr * dm->nkv, (tr + 1) * dm->nkv - 1);
+      snprintf(vocab, sizeof vocab, "%d-%d", dm->v0, dm->v0 + dm->vocab - 1);
+      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, r.layers,
+             heads, kv, vocab, r.n / 1e6, gib(r.w), gib(r.gr), gib(r.adam), gib(r.act), r.in_flight,
+             gib(plan_total(&r)));
     }
   }
   printf("(GiB; act/micro: activations of one micro-batch in one chunk; in-flt: most micro-batch chunks whose "
@@ -221,6 +271,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                           "LM head, transposed copies and the FP8 cast buffers"
                           : "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers");
+  plan_print_shard_modes(c);
   if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
     const char *spread = dp == 1                              ? ""

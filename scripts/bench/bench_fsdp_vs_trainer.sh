@@ -29,13 +29,13 @@
 # report's peak_mem_gib (the fullest rank's allocation measured after each step), the baseline's
 # torch.cuda.max_memory_allocated (the peak within the step) and reserved, so the two differ in
 # what they count.
-# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 110 GiB per rank in the trainer
-# with recompute none (131 in fp8), 88 GiB with train.recompute=full; on 80 GB GPUs add
-# train.recompute=full optimizer.offload=host (50 GiB; the plan is printed first). The baseline
-# takes 57 GiB there (68 reserved), 29 GiB with --ac full (bench_fsdp.py --help).
+# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs (parallel.shard=optimizer) plans 99.8
+# GiB per rank in the trainer with recompute none (112.3 in fp8), 68.7 GiB with
+# train.recompute=full (81.2 in fp8); on 80 GB GPUs add train.recompute=full (the plan is printed
+# first). The baseline takes 57 GiB there (68 reserved), 29 GiB with --ac full.
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4                 # GPUs of 141 GB
 #   BENCH_PRECISION=fp8 scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4
-#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full optimizer.offload=host
+#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full
 #       (GPUs of 80 GB; the baseline then recomputes too, FSDP_ARGS="--ac none" keeps it from that)
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 1b 4 20 4
 set -uo pipefail

@@ -41,6 +41,22 @@ grep -q "^launch: 16 ranks on 4 nodes of 4 (--gpus-per-node 4); groups inside a 
     && pass "--world-size 8 names the 16 ranks and parallel.dp=0" || fail "--world-size 8: $(cat "$WORK/p8.txt")"; }
 "$TRAINER" "$C" --dry-run --world-size 8 parallel.dp=0 > "$WORK/p8.txt" 2>&1 && grep -q "^plan: 8 ranks = tp 2 x dp 2 x pp 2" "$WORK/p8.txt" \
   && pass "--world-size 8 parallel.dp=0 plans tp 2 x dp 2 x pp 2" || fail "parallel.dp=0 on 8: $(cat "$WORK/p8.txt")"
+# parallel.shard: the full 7B on dp4 under each mode; sharding the optimizer's state takes
+# 12 bytes a parameter down to 12 / dp and adds the reduced part of the gradients (4 / dp), so
+# the two differ by 8 bytes a parameter at dp 4, and the table's fullest rank is this run's.
+"$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 4 parallel.dp=4 optimizer.offload=none \
+  parallel.shard=optimizer > "$WORK/shard.txt" 2>&1
+python3 - "$WORK/shard.txt" <<'PY' && pass "7b dp4: the plan of each shard mode" || fail "7b dp4 shard modes: $(cat "$WORK/shard.txt")"
+import re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r"^parallel.shard: the fullest rank needs ([0-9.]+) GiB with none, ([0-9.]+) GiB with optimizer "
+              r"\(this run\)$", t, re.M)
+n = float(re.search(r"^  0 +0 .* ([0-9.]+)M ", t, re.M).group(1)) * 1e6
+most = max(float(v) for v in re.findall(r"^  \d+ +\d+ .* ([0-9.]+)G$", t, re.M))
+none, opt = float(m.group(1)), float(m.group(2))
+print("none %.2f GiB, optimizer %.2f GiB, table %.2f GiB, 8 bytes a parameter %.2f GiB" % (none, opt, most, 8 * n / 2**30))
+sys.exit(0 if abs(opt - most) < 0.01 and abs(none - opt - 8 * n / 2**30) < 0.02 else 1)
+PY
 "$TRAINER" "$C" --dry-run --gpus-per-node x > "$WORK/px.txt" 2>&1 && fail "--gpus-per-node x accepted" ||
   { grep -q "error: --gpus-per-node needs a whole number" "$WORK/px.txt" && pass "--gpus-per-node x refused" || fail "--gpus-per-node x: $(cat "$WORK/px.txt")"; }
 summary
