@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,10 +87,14 @@ static int prepare_width(int n_shards) {
   return width;
 }
 
+// The most shards one split may have: names and counts stay small, and a shard size that would
+// need more is almost surely a typo.
+enum { PREPARE_MAX_SHARDS = 1000000 };
+
 // Writes n_tokens from the stream as shards DIR/NAME_%0*d.bin; returns the number written.
 static int prepare_write_split(prepare_stream *s, const char *dir, const char *name, int64_t n_tokens,
                                int64_t shard_tokens, int32_t *buf) {
-  int n_shards = (int)((n_tokens + shard_tokens - 1) / shard_tokens);
+  int n_shards = (int)(n_tokens / shard_tokens + (n_tokens % shard_tokens != 0));
   int width = prepare_width(n_shards);
   for (int i = 0; i < n_shards; i++) {
     int64_t n = n_tokens - (int64_t)i * shard_tokens < shard_tokens ? n_tokens - (int64_t)i * shard_tokens
@@ -169,9 +174,10 @@ int main(int argc, char **argv) {
           return 2;
         }
       } else {
+        errno = 0;
         long long st = strtoll(v, &end, 10);
-        if (end == v || *end || st < 2) {
-          fprintf(stderr, "prepare: --shard-tokens expects an integer >= 2, found '%s'\n", v);
+        if (end == v || *end || errno == ERANGE || st < 2) {
+          fprintf(stderr, "prepare: --shard-tokens expects an integer in [2, %lld], found '%s'\n", LLONG_MAX, v);
           return 2;
         }
         shard_tokens = st;
@@ -225,6 +231,16 @@ int main(int argc, char **argv) {
     return 1;
   }
 
+  // Shards of the larger split, counted without overflow (shard_tokens may be near INT64_MAX).
+  const int64_t n_most = n_train > n_val ? n_train : n_val;
+  const int64_t n_shards_max = n_most / shard_tokens + (n_most % shard_tokens != 0);
+  if (n_shards_max > PREPARE_MAX_SHARDS) {
+    fprintf(stderr, "prepare: --shard-tokens %lld cuts %lld tokens into %lld shards, more than %d; expected "
+            "at least %lld tokens a shard: pass a larger --shard-tokens\n", (long long)shard_tokens,
+            (long long)n_most, (long long)n_shards_max, PREPARE_MAX_SHARDS,
+            (long long)(n_most / PREPARE_MAX_SHARDS + 1));
+    return 2;
+  }
   int64_t n_buf = shard_tokens < n_total ? shard_tokens : n_total;
   int32_t *buf = malloc((size_t)n_buf * sizeof *buf);
   if (!buf) {

@@ -55,6 +55,18 @@ expect "bad val fraction fails" [ $? -ne 0 ]
 expect "bad val fraction explained" sh -c "echo \"\$1\" | grep -q '\[0, 1)'" _ "$err"
 "$prepare" --out "$dir/o4" --shard-tokens 1 "$dir/a.txt" > /dev/null 2>&1
 expect "shard-tokens 1 fails" [ $? -ne 0 ]
+# The largest --shard-tokens is one shard, not an overflow; past it, or more than a million
+# shards, the argument is refused with its range.
+out=$("$prepare" --out "$dir/o5" --shard-tokens 9223372036854775807 "$dir/a.txt" 2>&1)
+expect "shard-tokens INT64_MAX writes one shard" sh -c "echo \"\$1\" | grep -q 'in 1 shard(s)'" _ "$out"
+err=$("$prepare" --out "$dir/o6" --shard-tokens 9223372036854775808 "$dir/a.txt" 2>&1)
+expect "shard-tokens past INT64_MAX fails" [ $? -ne 0 ]
+expect "shard-tokens past INT64_MAX names the range" sh -c "echo \"\$1\" | grep -q 'an integer in \[2, 9223372036854775807\]'" _ "$err"
+yes 'abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz' \
+  | head -n 21000 > "$dir/big.txt"  # 2,079,000 bytes: 1,039,500 shards of 2
+err=$("$prepare" --out "$dir/o7" --val-fraction 0 --shard-tokens 2 "$dir/big.txt" 2>&1)
+expect "more than a million shards fails" [ $? -ne 0 ]
+expect "more than a million shards explained" sh -c "echo \"\$1\" | grep -q 'more than 1000000; expected at least 3 tokens a shard'" _ "$err"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
