@@ -221,6 +221,9 @@ static const cfg_key cfg_keys[] = {
 
   CFG_INT(log, every, 1, 1000000000, 10, "steps between log lines"),
   CFG_STRING(log, metrics, "runs/default/metrics.jsonl", "JSON-lines metrics file; empty = none"),
+  CFG_STRING(log, tensorboard, "",
+             "folder for TensorBoard event files (the same scalars as log.metrics, a new file per start); empty = "
+             "none"),
   CFG_INT(log, eval_every, 0, 1000000000, 50, "steps between val-loss evaluations; 0 = only at the end"),
   CFG_INT(log, eval_batches, 1, 1000000, 8, "micro-batches (of micro_batch sequences) per evaluation"),
   CFG_BOOL(log, time_tp, 0,

@@ -127,6 +127,7 @@ typedef struct cfg_checkpoint {
 typedef struct cfg_log {
   int every;             // steps between log lines
   char metrics[CFG_STR]; // JSON-lines metrics file; empty = none
+  char tensorboard[CFG_STR];  // folder for TensorBoard event files; empty = none
   int eval_every;        // steps between val-loss evaluations; 0 = only at the end
   int eval_batches;      // micro-batches (of micro_batch sequences) per evaluation
   int time_tp;           // bool: time the tp collectives (a sync around each)

@@ -2,6 +2,7 @@
 #include "app/report.h"
 #include "parallel/step/grad_compress.h"
 #include "parallel/step/param_gather.h"
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -34,9 +35,17 @@ int report_open(trainer *t) {
   return 0;
 }
 
+int report_open_events(trainer *t, char *err, size_t n_err) {
+  const char *dir = t->c->log.tensorboard;
+  if (!dir[0]) return 0;
+  int rc = t->g->world_rank == 0 ? tb_open(&t->tb, dir, err, n_err) : 0;
+  return ckpt_agree(t->g->world->mpi, rc, err, (int)n_err);
+}
+
 void report_close(trainer *t) {
   if (t->metrics) fclose(t->metrics);
   t->metrics = NULL;
+  tb_close(&t->tb);
 }
 
 // fp8.param_gather: what the updated weights' all-gather brings each rank per step, as FP8 codes
@@ -96,43 +105,93 @@ void report_model_line(trainer *t) {
   report_offload_line(t);
 }
 
-void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {
-  if (t->g->world_rank != 0) return;
-  const trainer_stats *s = &t->stats;
-  const k_backend *be = t->be;
-  int steps = t->c->train.steps, do_eval = !isnan(val_loss);
+// The values of one logged step, gathered once: the progress line, the metrics record and the
+// TensorBoard event all take them from here (docs/metrics.md names each).
+typedef struct report_step {
+  int64_t step;
+  double loss, lr, grad_norm;  // loss and grad_norm NaN or Inf on a skipped step
+  double tokens_per_s, ms_per_step, tflops_per_rank, mem_gib;
+  double mfu;                  // NaN: no peak known
+  double ms_compute, ms_tp_comm, ms_pp_comm, ms_dp_comm, ms_optimizer, ms_data;
+  double val_loss;             // NaN: no evaluation at this step
+} report_step;
+
+static report_step report_gather_step(const trainer *t, const trainer_step_result *r, double val_loss) {
+  const step_timing *tm = &t->stats.tm;
   double tps = t->tokens_per_step / r->seconds;
+  double tflops = tps * t->flops_per_token / 1e12 / t->g->world_size;  // per rank
+  return (report_step){
+      .step = t->step, .loss = r->loss, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = tps,
+      .ms_per_step = r->seconds * 1e3, .tflops_per_rank = tflops, .mem_gib = r->mem_bytes / 1073741824.0,
+      .mfu = t->be->peak_tflops > 0 ? tflops / t->be->peak_tflops : NAN, .ms_compute = tm->compute * 1e3,
+      .ms_tp_comm = tm->tp_comm * 1e3, .ms_pp_comm = tm->pp_comm * 1e3, .ms_dp_comm = tm->dp_comm * 1e3,
+      .ms_optimizer = tm->optimizer * 1e3, .ms_data = tm->data * 1e3, .val_loss = val_loss};
+}
+
+static void report_print_step(const trainer *t, const report_step *v) {
+  const trainer_stats *s = &t->stats;
+  int steps = t->c->train.steps;
   double eta = (double)(t->last_step - t->step) * (s->t_steps / (t->step - s->first_step));
   char eta_s[32];
   report_duration(eta, eta_s, sizeof eta_s);
-  double tflops = tps * t->flops_per_token / 1e12 / t->g->world_size;  // per rank
-  double mem = r->mem_bytes;
-  printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step", (long long)t->step, steps,
-         r->loss, r->lr, r->grad_norm, tps, r->seconds * 1e3);
-  if (be->peak_tflops > 0) printf(" | MFU %.1f%%", 100 * tflops / be->peak_tflops);
-  printf(" | mem %.2f GiB | %3.0f%% | ETA %s", mem / 1073741824.0, 100.0 * t->step / steps, eta_s);
-  if (do_eval) printf(" | val_loss %.4f", val_loss);
+  printf("step %5lld/%d | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | %.1f ms/step", (long long)v->step,
+         steps, v->loss, v->lr, v->grad_norm, v->tokens_per_s, v->ms_per_step);
+  if (!isnan(v->mfu)) printf(" | MFU %.1f%%", 100 * v->mfu);
+  printf(" | mem %.2f GiB | %3.0f%% | ETA %s", v->mem_gib, 100.0 * v->step / steps, eta_s);
+  if (!isnan(v->val_loss)) printf(" | val_loss %.4f", v->val_loss);
   printf("\n");
   fflush(stdout);
-  FILE *f = t->metrics;
-  if (!f) return;
-  const step_timing *tm = &s->tm;
+}
+
+static void report_json_step(FILE *f, const report_step *v) {
   // JSON has no NaN or Inf: a skipped step (train.skip_nonfinite) has a null grad_norm.
   char loss_s[32] = "null", norm_s[32] = "null";
-  if (isfinite(r->loss)) snprintf(loss_s, sizeof loss_s, "%.9g", r->loss);
-  if (isfinite(r->grad_norm)) snprintf(norm_s, sizeof norm_s, "%.9g", r->grad_norm);
+  if (isfinite(v->loss)) snprintf(loss_s, sizeof loss_s, "%.9g", v->loss);
+  if (isfinite(v->grad_norm)) snprintf(norm_s, sizeof norm_s, "%.9g", v->grad_norm);
   fprintf(f, "{\"step\": %lld, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
              "\"ms_per_step\": %.3f, \"tflops_per_rank\": %.3f, \"mem_gib\": %.3f",
-          (long long)t->step, loss_s, r->lr, norm_s, tps, r->seconds * 1e3, tflops, mem / 1073741824.0);
-  if (!isfinite(r->grad_norm)) fprintf(f, ", \"skipped\": true");
-  if (be->peak_tflops > 0) fprintf(f, ", \"mfu\": %.4f", tflops / be->peak_tflops);
+          (long long)v->step, loss_s, v->lr, norm_s, v->tokens_per_s, v->ms_per_step, v->tflops_per_rank, v->mem_gib);
+  if (!isfinite(v->grad_norm)) fprintf(f, ", \"skipped\": true");
+  if (!isnan(v->mfu)) fprintf(f, ", \"mfu\": %.4f", v->mfu);
   fprintf(f, ", \"ms_compute\": %.3f, \"ms_tp_comm\": %.3f, \"ms_pp_comm\": %.3f, \"ms_dp_comm\": %.3f, "
              "\"ms_optimizer\": %.3f, \"ms_data\": %.3f",
-          tm->compute * 1e3, tm->tp_comm * 1e3, tm->pp_comm * 1e3, tm->dp_comm * 1e3, tm->optimizer * 1e3,
-          tm->data * 1e3);
-  if (do_eval) fprintf(f, ", \"val_loss\": %.9g", val_loss);
+          v->ms_compute, v->ms_tp_comm, v->ms_pp_comm, v->ms_dp_comm, v->ms_optimizer, v->ms_data);
+  if (!isnan(v->val_loss)) fprintf(f, ", \"val_loss\": %.9g", v->val_loss);
   fprintf(f, "}\n");
   fflush(f);
+}
+
+// The same values as TensorBoard scalars (tags: docs/metrics.md). A skipped step's NaN or Inf
+// loss and grad_norm are written as they are (TensorBoard shows them).
+static void report_events_step(trainer *t, const report_step *v) {
+  tb_scalar s[16];
+  int n = 0;
+  s[n++] = (tb_scalar){"loss", v->loss};
+  if (!isnan(v->val_loss)) s[n++] = (tb_scalar){"val_loss", v->val_loss};
+  s[n++] = (tb_scalar){"lr", v->lr};
+  s[n++] = (tb_scalar){"grad_norm", v->grad_norm};
+  s[n++] = (tb_scalar){"tokens_per_s", v->tokens_per_s};
+  if (!isnan(v->mfu)) s[n++] = (tb_scalar){"mfu", v->mfu};
+  s[n++] = (tb_scalar){"mem_gib", v->mem_gib};
+  s[n++] = (tb_scalar){"step_ms/data", v->ms_data};
+  s[n++] = (tb_scalar){"step_ms/compute", v->ms_compute};
+  s[n++] = (tb_scalar){"step_ms/tp_comm", v->ms_tp_comm};
+  s[n++] = (tb_scalar){"step_ms/pp_comm", v->ms_pp_comm};
+  s[n++] = (tb_scalar){"step_ms/dp_comm", v->ms_dp_comm};
+  s[n++] = (tb_scalar){"step_ms/optimizer", v->ms_optimizer};
+  if (tb_write_scalars(&t->tb, v->step, s, n) != 0) {
+    fprintf(stderr, "warning: cannot write to log.tensorboard '%s' (%s); no more TensorBoard events this run\n",
+            t->c->log.tensorboard, strerror(errno));
+    tb_close(&t->tb);
+  }
+}
+
+void trainer_log(trainer *t, const trainer_step_result *r, double val_loss) {
+  if (t->g->world_rank != 0) return;
+  report_step v = report_gather_step(t, r, val_loss);
+  report_print_step(t, &v);
+  if (t->metrics) report_json_step(t->metrics, &v);
+  report_events_step(t, &v);
 }
 
 // The pipeline's idle share (collective), as fractions: the mean over ranks, the busiest stage's

@@ -1,5 +1,6 @@
-// What a run prints and records: the model line at the start, a progress line and a JSON-lines
-// metrics record per logged step (trainer_log), and the run report at the end (trainer_report),
+// What a run prints and records: the model line at the start, a progress line, a JSON-lines
+// metrics record and a TensorBoard event (app/tensorboard.h) per logged step, all from the same
+// values (trainer_log), and the run report at the end (trainer_report),
 // with the step split of parallel/comm/timing.h.
 #ifndef TRAINER_REPORT_H
 #define TRAINER_REPORT_H
@@ -9,6 +10,11 @@
 // Rank 0: opens log.metrics (appending after a resume). 0; a file that cannot be opened is a
 // warning, and the run goes on without it.
 int report_open(trainer *t);
+// Collective, at start-up: with log.tensorboard set, rank 0 creates the folder (parents too) and
+// a new event file in it, so a folder that cannot be written is refused before the first step.
+// 0, or -1 with a one-line message (the same on every rank) naming the folder and the fix.
+int report_open_events(trainer *t, char *err, size_t n_err);
+// Closes the metrics file and the event file; safe twice.
 void report_close(trainer *t);
 // Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks;
 // with fp8.param_gather a line with the bytes of the weights' all-gather per step, and with

@@ -179,6 +179,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;
   if (c->checkpoint.dir[0] && ckpt_check_dir(c->checkpoint.dir, g->world->mpi, err, n_err) != 0) return -1;
+  if (report_open_events(t, err, n_err) != 0) return -1;
   char path[CFG_STR + 64];
   trainer_start start = trainer_start_point(t, path, sizeof path, err, n_err);
   if (start == TRAINER_START_ERROR) return -1;

@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include "app/config.h"
+#include "app/tensorboard.h"
 #include "data/data.h"
 #include "kernels/backend.h"
 #include "model/format/ckpt.h"
@@ -68,6 +69,7 @@ typedef struct trainer {
   pp_exec e;
   trainer_batch batch;
   FILE *metrics;            // rank 0, log.metrics; NULL = none
+  tb_writer tb;             // rank 0, log.tensorboard; closed = none
   int n_micro;              // micro-batches per rank and step
   int64_t step;             // optimizer steps done
   int64_t last_step;        // the step this run ends at (train.stop_at or train.steps)
@@ -95,7 +97,8 @@ typedef struct trainer_step_result {
 trainer_step_result trainer_step(trainer *t);
 // Collective. Validation loss per token over log.eval_batches micro-batches of the val stream.
 double trainer_evaluate(trainer *t);
-// Rank 0: the progress line and the metrics record of the step just done (val_loss NaN: none).
+// Rank 0: the progress line, the metrics record and the TensorBoard event of the step just done
+// (val_loss NaN: none).
 void trainer_log(trainer *t, const trainer_step_result *r, double val_loss);
 // Collective. Writes a checkpoint of the current step. 0, or -1 with a message.
 int trainer_checkpoint(trainer *t, char *err, size_t n_err);
