@@ -3,8 +3,8 @@
 // shard truncated or rewritten in place under a mapping kills the process with SIGBUS, while a
 // pread comes back short, and the size and modification time checked after each read name the
 // shard that changed. The window order is a pure function of (seed, sample): any rank, any call
-// order, any resume point sees the same tokens. Both formats are documented byte by byte in
-// docs/data.md.
+// order, any resume point sees the same tokens. The three formats (this project's, llm.c's,
+// Megatron's indexed datasets) are documented byte by byte in docs/data.md.
 #include "data/data.h"
 #include "kernels/base/check.h"
 
@@ -89,6 +89,145 @@ static int data_shard_check_unchanged(const data_shard *s, char *err, size_t n_e
 }
 
 // ---------------------------------------------------------------------------------------------
+// Megatron indexed datasets: PREFIX.bin holds the tokens with no header, PREFIX.idx describes
+// them (docs/data.md). Read as one shard of header_bytes 0: the index is checked at open and
+// not kept, since the sequences are contiguous and windows ignore document boundaries.
+
+#define DATA_MMIDX_MAGIC "MMIDIDX\0\0" // 9 bytes, at the start of the .idx
+#define DATA_MMIDX_MAGIC_BYTES 9
+#define DATA_MMIDX_VERSION 1
+#define DATA_MMIDX_HEADER_BYTES 34     // magic 9, version 8, dtype 1, sequence and document counts 8 + 8
+#define DATA_MMIDX_SUPPORTED "8 (uint16) or 4 (int32), the two that Megatron's preprocess_data.py writes"
+
+// Megatron's dtype codes; the token bytes of the two that are read, else 0.
+static int data_mmidx_token_bytes(unsigned code) {
+  return code == 8 ? 2 : code == 4 ? 4 : 0;
+}
+
+static const char *data_mmidx_dtype_name(unsigned code) {
+  static const char *names[] = {"unknown", "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"};
+  return code < sizeof names / sizeof *names ? names[code] : "unknown";
+}
+
+// The .idx beside a .bin: 1 and its path in idx when path ends in ".bin" and that file exists.
+static int data_mmidx_sibling(const char *path, char *idx, size_t n_idx) {
+  size_t n = strlen(path);
+  if (n < 4 || strcmp(path + n - 4, ".bin") != 0 || n >= n_idx) return 0;
+  snprintf(idx, n_idx, "%.*s.idx", (int)(n - 4), path);
+  return access(idx, F_OK) == 0;
+}
+
+// Checks the fixed header of an .idx of n_idx bytes: 0 with the token bytes and the counts, or -1.
+static int data_mmidx_header(const char *idx, const unsigned char *h, int64_t n_idx, int *token_bytes,
+                             int64_t *n_seq, int64_t *n_doc, char *err, size_t n_err) {
+  // h is zero past the end of a short file, so a short index with the right start is truncated.
+  size_t n_cmp = n_idx < DATA_MMIDX_MAGIC_BYTES ? (size_t)n_idx : DATA_MMIDX_MAGIC_BYTES;
+  if (n_idx < DATA_MMIDX_HEADER_BYTES && memcmp(h, DATA_MMIDX_MAGIC, n_cmp) == 0)
+    return check_errf(err, n_err, "Megatron index %s is truncated: %lld bytes, expected at least the %d-byte header; "
+                      "re-create the dataset with Megatron's tools/preprocess_data.py", idx, (long long)n_idx,
+                      DATA_MMIDX_HEADER_BYTES);
+  if (memcmp(h, DATA_MMIDX_MAGIC, DATA_MMIDX_MAGIC_BYTES) != 0)
+    return check_errf(err, n_err, "Megatron index %s has magic %02x %02x %02x %02x %02x %02x %02x %02x %02x; "
+                      "expected \"MMIDIDX\\0\\0\" = 4d 4d 49 44 49 44 58 00 00: the .idx beside a .bin must be the "
+                      "index Megatron's tools/preprocess_data.py wrote with it", idx, h[0], h[1], h[2], h[3], h[4],
+                      h[5], h[6], h[7], h[8]);
+  int64_t version = data_le64(h + 9);
+  if (version != DATA_MMIDX_VERSION)
+    return check_errf(err, n_err, "Megatron index %s has version %lld; expected version %d: re-create the dataset "
+                      "with Megatron's tools/preprocess_data.py", idx, (long long)version, DATA_MMIDX_VERSION);
+  unsigned code = h[17];
+  *token_bytes = data_mmidx_token_bytes(code);
+  if (*token_bytes == 0)
+    return check_errf(err, n_err, "Megatron index %s has dtype code %u (%s); expected code %s: re-create the "
+                      "dataset with token ids stored as uint16 or int32", idx, code, data_mmidx_dtype_name(code),
+                      DATA_MMIDX_SUPPORTED);
+  *n_seq = data_le64(h + 18);
+  *n_doc = data_le64(h + 26);
+  return 0;
+}
+
+// The .idx size the header implies: the header, int32 lengths, int64 pointers, int64 document
+// indices. -1 when the counts are beyond any file.
+static int64_t data_mmidx_expect_bytes(int64_t n_seq, int64_t n_doc) {
+  if (n_seq < 0 || n_doc < 0 || n_seq > INT64_MAX / 64 || n_doc > INT64_MAX / 64) return -1;
+  return DATA_MMIDX_HEADER_BYTES + 12 * n_seq + 8 * n_doc;
+}
+
+// Reads the lengths and pointers in chunks: every length >= 0 and every sequence starts where
+// the one before it ends (the first at byte 0). 0 with the byte total in n_bytes, or -1.
+static int data_mmidx_walk(int fd, const char *idx, int64_t n_seq, int token_bytes, int64_t *n_bytes,
+                           char *err, size_t n_err) {
+  enum { CHUNK = 1 << 15 };
+  unsigned char *len = XMALLOC(CHUNK * 4), *ptr = XMALLOC(CHUNK * 8);
+  int64_t at = 0;
+  int rc = 0;
+  for (int64_t i = 0; rc == 0 && i < n_seq; i += CHUNK) {
+    int64_t n = n_seq - i < CHUNK ? n_seq - i : CHUNK;
+    if (data_read_at(fd, len, (size_t)n * 4, DATA_MMIDX_HEADER_BYTES + 4 * i) != 0 ||
+        data_read_at(fd, ptr, (size_t)n * 8, DATA_MMIDX_HEADER_BYTES + 4 * n_seq + 8 * i) != 0) {
+      rc = check_errf(err, n_err, "cannot read the sequence table of Megatron index %s: %s; check the file system",
+                      idx, errno ? strerror(errno) : "the file ends early");
+      break;
+    }
+    for (int64_t k = 0; rc == 0 && k < n; k++) {
+      int32_t l = (int32_t)data_le32(len + 4 * k);
+      int64_t p = data_le64(ptr + 8 * k);
+      if (l < 0 || p != at)
+        rc = check_errf(err, n_err, "Megatron index %s: sequence %lld has length %d and starts at byte %lld of the "
+                        ".bin; expected a length >= 0 and the start %lld, where the sequence before it ends "
+                        "(sequences are contiguous from byte 0): re-create the dataset", idx, (long long)(i + k), l,
+                        (long long)p, (long long)at);
+      at += (int64_t)l * token_bytes;
+    }
+  }
+  free(len);
+  free(ptr);
+  *n_bytes = at;
+  return rc;
+}
+
+// Checks path's index idx and fills s (whose fd, size and time are set) as a shard of
+// header_bytes 0. Returns 0, or -1 with a message.
+static int data_mmidx_open(data_shard *s, const char *idx, char *err, size_t n_err) {
+  int fd = open(idx, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return check_errf(err, n_err, "cannot open Megatron index %s of data shard %s: %s; expected a readable regular "
+                      "file: check its permissions", idx, s->path, fd < 0 ? strerror(e) : "not a regular file");
+  }
+  unsigned char h[DATA_MMIDX_HEADER_BYTES] = {0};
+  int64_t n_idx = (int64_t)st.st_size, n_seq = 0, n_doc = 0, n_bytes = 0;
+  int token_bytes = 0;
+  size_t n_head = n_idx < DATA_MMIDX_HEADER_BYTES ? (size_t)n_idx : DATA_MMIDX_HEADER_BYTES;
+  int rc = data_read_at(fd, h, n_head, 0) != 0
+               ? check_errf(err, n_err, "cannot read Megatron index %s: %s; check the file system", idx,
+                            errno ? strerror(errno) : "short read")
+               : data_mmidx_header(idx, h, n_idx, &token_bytes, &n_seq, &n_doc, err, n_err);
+  int64_t n_expect = rc == 0 ? data_mmidx_expect_bytes(n_seq, n_doc) : 0;
+  if (rc == 0 && n_expect != n_idx)
+    rc = check_errf(err, n_err, "Megatron index %s is %s: its header says %lld sequences and %lld document indices "
+                    "(%lld bytes), the file has %lld bytes%s; re-create the dataset", idx,
+                    n_idx < n_expect || n_expect < 0 ? "truncated" : "longer than its header says",
+                    (long long)n_seq, (long long)n_doc, (long long)n_expect, (long long)n_idx,
+                    n_expect >= 0 && n_idx == n_expect + n_seq ? " (a multimodal dataset's sequence modes: not "
+                    "supported)" : "");
+  if (rc == 0) rc = data_mmidx_walk(fd, idx, n_seq, token_bytes, &n_bytes, err, n_err);
+  close(fd);
+  if (rc == 0 && n_bytes != s->n_file_bytes)
+    rc = check_errf(err, n_err, "Megatron dataset %s disagrees with its index %s: the sequence lengths add up to "
+                    "%lld tokens of %d bytes (%lld bytes), the .bin has %lld bytes; the two files must be the pair "
+                    "one run of tools/preprocess_data.py wrote: re-create them", s->path, idx,
+                    (long long)(n_bytes / token_bytes), token_bytes, (long long)n_bytes, (long long)s->n_file_bytes);
+  if (rc != 0) return -1;
+  s->header_bytes = 0;
+  s->token_bytes = token_bytes;
+  s->n_tokens = n_bytes / token_bytes;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Opening one shard
 
 // Opens path and fills s from its header. Returns 0, or -1 with a message in err.
@@ -117,6 +256,13 @@ static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_
     return -1;
   }
   int64_t n_file = (int64_t)st.st_size;
+  char idx[sizeof s->path + 4] = "";
+  if (data_mmidx_sibling(path, idx, sizeof idx)) {
+    s->fd = fd;
+    s->n_file_bytes = n_file;
+    s->mtime_ns = data_mtime_ns(&st);
+    return data_mmidx_open(s, idx, err, n_err);
+  }
   if (n_file < 4) {
     snprintf(err, n_err, "data shard %s is too short to be a shard: %lld bytes, expected at "
              "least a %d-byte header; re-create it with build/prepare",
@@ -190,11 +336,15 @@ static int data_shard_open(data_shard *s, const char *path, char *err, size_t n_
              "%s: re-tokenize the text with build/prepare or llm.c's GPT-2 tokenizer",
              path, DATA_ACCEPTED_FORMATS);
     return -1;
+  } else if (memcmp(h, DATA_MMIDX_MAGIC, DATA_MMIDX_MAGIC_BYTES) == 0) {
+    return check_errf(err, n_err, "data shard %s is the index (.idx) of a Megatron dataset; expected the tokens: "
+                      "point data.train/data.val at the .bin beside it (a glob like PREFIX*.bin)", path);
   } else {
     snprintf(err, n_err, "data shard %s starts with magic %02x %02x %02x %02x (%lld bytes in "
-             "file); expected %s: check that data.train/data.val point at token shards, not "
-             "raw text (convert text with build/prepare)",
-             path, h[0], h[1], h[2], h[3], (long long)n_file, DATA_ACCEPTED_FORMATS);
+             "file); expected %s, or the .bin of a Megatron dataset with its .idx beside it (%s%s): "
+             "check that data.train/data.val point at token shards, not raw text (convert text "
+             "with build/prepare)", path, h[0], h[1], h[2], h[3], (long long)n_file,
+             DATA_ACCEPTED_FORMATS, idx[0] ? idx : "the path must end in .bin", idx[0] ? " does not exist" : "");
     return -1;
   }
 

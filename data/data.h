@@ -1,7 +1,8 @@
 // Token shards and the reader that feeds training: shards read with pread, windows of
 // seq_len + 1 tokens in an order fixed by the seed and independent of the number of ranks.
 // Format (docs/data.md): this project's shards ("TRNTOK" header, version, dtype, count) and
-// llm.c shards (256 int32 header, magic 20240520, version 1, uint16 tokens).
+// llm.c shards (256 int32 header, magic 20240520, version 1, uint16 tokens) and Megatron
+// indexed datasets (PREFIX.bin of bare uint16 or int32 tokens, PREFIX.idx with magic "MMIDIDX").
 #ifndef TRAINER_DATA_H
 #define TRAINER_DATA_H
 
@@ -13,7 +14,7 @@ typedef struct data_shard {
   int fd;               // open read-only for the whole run; -1 = closed
   int64_t n_file_bytes; // size at open: a window read checks the file still has it
   int64_t mtime_ns;     // modification time at open, likewise
-  int64_t header_bytes; // offset of the first token
+  int64_t header_bytes; // offset of the first token (0 for a Megatron .bin)
   int token_bytes;      // 2 or 4
   int64_t n_tokens;
 } data_shard;
@@ -34,7 +35,7 @@ typedef struct data_loader {
 // Opens every shard matching pattern (a path or a glob, sorted), validates headers and sizes.
 // Returns 0, or -1 with a message naming the file, what was expected, what was found and what
 // to do (missing file, truncated shard, wrong magic, unknown version, too few tokens for one
-// window).
+// window; for a Megatron .bin, its .idx missing or damaged or disagreeing with the .bin).
 int data_open(data_loader *d, const char *pattern, int seq_len, uint64_t seed, char *err, size_t n_err);
 // Window number `sample` of the infinite stream (epoch = sample / n_windows, reshuffled each
 // epoch from (seed, epoch)): writes seq_len + 1 tokens to out. Same answer on every rank.
