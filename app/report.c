@@ -42,6 +42,18 @@ int report_open_events(trainer *t, char *err, size_t n_err) {
   return ckpt_agree(t->g->world->mpi, rc, err, (int)n_err);
 }
 
+void report_events_start(trainer *t) {
+  if (!t->tb.f) return;
+  if (t->step > 0) {
+    tb_resume(&t->tb);
+    return;
+  }
+  if (t->tb.last_step > 0)
+    printf("log.tensorboard: %s already holds events up to step %lld of an earlier run; this run starts at step 1, "
+           "so TensorBoard shows both on one curve: give each run a folder of its own\n", t->c->log.tensorboard,
+           (long long)t->tb.last_step);
+}
+
 void report_close(trainer *t) {
   if (t->metrics) fclose(t->metrics);
   t->metrics = NULL;

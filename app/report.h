@@ -14,6 +14,9 @@ int report_open(trainer *t);
 // a new event file in it, so a folder that cannot be written is refused before the first step.
 // 0, or -1 with a one-line message (the same on every rank) naming the folder and the fix.
 int report_open_events(trainer *t, char *err, size_t n_err);
+// Once the start point is known (t->step): a resumed run skips the steps the folder already
+// holds; a run from step 0 in a folder with earlier events gets a one-line notice (rank 0).
+void report_events_start(trainer *t);
 // Closes the metrics file and the event file; safe twice.
 void report_close(trainer *t);
 // Collective (the fewest OpenMP threads of any rank): parameters, micro-batches, backend, ranks;

@@ -2,8 +2,10 @@
 // Event and Summary the scalars need, encoded by hand.
 #include "app/tensorboard.h"
 #include "model/format/ckpt_crc.h"
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -84,6 +86,86 @@ static double tb_wall_time(void) {
   return (double)tv.tv_sec + tv.tv_usec * 1e-6;
 }
 
+// A varint at *p (before end): its value, *p moved past it; -1 when it runs past end.
+static int64_t tb_get_varint(const uint8_t **p, const uint8_t *end) {
+  uint64_t v = 0;
+  for (int shift = 0; *p < end && shift < 64; shift += 7) {
+    uint8_t b = *(*p)++;
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return (int64_t)(v & INT64_MAX);
+  }
+  return -1;
+}
+
+// The step of an Event (0 without one): its fields walked by wire type.
+static int64_t tb_event_step(const uint8_t *p, const uint8_t *end) {
+  int64_t step = 0;
+  while (p < end) {
+    int64_t key = tb_get_varint(&p, end), len = 0;
+    if (key < 0) break;
+    switch (key & 7) {
+      case TB_VARINT: {
+        int64_t v = tb_get_varint(&p, end);
+        if (v < 0) return step;
+        if ((key >> 3) == TB_EVENT_STEP) step = v;
+        break;
+      }
+      case TB_I64: len = 8; break;
+      case TB_I32: len = 4; break;
+      case TB_LEN: len = tb_get_varint(&p, end); break;
+      default: return step;
+    }
+    if (len < 0 || len > end - p) break;
+    p += len;
+  }
+  return step;
+}
+
+// The largest step of one event file; a record whose length or CRC does not check (the end of a
+// file a crash cut short) ends the reading.
+static int64_t tb_file_last_step(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  int64_t last = 0;
+  uint8_t head[12], crc[4];
+  while (fread(head, 1, 12, f) == 12) {
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) n |= (uint64_t)head[i] << (8 * i);
+    uint32_t want = (uint32_t)head[8] | (uint32_t)head[9] << 8 | (uint32_t)head[10] << 16 | (uint32_t)head[11] << 24;
+    if (tb_masked_crc(head, 8) != want || n > (1u << 26)) break;
+    uint8_t *data = malloc(n ? n : 1);
+    int ok = data && fread(data, 1, n, f) == n && fread(crc, 1, 4, f) == 4;
+    uint32_t got = ok ? (uint32_t)crc[0] | (uint32_t)crc[1] << 8 | (uint32_t)crc[2] << 16 | (uint32_t)crc[3] << 24 : 0;
+    if (ok && tb_masked_crc(data, n) == got) {
+      int64_t step = tb_event_step(data, data + n);
+      if (step > last) last = step;
+    } else {
+      ok = 0;
+    }
+    free(data);
+    if (!ok) break;
+  }
+  fclose(f);
+  return last;
+}
+
+// The largest step in the event files of dir (0: none).
+static int64_t tb_folder_last_step(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int64_t last = 0;
+  const char *prefix = "events.out.tfevents.";
+  char path[4096 + 512];
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    int64_t step = tb_file_last_step(path);
+    if (step > last) last = step;
+  }
+  closedir(d);
+  return last;
+}
+
 // mkdir -p: each missing component in turn. 0, or -1 with errno set by the failing mkdir.
 static int tb_mkdir_parents(const char *dir) {
   char tmp[4096];
@@ -117,12 +199,13 @@ static FILE *tb_create_file(const char *dir, char *path, size_t n_path) {
 }
 
 int tb_open(tb_writer *w, const char *dir, char *err, size_t n_err) {
-  w->f = NULL;
+  *w = (tb_writer){0};
   char path[4096 + 512] = "";
   const char *fix = "set log.tensorboard to a folder this user can write, or log.tensorboard= (empty) to write no "
                     "TensorBoard events";
   if (tb_mkdir_parents(dir) != 0)
     return snprintf(err, n_err, "log.tensorboard: cannot create folder %s (%s): %s", dir, strerror(errno), fix), -1;
+  w->last_step = tb_folder_last_step(dir);
   if (!(w->f = tb_create_file(dir, path, sizeof path)))
     return snprintf(err, n_err, "log.tensorboard: cannot create an event file in %s (%s): %s", dir, strerror(errno),
                     fix), -1;
@@ -137,8 +220,10 @@ int tb_open(tb_writer *w, const char *dir, char *err, size_t n_err) {
   return 0;
 }
 
+void tb_resume(tb_writer *w) { w->skip_through = w->last_step; }
+
 int tb_write_scalars(tb_writer *w, int64_t step, const tb_scalar *s, int n) {
-  if (!w->f) return 0;
+  if (!w->f || step <= w->skip_through) return 0;
   tb_buf summary = {.n = 0};
   for (int i = 0; i < n && i < TB_MAX_SCALARS; i++) {
     tb_buf value = {.n = 0};

@@ -198,6 +198,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->e.comm_bf16 = c->parallel.pp_comm_bf16;
   if (c->parallel.pp_overlap && g->pp > 1) pp_exec_overlap(&t->e);
   if (trainer_load_start(t, start, path, sizeof path, err, n_err) != 0) return -1;
+  report_events_start(t);
   trainer_alloc_batch(t);
 
   int64_t n_params_no_embed = 0;

@@ -1,7 +1,8 @@
 #!/bin/sh
 # TensorBoard event files (log.tensorboard): every scalar of the event file equals the value
 # the metrics file holds for the same step (float32 rounding, and the decimals the JSON prints),
-# a resumed run adds a second file whose steps continue without repeating one, a damaged byte
+# a resumed run adds a second file whose steps continue without repeating one (also when it runs
+# again steps the folder holds), a run from step 1 in a used folder gets a notice, a damaged byte
 # fails the reader's CRC check, and a folder that cannot be created is refused at start-up.
 # The reader (tests/tools/tfevents_read.py) is written from the format alone.
 . "$(dirname "$0")/lib.sh"
@@ -29,7 +30,12 @@ for path in files:
         if step in events:
             bad.append("step %d written twice" % step)
         events[step] = values
-rows = {o["step"]: o for o in map(json.loads, open(sys.argv[3])) if "step" in o}
+# A step run again after a resume is logged again in the metrics file; the event files keep the
+# first run's values, so each step is compared with its first line.
+rows = {}
+for o in map(json.loads, open(sys.argv[3])):
+    if "step" in o:
+        rows.setdefault(o["step"], o)
 # Tag -> (JSON field, decimals the JSON prints; None = %.9g).
 tags = {"loss": ("loss", None), "val_loss": ("val_loss", None), "lr": ("lr", None),
         "grad_norm": ("grad_norm", None), "tokens_per_s": ("tokens_per_s", 1), "mfu": ("mfu", 4),
@@ -89,6 +95,17 @@ else
   grep -q "CRC mismatch" "$WORK/damaged.out" && pass "a damaged byte: $(cat "$WORK/damaged.out")" \
     || fail "damaged file refused without a CRC message: $(cat "$WORK/damaged.out")"
 fi
+
+# A run stopped between checkpoints resumes from the last one it wrote: the steps it runs again
+# (4-6 from step 3's checkpoint) are in the folder already, so the third file adds none of them.
+run tb 1 $ARGS "checkpoint.resume=$WORK/tb/ckpt/ckpt_00000003.h5" || fail "second resume from step 3"
+[ "$(ls "$TB" | grep -c '^events\.out\.tfevents\.')" = 3 ] && pass "a third event file after the second resume" \
+  || fail "expected three event files: $(ls "$TB")"
+compare 1,2,3,4,5,6 && pass "steps run again after a resume are not written twice" || fail "steps written twice"
+# A run from step 1 in a folder with events of another run: a notice says the curves overlap.
+run tb_fresh 1 "log.tensorboard=$TB" train.steps=2 train.warmup_steps=1 || fail "a fresh run in a used folder"
+grep -q "log.tensorboard: $TB already holds events up to step 6 of an earlier run" "$WORK/tb_fresh/log" \
+  && pass "a fresh run in a used folder is told so" || fail "no notice: $(grep tensorboard "$WORK/tb_fresh/log")"
 
 # A folder under a regular file cannot be created: one line at start-up, before any step.
 touch "$WORK/afile"
