@@ -35,6 +35,17 @@ for name in ("throughput", "step_split", "loss", "memory"):
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", name
     assert struct.unpack(">II", head[16:24]) == (800, 450), (name, struct.unpack(">II", head[16:24]))
 PY
+# Plot titles name the variants whose ranks share GPUs (staged): their figures are no scaling.
+"$PY" - "$WORK/weak" "$SRC/scripts/study" <<'PY' && pass "titles name staged variants" || fail "plot titles"
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from studylib import plots
+rep = json.load(open(f"{sys.argv[1]}/report.json"))
+assert "share GPUs" not in plots.title(rep, "x"), plots.title(rep, "x")
+rep["variants"][1]["staged"] = True
+t = plots.title(rep, "x")
+assert t.endswith(f"\n{rep['variants'][1]['name']}: ranks share GPUs over staged MPI, not a scaling figure"), t
+PY
 study rep "$SRC/configs/studies/cpu_weak_tiny.yaml" --out "$WORK/rep" --only dp1 dp2 --repeats 2 --no-plots
 expect_rc "two repeats of dp1 and dp2" 0 rep
 expect_text "intervals over repeats" "mean over the 2 repeats" "$WORK/rep/report.md"

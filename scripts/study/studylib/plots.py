@@ -17,6 +17,14 @@ def _err(figs, key, scale=1.0):
     return vals, [lo, hi]
 
 
+def title(rep, what):
+    """A plot's title: the study and what the plot shows; where variants' ranks share GPUs over the
+    staged communicator it names them, since their figures measure host copies, not scaling."""
+    shared = [v["name"] for v in rep["variants"] if v.get("staged")]
+    text = f"{rep['study']['name']}: {what}"
+    return text + f"\n{', '.join(shared)}: ranks share GPUs over staged MPI, not a scaling figure" if shared else text
+
+
 def _ok(rep):
     return [v for v in rep["variants"] if v["figures"]]
 
@@ -42,7 +50,7 @@ def _scaling(plt, rep, vs):
         ax.set_xticks(sorted(set(xs)))
         ax.legend(fontsize=7)
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"{rep['study']['name']}: {rep['study']['scaling']} scaling")
+    fig.suptitle(title(rep, f"{rep['study']['scaling']} scaling"))
     return fig
 
 
@@ -61,7 +69,7 @@ def _compare(plt, rep, vs):
     b.legend(fontsize=7)
     for ax in (a, b):
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.suptitle(f"{rep['study']['name']}: compare")
+    fig.suptitle(title(rep, "compare"))
     return fig
 
 
@@ -82,7 +90,7 @@ def _split(plt, rep, vs):
     ax.set_ylabel("ms per step (median, rank 0)")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.legend(fontsize=7)
-    ax.set_title(f"{rep['study']['name']}: step split")
+    ax.set_title(title(rep, "step split"))
     return fig
 
 
@@ -93,7 +101,7 @@ def _loss(plt, rep, vs):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.legend(fontsize=7)
-    ax.set_title(f"{rep['study']['name']}: loss curves")
+    ax.set_title(title(rep, "loss curves"))
     return fig
 
 
@@ -108,7 +116,7 @@ def _memory(plt, rep, vs):
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.set_ylabel("GiB per rank")
     ax.legend(fontsize=7)
-    ax.set_title(f"{rep['study']['name']}: memory per rank")
+    ax.set_title(title(rep, "memory per rank"))
     return fig
 
 
