@@ -6,6 +6,7 @@
 // with model.safetensors.index.json. One tensor is in memory at a time. docs/hf.md.
 #include "app/config.h"
 #include "kernels/base/check.h"
+#include "kernels/base/fs.h"
 #include "model/format/ckpt.h"
 #include "model/format/hf.h"
 #include "model/format/hf_config.h"
@@ -84,18 +85,6 @@ static int read_config(const char *ckpt, cfg *c, int64_t *step, char *err, size_
   return rc;
 }
 
-static int make_dirs(const char *path) {
-  char tmp[1024];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = '\0';
-      if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static int prepare_dir(const char *out, int force, char *err, size_t n_err) {
   struct stat st;
   if (stat(out, &st) == 0) {
@@ -106,7 +95,7 @@ static int prepare_dir(const char *out, int force, char *err, size_t n_err) {
                       "export's files), or choose a new path", out), -1;
     return 0;
   }
-  if (make_dirs(out) != 0) return snprintf(err, n_err, "cannot create %s (%s)", out, strerror(errno)), -1;
+  if (fs_make_dirs(out, NULL, 0) != 0) return snprintf(err, n_err, "cannot create %s (%s)", out, strerror(errno)), -1;
   return 0;
 }
 

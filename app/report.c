@@ -1,5 +1,6 @@
 // Progress lines, metrics records and the run report (see report.h).
 #include "app/report.h"
+#include "kernels/base/fs.h"
 #include "parallel/step/grad_compress.h"
 #include "parallel/step/param_gather.h"
 #include <errno.h>
@@ -15,21 +16,10 @@ static void report_duration(double s, char *buf, size_t n) {
   else snprintf(buf, n, "%lds", t);
 }
 
-static void report_mkdir_parents(const char *path) {
-  char tmp[CFG_STR];
-  snprintf(tmp, sizeof tmp, "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(tmp, 0755);
-      *p = '/';
-    }
-}
-
 int report_open(trainer *t) {
   const char *path = t->c->log.metrics;
   if (t->g->world_rank != 0 || !path[0]) return 0;
-  report_mkdir_parents(path);
+  fs_make_parent_dirs(path, NULL, 0);  // a failure shows when the file does not open
   t->metrics = fopen(path, t->step > 0 ? "a" : "w");
   if (!t->metrics) fprintf(stderr, "warning: cannot open log.metrics '%s'; no metrics file\n", path);
   return 0;

@@ -1,6 +1,7 @@
 // TensorBoard event files (see tensorboard.h): TFRecord framing and the few protobuf fields of
 // Event and Summary the scalars need, encoded by hand.
 #include "app/tensorboard.h"
+#include "kernels/base/fs.h"
 #include "model/format/ckpt_crc.h"
 #include <dirent.h>
 #include <errno.h>
@@ -166,23 +167,6 @@ static int64_t tb_folder_last_step(const char *dir) {
   return last;
 }
 
-// mkdir -p: each missing component in turn. 0, or -1 with errno set by the failing mkdir.
-static int tb_mkdir_parents(const char *dir) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) return errno = ENAMETOOLONG, -1;
-  for (char *p = tmp + 1;; p++) {
-    if (*p != '/' && *p != 0) continue;
-    char c = *p;
-    *p = 0;
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    *p = c;
-    if (!c) break;
-  }
-  struct stat st;
-  if (stat(dir, &st) != 0) return -1;
-  return S_ISDIR(st.st_mode) ? 0 : (errno = ENOTDIR, -1);
-}
-
 // A new file: the first name of events.out.tfevents.<time>.<host>[.k] that does not exist.
 static FILE *tb_create_file(const char *dir, char *path, size_t n_path) {
   char host[256] = "localhost";
@@ -203,7 +187,7 @@ int tb_open(tb_writer *w, const char *dir, char *err, size_t n_err) {
   char path[4096 + 512] = "";
   const char *fix = "set log.tensorboard to a folder this user can write, or log.tensorboard= (empty) to write no "
                     "TensorBoard events";
-  if (tb_mkdir_parents(dir) != 0)
+  if (fs_make_dirs(dir, NULL, 0) != 0)
     return snprintf(err, n_err, "log.tensorboard: cannot create folder %s (%s): %s", dir, strerror(errno), fix), -1;
   w->last_step = tb_folder_last_step(dir);
   if (!(w->f = tb_create_file(dir, path, sizeof path)))

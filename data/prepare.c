@@ -4,6 +4,7 @@
 //   build/prepare --out DIR [--val-fraction 0.05] [--shard-tokens N] FILE...
 // Writes DIR/train_000.bin, train_001.bin, ... and DIR/val_000.bin (docs/data.md).
 #include "data/data.h"
+#include "kernels/base/fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,21 +63,6 @@ static int64_t prepare_read(prepare_stream *s, int32_t *out, int64_t n) {
     }
   }
   return got;
-}
-
-// mkdir -p: the output directory may be several levels deep (data/corpus).
-static int prepare_mkdirs(const char *dir) {
-  char p[4096];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return -1;
-  for (char *c = p + 1; *c; c++) {
-    if (*c != '/') continue;
-    *c = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
-    *c = '/';
-  }
-  if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
 }
 
 // Digits in shard names: three as the docs show, more when needed, so that names always sort
@@ -225,7 +211,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "prepare: warning: %lld bytes x val fraction %g rounds to 0 val tokens; "
             "no val shard written\n", (long long)n_total, val_fraction);
   }
-  if (prepare_mkdirs(out) != 0) {
+  if (fs_make_dirs(out, NULL, 0) != 0) {
     fprintf(stderr, "prepare: cannot create output directory %s: %s; expected a writable path\n",
             out, strerror(errno));
     return 1;

@@ -3,6 +3,7 @@
 // and rotating old checkpoints.
 #include "model/format/ckpt_internal.h"
 #include "kernels/base/check.h"
+#include "kernels/base/fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -64,30 +65,19 @@ int ckpt_list(const char *dir, const char *prefix, const char *suffix, ckpt_entr
 }
 
 static int ckpt_mkdir_p(const char *dir, char *msg) {
-  char p[CKPT_PATH];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-    ckpt_msgf(msg, "checkpoint directory path is too long (%zu bytes, at most %d): use a shorter checkpoint.dir",
-              strlen(dir), CKPT_PATH - 1);
-    return -1;
-  }
-  for (char *s = p + 1;; s++) {
-    if (*s != '/' && *s != '\0') continue;
-    char c = *s;
-    *s = '\0';
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-      ckpt_msgf(msg, "cannot create checkpoint directory %s (at %s: %s): check checkpoint.dir and its permissions",
-                dir, p, strerror(errno));
-      return -1;
-    }
-    *s = c;
-    if (c == '\0') break;
-  }
+  char at[CKPT_PATH];
+  if (fs_make_dirs(dir, at, sizeof at) == 0) return 0;
+  const int e = errno;
   struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (e == ENAMETOOLONG)
+    ckpt_msgf(msg, "checkpoint directory path is too long (%zu bytes, at most %d): use a shorter checkpoint.dir",
+              strlen(dir), FS_PATH_MAX - 1);
+  else if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
     ckpt_msgf(msg, "checkpoint directory %s exists but is not a directory: point checkpoint.dir elsewhere", dir);
-    return -1;
-  }
-  return 0;
+  else
+    ckpt_msgf(msg, "cannot create checkpoint directory %s (at %s: %s): check checkpoint.dir and its permissions",
+              dir, at, strerror(e));
+  return -1;
 }
 
 // Where the file system cannot preallocate: refuse when statvfs shows too little room.
