@@ -181,8 +181,8 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(fp8, bf16_edge_layers, 0, "keep the first and the last block in bf16"),
   CFG_BOOL(fp8, head, 0, "the LM head's GEMMs (forward, data and weight gradient) in FP8 too, with scaling of its own"),
   CFG_BOOL_IN(fp8, param_gather, optim.fp8_param_gather, 0,
-              "the distributed optimizer all-gathers the updated FP8 weights as FP8 codes instead of the bf16 "
-              "compute copy (half the bytes; bitwise the same training); needs parallel.distributed_optimizer and "
+              "the sharded optimizer all-gathers the updated FP8 weights as FP8 codes instead of the bf16 "
+              "compute copy (half the bytes; bitwise the same training); needs parallel.shard=optimizer and "
               "fp8.recipe delayed or current; no effect with dp 1"),
 
   CFG_CHOICE(optimizer, offload, cfg_offload, CFG_OFFLOAD_NONE,
