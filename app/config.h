@@ -171,6 +171,9 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err);
 // The resolved config as YAML text (every key, in table order). Returns bytes written
 // (excluding the NUL), or the size needed if n_buf is too small.
 size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf);
+// parallel.shard into the optimizer's config (c->optim.distributed_optimizer); cfg_validate calls
+// it, and so does whatever plans another shard mode from a validated config.
+void cfg_resolve_shard(cfg *c);
 // The model's layout for this run (pipeline, sequence parallelism, micro-batch, recomputation).
 model_layout cfg_model_layout(const cfg *c);
 // Whether GPU ranks compute with bf16 activations (train.precision auto, bf16 or fp8).

@@ -20,13 +20,15 @@ static void cfg_resolve_compress(cfg *c) {
       m != COMM_COMPRESS_NONE && (fb == CFG_ERROR_FEEDBACK_ON || (fb == CFG_ERROR_FEEDBACK_AUTO && int8));
 }
 
+void cfg_resolve_shard(cfg *c) { c->optim.distributed_optimizer = c->parallel.shard >= CFG_SHARD_OPTIMIZER; }
+
 // The optimizer's state: what is sharded over dp and where it lives (the optimizer section's
 // choices), resolved into c->optim.
 static int cfg_validate_offload(cfg *c, char *err, size_t n_err) {
   const cfg_optimizer *s = &c->optimizer;
   opt_config *o = &c->optim;
   o->offload = s->offload == CFG_OFFLOAD_HOST;
-  o->distributed_optimizer = c->parallel.shard >= CFG_SHARD_OPTIMIZER;
+  cfg_resolve_shard(c);
   o->offload_cpu = s->offload_update == CFG_OFFLOAD_UPDATE_CPU;
   if (o->offload_delay && !(o->offload && o->offload_cpu))
     return check_errf(err, n_err, "optimizer.offload_delay = 1 delays the host update of the cpu engine: it needs "

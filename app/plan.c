@@ -210,7 +210,7 @@ static void plan_print_shard_modes(const cfg *c) {
   for (int m = CFG_SHARD_NONE; m <= CFG_SHARD_OPTIMIZER; m++) {
     cfg alt = *c;
     alt.parallel.shard = (cfg_shard)m;
-    alt.optim.distributed_optimizer = m >= CFG_SHARD_OPTIMIZER;
+    cfg_resolve_shard(&alt);
     printf("%s %.2f GiB with %s%s", m ? "," : "", gib(plan_max_total(&alt)), cfg_shard_names[m],
            m == (int)c->parallel.shard ? " (this run)" : "");
   }
