@@ -98,6 +98,13 @@ static int64_t tb_get_varint(const uint8_t **p, const uint8_t *end) {
   return -1;
 }
 
+// The n_bytes-byte little-endian integer at b (tb_put_le's inverse).
+static uint64_t tb_get_le(const uint8_t *b, int n_bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < n_bytes; i++) v |= (uint64_t)b[i] << (8 * i);
+  return v;
+}
+
 // The step of an Event (0 without one): its fields walked by wire type.
 static int64_t tb_event_step(const uint8_t *p, const uint8_t *end) {
   int64_t step = 0;
@@ -130,13 +137,12 @@ static int64_t tb_file_last_step(const char *path) {
   int64_t last = 0;
   uint8_t head[12], crc[4];
   while (fread(head, 1, 12, f) == 12) {
-    uint64_t n = 0;
-    for (int i = 0; i < 8; i++) n |= (uint64_t)head[i] << (8 * i);
-    uint32_t want = (uint32_t)head[8] | (uint32_t)head[9] << 8 | (uint32_t)head[10] << 16 | (uint32_t)head[11] << 24;
+    const uint64_t n = tb_get_le(head, 8);
+    const uint32_t want = (uint32_t)tb_get_le(head + 8, 4);
     if (tb_masked_crc(head, 8) != want || n > (1u << 26)) break;
     uint8_t *data = malloc(n ? n : 1);
     int ok = data && fread(data, 1, n, f) == n && fread(crc, 1, 4, f) == 4;
-    uint32_t got = ok ? (uint32_t)crc[0] | (uint32_t)crc[1] << 8 | (uint32_t)crc[2] << 16 | (uint32_t)crc[3] << 24 : 0;
+    const uint32_t got = ok ? (uint32_t)tb_get_le(crc, 4) : 0;
     if (ok && tb_masked_crc(data, n) == got) {
       int64_t step = tb_event_step(data, data + n);
       if (step > last) last = step;
