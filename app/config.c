@@ -52,7 +52,7 @@ CFG_WORDS(cfg_fp8_format, CFG_FP8_FORMAT_E4M3, "hybrid", "e4m3");
 CFG_WORDS(cfg_offload, CFG_OFFLOAD_HOST, "none", "host");
 CFG_WORDS(cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU, "gpu", "cpu");
 CFG_WORDS(cfg_gpu_comm, CFG_GPU_COMM_MPI, "nccl", "mpi");
-CFG_WORDS(cfg_shard, CFG_SHARD_OPTIMIZER, "none", "optimizer");
+CFG_WORDS(cfg_shard, CFG_SHARD_WEIGHTS, "none", "optimizer", "grads", "weights");
 CFG_WORDS(cfg_grad_compress, CFG_GRAD_COMPRESS_INT8, "none", "bf16", "fp16", "int8");
 CFG_WORDS(cfg_error_feedback, CFG_ERROR_FEEDBACK_OFF, "auto", "on", "off");
 
@@ -116,7 +116,11 @@ static const cfg_key cfg_keys[] = {
   CFG_CHOICE(parallel, shard, cfg_shard, CFG_SHARD_NONE,
              "what each dp rank holds only its part of: none (every rank holds all of the optimizer's state); "
              "optimizer: the fp32 master weights and the AdamW moments (ZeRO-1: DP buckets are reduce-scattered, each "
-             "rank updates its part and the compute copy is all-gathered); no effect with dp 1"),
+             "rank updates its part and the compute copy is all-gathered); grads: the fp32 gradients too (ZeRO-2: each "
+             "layer's gradients are reduce-scattered as backward finishes them, from a staging slot, into the "
+             "owner's part; no whole gradient buffer); weights: the bf16 compute copy too (ZeRO-3: each layer's "
+             "weights are all-gathered into a slot just before its forward and its backward, the next layer's while "
+             "this one computes); no effect with dp 1"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
   CFG_CHOICE(parallel, grad_compress, cfg_grad_compress, CFG_GRAD_COMPRESS_NONE,
              "wire format of the DP gradient reduction (none: fp32; fp16: a per-bucket power-of-two scale agreed "
@@ -229,6 +233,10 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(log, time_tp, 0,
            "time the tensor-parallel collectives in the run report (a GPU sync around each, which slows the step); "
            "false = they count as compute"),
+  CFG_BOOL(log, time_dp, 0,
+           "time what forward and backward wait for of sharded data parallelism (parallel.shard=weights all-gathers, "
+           "grads and weights reduce-scatters) in the run report's exposed dp comm (a GPU sync around each wait, "
+           "which slows the step); false = it counts as compute"),
   CFG_FLOAT(log, peak_tflops, 0, 1e6, 0,
             "dense peak TFLOP/s of one rank's device, for MFU; 0 = the device's known bf16 peak (989.4 for H100 "
             "and H200), else no MFU"),

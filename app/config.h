@@ -34,7 +34,7 @@ typedef enum cfg_offload { CFG_OFFLOAD_NONE, CFG_OFFLOAD_HOST } cfg_offload;
 typedef enum cfg_offload_update { CFG_OFFLOAD_UPDATE_GPU, CFG_OFFLOAD_UPDATE_CPU } cfg_offload_update;
 typedef enum cfg_gpu_comm { CFG_GPU_COMM_NCCL, CFG_GPU_COMM_MPI } cfg_gpu_comm;
 // parallel.shard: what each dp rank holds only its part of (docs/config.md).
-typedef enum cfg_shard { CFG_SHARD_NONE, CFG_SHARD_OPTIMIZER } cfg_shard;
+typedef enum cfg_shard { CFG_SHARD_NONE, CFG_SHARD_OPTIMIZER, CFG_SHARD_GRADS, CFG_SHARD_WEIGHTS } cfg_shard;
 typedef enum cfg_grad_compress {
   CFG_GRAD_COMPRESS_NONE,
   CFG_GRAD_COMPRESS_BF16,
@@ -71,7 +71,7 @@ typedef struct cfg_parallel {
   int pp_comm_bf16;           // pipeline transfers in bf16 (0: fp32)
   int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
-  cfg_shard shard;            // what is sharded over dp (resolved into optim.distributed_optimizer)
+  cfg_shard shard;            // what is sharded over dp (resolved into optim.shard)
   cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message
@@ -131,6 +131,7 @@ typedef struct cfg_log {
   int eval_every;        // steps between val-loss evaluations; 0 = only at the end
   int eval_batches;      // micro-batches (of micro_batch sequences) per evaluation
   int time_tp;           // bool: time the tp collectives (a sync around each)
+  int time_dp;           // bool: time the waits for sharded data parallelism's collectives (a sync around each)
   float peak_tflops;     // dense peak per rank for MFU; 0 = the device's known peak
 } cfg_log;
 
@@ -140,7 +141,7 @@ typedef struct cfg {
   cfg_parallel parallel;
   cfg_train train;
   cfg_fp8 fp8;
-  opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.distributed_optimizer,
+  opt_config optim;      // the optimizer's keys: train.lr ... train.grad_clip, parallel.shard,
                          // parallel.bucket_mb, optimizer.offload_*; grad_compress and
                          // grad_error_feedback resolved from parallel's choices by cfg_validate
   cfg_optimizer optimizer;  // the optimizer section's choices (cfg_validate resolves them into optim)
@@ -171,7 +172,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err);
 // The resolved config as YAML text (every key, in table order). Returns bytes written
 // (excluding the NUL), or the size needed if n_buf is too small.
 size_t cfg_to_yaml(const cfg *c, char *buf, size_t n_buf);
-// parallel.shard into the optimizer's config (c->optim.distributed_optimizer); cfg_validate calls
+// parallel.shard into the optimizer's config (c->optim.shard); cfg_validate calls
 // it, and so does whatever plans another shard mode from a validated config.
 void cfg_resolve_shard(cfg *c);
 // The model's layout for this run (pipeline, sequence parallelism, micro-batch, recomputation).

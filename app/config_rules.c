@@ -20,7 +20,11 @@ static void cfg_resolve_compress(cfg *c) {
       m != COMM_COMPRESS_NONE && (fb == CFG_ERROR_FEEDBACK_ON || (fb == CFG_ERROR_FEEDBACK_AUTO && int8));
 }
 
-void cfg_resolve_shard(cfg *c) { c->optim.distributed_optimizer = c->parallel.shard >= CFG_SHARD_OPTIMIZER; }
+void cfg_resolve_shard(cfg *c) {
+  static const opt_shard shards[] = {[CFG_SHARD_NONE] = OPT_SHARD_NONE, [CFG_SHARD_OPTIMIZER] = OPT_SHARD_OPTIMIZER,
+                                     [CFG_SHARD_GRADS] = OPT_SHARD_GRADS, [CFG_SHARD_WEIGHTS] = OPT_SHARD_WEIGHTS};
+  c->optim.shard = shards[c->parallel.shard];
+}
 
 // The optimizer's state: what is sharded over dp and where it lives (the optimizer section's
 // choices), resolved into c->optim.
@@ -47,10 +51,29 @@ static int cfg_validate_param_gather(const cfg *c, char *err, size_t n_err) {
   if (c->fp8.recipe == CFG_FP8_RECIPE_BLOCK)
     return check_errf(err, n_err, "fp8.param_gather = true gathers codes of one scale per tensor, but fp8.recipe = "
                       "block scales 128 x 128 tiles: set fp8.recipe to delayed or current, or fp8.param_gather=false");
-  if (!c->optim.distributed_optimizer)
+  if (c->optim.shard == OPT_SHARD_NONE)
     return check_errf(err, n_err, "fp8.param_gather = true replaces the sharded optimizer's all-gather of the "
                       "updated weights, but parallel.shard = none: set parallel.shard=optimizer or "
                       "fp8.param_gather=false");
+  return 0;
+}
+
+// parallel.shard=grads reduces each group's fp32 gradients from its staging slot as backward ends
+// it; weights gathers each group's compute copy, in the act dtype, into a slot.
+static int cfg_validate_shard(const cfg *c, char *err, size_t n_err) {
+  const char *mode = cfg_shard_names[c->parallel.shard];
+  if (c->optim.shard >= OPT_SHARD_GRADS && c->optim.grad_compress != COMM_COMPRESS_NONE)
+    return check_errf(err, n_err, "parallel.shard = %s reduces each layer's fp32 gradients as backward finishes "
+                      "them and cannot compress them yet (parallel.grad_compress = %s): set parallel.shard=optimizer "
+                      "or parallel.grad_compress=none", mode, cfg_grad_compress_names[c->parallel.grad_compress]);
+  if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->train.precision == CFG_PRECISION_FP8)
+    return check_errf(err, n_err, "parallel.shard = weights gathers the bf16 compute copy layer by layer and cannot "
+                      "gather FP8 weights yet (train.precision = fp8): set parallel.shard=grads, or "
+                      "train.precision=bf16");
+  if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->optim.offload)
+    return check_errf(err, n_err, "parallel.shard = weights cannot yet take its shard of the compute copy from a "
+                      "host-memory optimizer (optimizer.offload = host): set parallel.shard=grads, or "
+                      "optimizer.offload=none");
   return 0;
 }
 
@@ -97,6 +120,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            "checkpoint.init_from = '%s': expected hf:DIR (a Hugging Face Llama model directory) or empty", from);
   if (cfg_validate_offload(c, err, n_err) != 0) return -1;
   if (cfg_validate_param_gather(c, err, n_err) != 0) return -1;
+  if (cfg_validate_shard(c, err, n_err) != 0) return -1;
   if (world_size <= 0) return 0;
 
   // Products in long long: each factor is bounded by the table, their product is not by int.
@@ -199,7 +223,11 @@ model_layout cfg_model_layout(const cfg *c) {
       .recompute = recomputes[c->train.recompute],
       // With the optimizer's state sharded the optimizer holds the master weights (its part only); with
       // dp 1 its part is all of it, held by the model as without sharding.
-      .master_in_optimizer = c->optim.offload || (c->optim.distributed_optimizer && c->parallel.dp > 1),
+      .master_in_optimizer = c->optim.offload || (c->optim.shard >= OPT_SHARD_OPTIMIZER && c->parallel.dp > 1),
+      // With the gradients sharded the optimizer holds them too: a staging slot per layer in backward.
+      .grads_in_optimizer = c->optim.shard >= OPT_SHARD_GRADS && c->parallel.dp > 1,
+      // And with the weights sharded the compute copy: gathered into a slot per group for compute.
+      .weights_in_optimizer = c->optim.shard >= OPT_SHARD_WEIGHTS && c->parallel.dp > 1,
       .fp8 = {
           .enabled = c->train.precision == CFG_PRECISION_FP8,
           .recipe = recipes[c->fp8.recipe],

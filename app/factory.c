@@ -97,7 +97,10 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
   // communicator of their own, slow the backward less (the rest keep NCCL's choice). CPU ranks
   // have no SMs to spare; there the second communicator only exercises the same code path.
-  if (p->dp_overlap_ctas > 0 && p->dp > 1) grid_add_dp_overlap(&f->g, &f->comms, p->dp_overlap_ctas);
+  // parallel.shard=weights gathers weights on the dp communicator while the gradients' reduce-scatters
+  // run on this one: a wait for one does not wait for the other.
+  if ((p->dp_overlap_ctas > 0 || p->shard == CFG_SHARD_WEIGHTS) && p->dp > 1)
+    grid_add_dp_overlap(&f->g, &f->comms, p->dp_overlap_ctas);
   return 0;
 }
 

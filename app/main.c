@@ -1,6 +1,7 @@
 // trainer: command-line entry point.
 //   mpirun -np N build/trainer CONFIG.yaml [section.key=value ...] [--print-layout]
 //   build/trainer CONFIG.yaml [section.key=value ...] --dry-run [--world-size N] [--gpus-per-node N]
+//       [--gpu-mem GIB]
 // Parses the command line, loads and validates the config, then either prints the plan
 // (--dry-run, nothing allocated) or builds the backend, communicators and grid through the
 // factory and runs the trainer.
@@ -18,7 +19,7 @@
 static void usage(void) {
   fprintf(stderr,
           "usage: trainer CONFIG.yaml [section.key=value ...] [--print-layout] [--dry-run [--world-size N] "
-          "[--gpus-per-node N]]\n"
+          "[--gpus-per-node N] [--gpu-mem GIB]]\n"
           "  trains the run that CONFIG describes (docs/config.md); under mpirun or srun, one process per rank.\n"
           "  --print-layout    at start-up, one line per rank: node, node-local rank, tp/dp/pp coordinates,\n"
           "                    device and what the launcher said (docs/multinode.md)\n"
@@ -26,13 +27,15 @@ static void usage(void) {
           "                    nothing\n"
           "  --world-size N    with --dry-run: plan for N ranks (default: tp * pp * dp of the config; with\n"
           "                    parallel.dp = 0, the number of ranks launched)\n"
-          "  --gpus-per-node N with --dry-run: ranks per node in the launch command and node map (default 8)\n");
+          "  --gpus-per-node N with --dry-run: ranks per node in the launch command and node map (default 8)\n"
+          "  --gpu-mem GIB     with --dry-run: a GPU's memory in GiB; says whether the fullest rank fits and, if\n"
+          "                    not, which parallel.shard mode would\n");
 }
 
 typedef struct cli {
   const char *path;
   char **over;  // section.key=value overrides
-  int n_over, dry_run, plan_world, gpus_per_node, print_layout;
+  int n_over, dry_run, plan_world, gpus_per_node, gpu_mem_gib, print_layout;
   const char *argv0;
 } cli;
 
@@ -45,7 +48,9 @@ static int cli_parse(cli *a, int argc, char **argv, int rank) {
   a->gpus_per_node = 8;
   for (int i = 1; i < argc; i++) {
     int *num = strcmp(argv[i], "--world-size") == 0 ? &a->plan_world
-               : strcmp(argv[i], "--gpus-per-node") == 0 ? &a->gpus_per_node : NULL;
+               : strcmp(argv[i], "--gpus-per-node") == 0 ? &a->gpus_per_node
+               : strcmp(argv[i], "--gpu-mem") == 0       ? &a->gpu_mem_gib
+                                                         : NULL;
     if (strcmp(argv[i], "--dry-run") == 0) a->dry_run = 1;
     else if (strcmp(argv[i], "--print-layout") == 0) a->print_layout = 1;
     else if (num) {
@@ -54,8 +59,8 @@ static int cli_parse(cli *a, int argc, char **argv, int rank) {
       char *end = NULL;
       long v = s[0] >= '0' && s[0] <= '9' ? strtol(s, &end, 10) : 0;
       if (!end || *end || v < 1 || v > 1048576) {
-        if (rank == 0) fprintf(stderr, "error: %s needs a whole number of ranks from 1 to 1048576, found '%s'\n",
-                               argv[i], i + 1 < argc ? argv[i + 1] : "");
+        if (rank == 0) fprintf(stderr, "error: %s needs a whole number %s from 1 to 1048576, found '%s'\n", argv[i],
+                               num == &a->gpu_mem_gib ? "of GiB" : "of ranks", i + 1 < argc ? argv[i + 1] : "");
         return 2;
       }
       *num = (int)v;
@@ -119,7 +124,8 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
       printf("parallel.dp = 0 leaves the rank count to the launch: planned for the %d rank%s launched; pass "
              "--world-size N (or launch N ranks) to plan for N\n", ranks, ranks == 1 ? "" : "s");
     plan_launch launch = {.argv0 = a->argv0, .config = a->path, .over = (const char *const *)a->over,
-                          .n_over = a->n_over, .gpus_per_node = a->gpus_per_node};
+                          .n_over = a->n_over, .gpus_per_node = a->gpus_per_node,
+                          .gpu_mem_gib = a->gpu_mem_gib};
     return run_plan(&c, ranks, &launch);
   }
   factory f;

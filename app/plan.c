@@ -86,6 +86,27 @@ static int64_t plan_chunk_params(const cfg *c, const model_layout *ml, int vs) {
   return n;
 }
 
+// parallel.shard=grads and weights: a rank's largest group of tensors (a layer, the final norm and
+// head, an untied embedding), rounded up to dp * 128 as the model lays groups out, and in *tied a
+// tied embedding, so rounded: each slot of the gradients' staging (parallel/step/grad_shard.h)
+// holds the largest group, where a tied embedding has a slot of its own; each slot of the
+// gathered weights (weight_shard.h) holds the larger of the two.
+static int64_t plan_largest_group(const cfg *c, int has_embed, int has_head, int64_t *tied) {
+  const model_config *mc = &c->model;
+  int tp = c->parallel.tp;
+  int64_t largest = 0, unit = (int64_t)c->parallel.dp * 128;
+  for (int k = 0; k < MODEL_N_KINDS; k++)
+    if (model_specs[k].per_layer) largest += local_elems(mc, tp, (model_kind)k);
+  if (has_head) {
+    int64_t head = local_elems(mc, tp, MODEL_FINAL_NORM) + (mc->tie_embeddings ? 0 : local_elems(mc, tp, MODEL_LM_HEAD));
+    if (head > largest) largest = head;
+  }
+  int64_t embed = has_embed ? local_elems(mc, tp, MODEL_EMBED) : 0;
+  *tied = mc->tie_embeddings ? (embed + unit - 1) / unit * unit : 0;
+  if (!mc->tie_embeddings && embed > largest) largest = embed;
+  return (largest + unit - 1) / unit * unit;
+}
+
 int64_t plan_rank_params(const cfg *c, int pp_rank) {
   const model_layout ml = cfg_model_layout(c);
   int64_t n = 0;
@@ -96,7 +117,7 @@ int64_t plan_rank_params(const cfg *c, int pp_rank) {
 double plan_host_bytes(const cfg *c, int64_t n) {
   const opt_config *o = &c->optim;
   if (!o->offload) return 0;
-  int dp = c->parallel.dp, zero = o->distributed_optimizer && dp > 1;
+  int dp = c->parallel.dp, zero = o->shard >= OPT_SHARD_OPTIMIZER && dp > 1;
   double share = (double)o->offload_fraction * n / (zero ? dp : 1);
   int act_bytes = c->train.device != CFG_DEVICE_CPU && cfg_act_bf16(c) ? 2 : 4;
   // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
@@ -137,7 +158,7 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   model_dims *dm = &r.dm;
   model_dims_compute(dm, mc, ml.micro_batch, tp, tr, sp);
   int64_t act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8), and the head's
-  int has_fp8_head = 0, len = 0;
+  int has_fp8_head = 0, len = 0, has_embed = pr == 0, has_head = 0;
   for (int ci = 0; ci < vpp; ci++) {
     int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
     model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
@@ -147,6 +168,7 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
       if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
         for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
           if (k != MODEL_MLP_NORM) n_proj += local_elems(mc, tp, (model_kind)k);
+    has_head |= last;
     if (last && ml.fp8.enabled && ml.fp8.head) n_proj += local_elems(mc, tp, MODEL_LM_HEAD), has_fp8_head = 1;
     int64_t a = model_acts_bytes(dm, per_chunk, last, act_bytes, ml.recompute);
     if (a > act) act = a;
@@ -156,13 +178,17 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   // gradients. A compressed reduction (parallel/step/grad_compress.c) adds its wire buffers: 16-bit
   // codes of both, or int8 send and receive slots with a scale per 256 elements; error feedback an
   // fp32 residual.
-  int zero = c->optim.distributed_optimizer && dp > 1;
+  int zero = c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1;
   comm_compress_mode gcm = dp > 1 ? c->optim.grad_compress : COMM_COMPRESS_NONE;
   double wire = gcm == COMM_COMPRESS_NONE   ? 0.0
                 : gcm == COMM_COMPRESS_INT8 ? 2.0 * (1.0 + 4.0 / 256)
                                             : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
   double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
   r.gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
+  // parallel.shard=grads: the reduced part only, and the staging of the groups backward writes
+  // (two slots, a tied embedding's own, a bucket part).
+  int64_t tied = 0, group = ml.grads_in_optimizer ? plan_largest_group(c, has_embed, has_head, &tied) : 0;
+  if (ml.grads_in_optimizer) r.gr = 4.0 * n / dp + 4.0 * (2.0 * group + (double)tied + (double)group / dp);
   // optimizer.offload=host: the master weights and the host share of the moments move to pinned
   // host memory (plan_host_bytes); the compute copy is then separate even in fp32. Where the
   // optimizer holds the masters, the device share keeps them beside its moments, sharded like
@@ -171,6 +197,8 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
   double dev_share = ml.master_in_optimizer ? dev_frac * n / (zero ? dp : 1) : 0.0;
   r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
+  // parallel.shard=weights: this rank's part of the compute copy, and two groups gathered.
+  if (ml.weights_in_optimizer) r.w = act_bytes * (n / dp + 2.0 * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
   r.adam = 8.0 * n / (zero ? dp : 1) * dev_frac;
   r.host = plan_host_bytes(c, r.n);
   // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
@@ -203,18 +231,40 @@ static double plan_max_total(const cfg *c) {
   return most;
 }
 
-// The fullest rank under each parallel.shard mode, the rest of c as it is (dp > 1).
-static void plan_print_shard_modes(const cfg *c) {
-  if (c->parallel.dp == 1) return;
-  printf("parallel.shard: the fullest rank needs");
-  for (int m = CFG_SHARD_NONE; m <= CFG_SHARD_OPTIMIZER; m++) {
+// What the plan leaves out but a GPU rank holds: the CUDA context, NCCL's buffers, cuBLAS's and
+// cuDNN's workspaces (5.8 to 6.3 GiB measured on an H100 at dp4, docs/sharding.md).
+enum { PLAN_RESERVE_GIB = 6 };
+
+// The fullest rank under each parallel.shard mode, the rest of c as it is (dp > 1); with
+// --gpu-mem, whether this run fits and, if not, the least sharding that would.
+static void plan_print_shard_modes(const cfg *c, int gpu_mem_gib) {
+  double need[CFG_SHARD_WEIGHTS + 1];
+  for (int m = CFG_SHARD_NONE; m <= CFG_SHARD_WEIGHTS; m++) {
     cfg alt = *c;
     alt.parallel.shard = (cfg_shard)m;
     cfg_resolve_shard(&alt);
-    printf("%s %.2f GiB with %s%s", m ? "," : "", gib(plan_max_total(&alt)), cfg_shard_names[m],
-           m == (int)c->parallel.shard ? " (this run)" : "");
+    need[m] = gib(plan_max_total(&alt));
   }
-  printf("\n");
+  if (c->parallel.dp > 1) {
+    printf("parallel.shard: the fullest rank needs");
+    for (int m = CFG_SHARD_NONE; m <= CFG_SHARD_WEIGHTS; m++)
+      printf("%s %.2f GiB with %s%s", m ? "," : "", need[m], cfg_shard_names[m],
+             m == (int)c->parallel.shard ? " (this run)" : "");
+    printf("\n");
+  }
+  if (!gpu_mem_gib) return;
+  const double room = gpu_mem_gib - PLAN_RESERVE_GIB, mine = need[c->parallel.shard];
+  printf("fit: %.2f GiB planned on the fullest rank, %d GiB a GPU less %d GiB for the CUDA context, NCCL and the "
+         "libraries' workspaces: ", mine, gpu_mem_gib, PLAN_RESERVE_GIB);
+  if (mine <= room) {
+    printf("fits\n");
+    return;
+  }
+  int m = c->parallel.dp > 1 ? (int)c->parallel.shard + 1 : CFG_SHARD_WEIGHTS + 1;
+  while (m <= CFG_SHARD_WEIGHTS && need[m] > room) m++;
+  if (m <= CFG_SHARD_WEIGHTS) printf("does not fit; parallel.shard=%s would (%.2f GiB)\n", cfg_shard_names[m], need[m]);
+  else printf("does not fit%s; try train.recompute=full, a smaller train.micro_batch or more ranks\n",
+              c->parallel.dp > 1 ? " under any parallel.shard" : "");
 }
 
 int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
@@ -227,7 +277,7 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
   int hd = mc->dim / mc->n_heads;
   printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
-         sp ? ", sequence parallel" : "", c->optim.distributed_optimizer && dp > 1 ? ", optimizer state sharded" : "");
+         sp ? ", sequence parallel" : "", c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1 ? ", optimizer state sharded" : "");
   printf("model: %.3fB parameters (%.3fB without the embedding), d %d, %d layers, %d heads (%d kv), head dim %d, "
          "ffn %d, vocab %d, seq %d\n",
          n_total / 1e9, n_no_embed / 1e9, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, hd, mc->ffn_dim,
@@ -238,16 +288,20 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   int gpu = c->train.device == CFG_DEVICE_CUDA, bf16_act = gpu && cfg_act_bf16(c);
   // The optimizer holds the fp32 masters (ml.master_in_optimizer): its part with parallel.shard, the
   // device share's with optimizer.offload; else the model holds them whole.
-  const char *weights = ml.master_in_optimizer
+  const char *weights = ml.weights_in_optimizer
+                            ? (bf16_act ? "bf16 compute copy and fp32 masters of this rank's part + two layers gathered"
+                                        : "fp32 compute copy and fp32 masters of this rank's part + two layers gathered")
+                        : ml.master_in_optimizer
                             ? (c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
                                                             : "fp32 compute copy + fp32 masters of the device share")
                                                 : (bf16_act ? "bf16 compute copy + fp32 masters of this rank's part"
                                                             : "fp32 compute copy + fp32 masters of this rank's part"))
                         : bf16_act ? "fp32 master weights + bf16 compute copy"
                                    : "fp32 master weights";
-  printf("memory per rank, as train.device=%s holds it (%s, fp32 grads, %s activations; Adam "
+  printf("memory per rank, as train.device=%s holds it (%s, %s, %s activations; Adam "
          "moments %s):\n", gpu ? "cuda" : cfg_device_names[c->train.device], weights,
-         bf16_act ? "bf16" : "fp32", c->optim.distributed_optimizer && dp > 1 ? "sharded over dp" : "replicated");
+         ml.grads_in_optimizer ? "fp32 grads sharded over dp + two layers' staging" : "fp32 grads",
+         bf16_act ? "bf16" : "fp32", c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1 ? "sharded over dp" : "replicated");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   double host_max = 0;  // pinned host memory of the rank that needs most
@@ -271,11 +325,11 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                           "LM head, transposed copies and the FP8 cast buffers"
                           : "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers");
-  plan_print_shard_modes(c);
+  plan_print_shard_modes(c, launch ? launch->gpu_mem_gib : 0);
   if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;
     const char *spread = dp == 1                              ? ""
-                         : c->optim.distributed_optimizer ? ", sharded over dp"
+                         : c->optim.shard >= OPT_SHARD_OPTIMIZER ? ", sharded over dp"
                                                           : ", whole on each dp rank";
     printf("offload: the master weights and moments of offload_fraction %g of the buckets%s, in pinned host memory "
            "(offload_update=%s): up to %.2f GiB per rank, up to %.2f GiB per node of %d ranks; the table above is "

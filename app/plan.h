@@ -13,6 +13,7 @@ typedef struct plan_launch {
   const char *const *over;     // (n_over) section.key=value overrides
   int n_over;
   int gpus_per_node;           // ranks per node of the launch lines (at most the world size)
+  int gpu_mem_gib;             // --gpu-mem: a GPU's memory in GiB, for the fit check; 0 = not given
 } plan_launch;
 
 // Local parameters of a rank at pipeline stage pp_rank (every tp rank holds as many).

@@ -2,6 +2,8 @@
 #include "app/report.h"
 #include "kernels/base/fs.h"
 #include "parallel/step/grad_compress.h"
+#include "parallel/step/grad_shard.h"
+#include "parallel/step/weight_shard.h"
 #include "parallel/step/param_gather.h"
 #include <errno.h>
 #include <math.h>
@@ -69,13 +71,20 @@ static void report_param_gather(trainer *t) {
 // size), or that dp 1 leaves nothing to shard.
 static void report_shard_line(trainer *t) {
   if (t->c->parallel.shard == CFG_SHARD_NONE || t->g->world_rank != 0) return;
+  const char *mode = cfg_shard_names[t->c->parallel.shard];
   if (t->g->dp == 1) {
-    printf("parallel.shard=optimizer: no effect with dp 1 (one rank holds all of the optimizer's state)\n");
+    printf("parallel.shard=%s: no effect with dp 1 (one rank holds all of the optimizer's state)\n", mode);
     return;
   }
-  printf("parallel.shard=optimizer: each rank holds its part (1/%d) of the fp32 master weights and AdamW moments: "
-         "%lld of %lld parameters, %.2f GiB\n", t->g->dp, (long long)t->o.shard_n, (long long)t->m.n_params,
-         12.0 * (double)t->o.shard_n / 1073741824.0);
+  const struct grad_shard *gs = t->o.gs;
+  const struct weight_shard *ws = t->o.ws;
+  const double gib = 1073741824.0, n_bytes = (gs ? 16.0 : 12.0) * (double)t->o.shard_n + (ws ? (double)ws->n_bytes : 0);
+  printf("parallel.shard=%s: each rank holds its part (1/%d) of the fp32 master weights, AdamW moments%s: %lld of "
+         "%lld parameters, %.2f GiB", mode, t->g->dp,
+         ws ? ", gradients and compute copy (with two layers' gathered weights)" : gs ? " and gradients" : "",
+         (long long)t->o.shard_n, (long long)t->m.n_params, n_bytes / gib);
+  if (gs) printf(", and %.2f GiB of gradient staging (two layers' slots)", (double)gs->staging_bytes / gib);
+  printf("\n");
 }
 
 // optimizer.offload: the pinned host memory the optimizer's state took (its own allocations), on

@@ -193,6 +193,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   tp_set_timing(&t->tpc, c->log.time_tp ? &t->stats.tm : NULL);
   opt_init(&t->o, &t->m, g, &c->optim, t->n_micro);
   t->o.timing = &t->stats.tm;
+  t->o.time_waits = c->log.time_dp;
   if (pp_exec_init(&t->e, &t->m, g, t->n_micro, err, n_err) != 0) return -1;
   t->e.timing = &t->stats.tm;
   t->e.comm_bf16 = c->parallel.pp_comm_bf16;
@@ -250,8 +251,9 @@ trainer_step_result trainer_step(trainer *t) {
   if (t->step + 1 == t->hooks.huge_at_step) loss_scale *= 1e30f;  // TRAINER_TEST_HUGE_GRAD_AT_STEP
   double local = pp_exec_train_step(&t->e, t->batch.tokens, t->batch.targets, loss_scale);
   if (t->step + 1 == t->hooks.fp8_inf_at_step) model_fp8_test_set_amax(&t->m, INFINITY);
-  // Less the optimizer's host update run inside forward (optimizer.offload_layer_wait; timing.h).
-  s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm - s->tm.optimizer;
+  // Less the optimizer's host update run inside forward (optimizer.offload_layer_wait; timing.h),
+  // and what forward and backward waited for of sharded data parallelism (log.time_dp).
+  s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm - s->tm.optimizer - s->tm.dp_comm;
   r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);
   be->sync(be);
   r.loss = trainer_world_loss(t, local) / t->tokens_per_step;
@@ -273,9 +275,14 @@ double trainer_evaluate(trainer *t) {
   int B = t->c->train.micro_batch;
   int64_t n_seq = (int64_t)t->c->log.eval_batches * B;
   double local = 0;
-  for (int64_t first = (int64_t)t->g->dp_rank * B; first < n_seq; first += (int64_t)t->g->dp * B) {
-    trainer_fill_batch(t, &t->val, first, 1);
-    local += pp_exec_forward(&t->e, t->batch.tokens, t->batch.targets);
+  // Every dp rank runs as many forwards (with parallel.shard=weights each one gathers the weights
+  // over dp): one past the end recomputes the first micro-batch and does not count it.
+  const int64_t dpb = (int64_t)t->g->dp * B, rounds = (n_seq + dpb - 1) / dpb;
+  for (int64_t k = 0; k < rounds; k++) {
+    const int64_t first = k * dpb + (int64_t)t->g->dp_rank * B;
+    trainer_fill_batch(t, &t->val, first < n_seq ? first : 0, 1);
+    const double loss = pp_exec_forward(&t->e, t->batch.tokens, t->batch.targets);
+    if (first < n_seq) local += loss;
   }
   double v = trainer_loss_term(t->g, local);
   t->g->world->ops->all_reduce(t->g->world, &v, 1, COMM_F64, COMM_SUM);

@@ -581,6 +581,11 @@ static void weights_needed(model *m, int chunk, int layer) {
   if (m->weights_needed) m->weights_needed(m->weights_needed_ctx, chunk, layer);
 }
 
+// Before backward writes the gradients of a group (m->grads_needed).
+static void grads_needed(model *m, int chunk, int layer) {
+  if (m->grads_needed) m->grads_needed(m->grads_needed_ctx, chunk, layer);
+}
+
 double model_chunk_fwd(model *m, int chunk, model_acts *a, const int32_t *tokens, const int32_t *targets) {
   k_backend *be = m->be;
   struct model_work *w = m->work;
@@ -621,6 +626,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
   float *g = a->dx_in;
   w->fa_ready = 0;
   if (ch->lm_head) {
+    grads_needed(m, chunk, MODEL_GRADS_HEAD);
     be->ce_bwd(be, a->logits, targets, a->lse_ce, dm->rows, dm->vocab, dm->v0, loss_scale);
     head_dgrad(m, ch->lm_head, a, w->f1);
     grad_enter_start(m, w->f1);
@@ -632,11 +638,13 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
     be->copy(be, g, a->dx_out, n_bytes);
   }
   for (int i = ch->n_layers - 1; i >= 0; i--) {
+    grads_needed(m, chunk, i);
     layer_recompute(m, &ch->layers[i], a, i);
     layer_bwd(m, &ch->layers[i], a, i, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, i);
   }
   if (ch->embed) {
+    grads_needed(m, chunk, MODEL_GRADS_EMBED);
     const float *ge = g;
     if (!enter_is_copy(m)) {
       be->copy(be, w->f1 + own_row(m) * d, g, n_bytes);

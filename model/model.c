@@ -129,6 +129,12 @@ static void model_place_norms(model *m) {
   }
 }
 
+int model_tensor_group(const model *m, const model_tensor *t) {
+  if (t->kind == MODEL_EMBED) return MODEL_GRADS_EMBED;
+  if (t->kind == MODEL_FINAL_NORM || t->kind == MODEL_LM_HEAD) return MODEL_GRADS_HEAD;
+  return t->layer - m->chunks[t->chunk].layer0;
+}
+
 void model_init(model *m, const model_config *mc, const model_layout *ml, const model_place *at, k_backend *be) {
   CHECK(ml->pp == at->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, at->pp);
   memset(m, 0, sizeof *m);
@@ -181,30 +187,40 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
     }
   }
   m->n_tensors = n;
+  // Padded to a multiple of dp * 128, so that the distributed optimizer's buckets split into dp
+  // parts of whole 128-element blocks (parallel/step/optim_layout.c) and every part starts aligned;
+  // with grads_in_optimizer each group too, as each group is a bucket.
+  int64_t unit = (int64_t)m->dp * 128;
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
-    m->tensors[i].offset = off;
-    off += m->tensors[i].n_elem;
+    model_tensor *t = &m->tensors[i];
+    if (ml->grads_in_optimizer && i > 0 &&
+        (t->chunk != t[-1].chunk || model_tensor_group(m, t) != model_tensor_group(m, t - 1)))
+      off = (off + unit - 1) / unit * unit;
+    t->offset = off;
+    off += t->n_elem;
   }
-  // Padded to a multiple of dp * 128, so that the distributed optimizer's buckets split into dp
-  // parts of whole 128-element blocks (parallel/step/optim_layout.c) and every part starts aligned.
-  int64_t unit = (int64_t)m->dp * 128;
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
   // With the master weights in host memory the optimizer holds them, only its shard on each dp
   // rank (parallel/step/optim_offload.c): the model then has no fp32 flat buffer of weights.
   m->master_in_optimizer = ml->master_in_optimizer;
   m->params = m->master_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
-  m->grads = be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->grads_in_optimizer = ml->grads_in_optimizer;
+  m->weights_in_optimizer = ml->weights_in_optimizer;
+  CHECK(!m->weights_in_optimizer || (m->grads_in_optimizer && m->master_in_optimizer && !ml->fp8.enabled),
+        "a model whose compute copy the optimizer holds needs its gradients and master weights there too, and no FP8");
+  m->grads = m->grads_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
   // Master weights in host memory: the compute copy stays in backend memory even in fp32.
-  m->params_c = be->act == K_F32 && !m->master_in_optimizer ? (void *)m->params
-                                                        : be->alloc(be, (size_t)m->n_params * m->act_bytes);
+  m->params_c = ml->weights_in_optimizer                       ? NULL
+                : be->act == K_F32 && !m->master_in_optimizer ? (void *)m->params
+                                                              : be->alloc(be, (size_t)m->n_params * m->act_bytes);
   model_place_norms(m);
   for (int i = 0; i < n; i++) {
     if (!m->tensors[i].p && m->params) m->tensors[i].p = m->params + m->tensors[i].offset;
-    m->tensors[i].g = m->grads + m->tensors[i].offset;
-    m->tensors[i].pc = (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes;
+    m->tensors[i].g = m->grads ? m->grads + m->tensors[i].offset : NULL;
+    m->tensors[i].pc = m->params_c ? (char *)m->params_c + m->tensors[i].offset * (int64_t)m->act_bytes : NULL;
   }
   model_work_init(m);
   if (ml->fp8.enabled) model_fp8_init(m, &ml->fp8);
@@ -217,7 +233,7 @@ void model_free(model *m) {
   if (m->params_c != (void *)m->params) m->be->free(m->be, m->params_c);
   if (m->norm_copy) m->be->free(m->be, m->norm_copy);
   if (m->params) m->be->free(m->be, m->params);
-  m->be->free(m->be, m->grads);
+  if (m->grads) m->be->free(m->be, m->grads);
   for (int ci = 0; ci < m->vpp; ci++) free(m->chunks[ci].layers);
   free(m->chunks);
   free(m->tensors);

@@ -93,12 +93,17 @@ typedef struct model {
   model_tensor *tensors;  // (n_tensors), in flat-buffer order
   int n_tensors;
   model_chunk *chunks;    // (vpp)
-  float *params, *grads;  // (n_params) flat, in backend memory; params NULL when master_in_optimizer
+  float *params, *grads;  // (n_params) flat, in backend memory; params NULL when master_in_optimizer, grads NULL
+                          // when grads_in_optimizer
+  int grads_in_optimizer;   // model_layout.grads_in_optimizer: t->g is set by the optimizer (grads_needed)
+  int weights_in_optimizer; // model_layout.weights_in_optimizer: t->pc is set by the optimizer (weights_needed,
+                            // grads_needed)
   int master_in_optimizer;  // the optimizer holds the fp32 master weights, sharded like its moments (parallel.shard,
                             // optimizer.offload: in device or host memory)
   float *norm_copy;       // master_in_optimizer: the norm weights forward reads, in backend memory, packed in tensor
                           // order (the optimizer refreshes it); else NULL
-  void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32
+  void *params_c;         // (n_params) compute copy in act dtype; = params when act is fp32; NULL with
+                          // model_layout.weights_in_optimizer (each t->pc is then set by the optimizer)
   size_t act_bytes;       // element size of the backend's activation dtype
   int64_t n_params;       // local elements, padded to a multiple of dp (distributed optimizer)
   int64_t n_params_used;  // local elements before padding
@@ -111,6 +116,11 @@ typedef struct model {
   // NULL: not called.
   void (*grads_ready)(void *ctx, int chunk, int layer);
   void *grads_ready_ctx;
+  // Called by model_chunk_bwd before it writes a group's gradients (and, recomputing, reads its
+  // weights), with the same ids: the head and final norm, each layer, the embedding. With
+  // grads_in_optimizer the optimizer points the group's t->g at zeroed staging here. NULL: not called.
+  void (*grads_needed)(void *ctx, int chunk, int layer);
+  void *grads_needed_ctx;
   // Its mirror in forward: called by model_chunk_fwd, once per call, before it reads a group of
   // weights (the same ids): the embedding, each layer, then the final norm and head. The
   // optimizer uses it to finish the update of a layer's weights only when its forward needs
@@ -121,6 +131,9 @@ typedef struct model {
 
 // The groups of parameters grads_ready and weights_needed name besides the layers.
 enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
+// The group of tensor t, as the hooks name it: MODEL_GRADS_EMBED for the embedding (and a tied
+// head), MODEL_GRADS_HEAD for the final norm and the head, else its layer's index in its chunk.
+int model_tensor_group(const model *m, const model_tensor *t);
 
 
 // Layers [*layer0, *layer0 + *n_layers) of virtual pipeline stage vstage (of pp * vpp): an even

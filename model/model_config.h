@@ -55,6 +55,13 @@ typedef struct model_layout {
   model_fp8_config fp8;
   int master_in_optimizer;   // bool: the optimizer holds the fp32 master weights, sharded like its moments
                              // (parallel.shard, optimizer.offload); the model keeps no fp32 flat copy
+  int grads_in_optimizer;    // bool: the optimizer holds the gradients (parallel.shard=grads): the model keeps no
+                             // flat gradient buffer, each group of tensors starts at a multiple of dp * 128 in the
+                             // flat order, and the optimizer points the group's t->g at a staging slot before its
+                             // backward (model->grads_needed)
+  int weights_in_optimizer;  // bool: the optimizer holds the compute copy too (parallel.shard=weights): the model
+                             // keeps no params_c; the optimizer points a group's t->pc at its gathered weights
+                             // before forward or backward reads them (weights_needed, grads_needed)
 } model_layout;
 
 #endif

@@ -11,7 +11,10 @@
 //              the group's end, so the bubble (waiting for the peer) is in here
 //   dp_comm    exposed DP communication: from backward done (compute stream) to the last bucket
 //              (or the ZeRO reduce-scatter) arrived, plus the tp reduction of SP norm gradients
-//              not yet done; the overlapped part of the DP traffic is not in any figure
+//              not yet done; the overlapped part of the DP traffic is not in any figure. With
+//              parallel.shard=grads or weights and log.time_dp=true also what forward and backward
+//              wait for (the weights' all-gathers, the reduce-scatter before the next group's),
+//              measured with a sync around each wait; else that is in compute
 //   optimizer  gradient norm, clipping, AdamW, compute-copy refresh, ZeRO all-gather; with
 //              optimizer.offload_layer_wait also the host's time in the host update that the
 //              next forward runs before its layers (not in compute). The GPU runs the forward

@@ -1,6 +1,8 @@
 // Gradient synchronisation and AdamW (see optim.h).
 #include "parallel/step/optim.h"
 #include "parallel/step/grad_compress.h"
+#include "parallel/step/grad_shard.h"
+#include "parallel/step/weight_shard.h"
 #include "parallel/step/param_gather.h"
 #include "model/fp8.h"
 #include "kernels/base/check.h"
@@ -8,19 +10,27 @@
 #include <math.h>
 #include <string.h>
 
-// What model_chunk_bwd reports when a tensor's gradient has this micro-batch's contribution.
-static int opt_group(int chunk, int layer) { return chunk * 4096 + layer + 2; }
-
 enum { OPT_PIECES = 8 };
 
 static void opt_on_grads_ready(void *ctx, int chunk, int layer);
+
+// parallel.shard=grads and weights: before backward writes a group's gradients (and reads its
+// weights), and before forward reads its weights.
+static void opt_on_grads_needed(void *ctx, int chunk, int layer) {
+  opt_state *o = ctx;
+  const int grp = opt_group(chunk, layer);
+  if (o->ws) weight_shard_needed(o, grp, 1);
+  grad_shard_needed(o, grp);
+}
+
+static void opt_on_weights_needed(void *ctx, int chunk, int layer) { weight_shard_needed(ctx, opt_group(chunk, layer), 0); }
 
 void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro) {
   memset(o, 0, sizeof *o);
   o->m = m;
   o->g = g;
   o->cfg = *oc;
-  o->zero = oc->distributed_optimizer && m->dp > 1;
+  o->zero = oc->shard >= OPT_SHARD_OPTIMIZER && m->dp > 1;
   o->bucket_elem = (int64_t)((double)oc->bucket_mb * (1 << 20) / sizeof(float));
   if (o->bucket_elem < 1) o->bucket_elem = 1;
   k_backend *be = m->be;
@@ -32,13 +42,25 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   o->n_pieces = o->zero ? OPT_PIECES : 1;
   if (o->zero) o->grad_shard = be->alloc(be, (size_t)o->shard_n * sizeof(float));
   opt_layout_build(o);
+  if (m->grads_in_optimizer) {
+    grad_shard_init(o);
+    m->grads_needed = opt_on_grads_needed;
+    m->grads_needed_ctx = o;
+  }
+  if (m->weights_in_optimizer) {
+    weight_shard_init(o);
+    m->weights_needed = opt_on_weights_needed;
+    m->weights_needed_ctx = o;
+  }
   if (grad_compress_on(oc, m->dp)) o->gc = grad_compress_init(o);
+  CHECK(!(o->gc && o->gs), "parallel.shard=grads reduces each layer's fp32 gradients from its staging slot: "
+        "parallel.grad_compress needs parallel.shard=optimizer or none");
   opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
   o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   // fp8.param_gather gathers no norms: they are shared here even where the compute copy is the master.
   const int pg = param_gather_on(oc, m, o->zero);
-  if (o->zero && (m->params_c != (void *)m->params || pg))
+  if (o->zero && (m->params_c != (void *)m->params || pg || o->ws))
     o->norm_pack = be->alloc(be, (size_t)(o->norm_pack_n ? o->norm_pack_n : 1) * sizeof(float));
   if (pg) o->pg = param_gather_init(o);
 
@@ -46,19 +68,8 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   o->t_group = XCALLOC(m->n_tensors, sizeof(int));
   o->t_count = XCALLOC(m->n_tensors, sizeof(int));
   o->t_final = XCALLOC(m->n_tensors, 1);
-  for (int i = 0; i < m->n_tensors; i++) o->t_group[i] = -1;
-  for (int ci = 0; ci < m->vpp; ci++) {
-    model_chunk *ch = &m->chunks[ci];
-    for (int l = 0; l < ch->n_layers; l++) {
-      model_layer *ly = &ch->layers[l];
-      model_tensor *ts[] = {ly->attn_norm, ly->wq, ly->wk, ly->wv, ly->wo, ly->mlp_norm, ly->w_gate, ly->w_up, ly->w_down};
-      for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) o->t_group[ts[k] - m->tensors] = opt_group(ci, l);
-    }
-    // A tied head is the embedding: final only after the embedding's backward.
-    if (ch->final_norm) o->t_group[ch->final_norm - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
-    if (ch->lm_head && ch->lm_head != ch->embed) o->t_group[ch->lm_head - m->tensors] = opt_group(ci, MODEL_GRADS_HEAD);
-    if (ch->embed) o->t_group[ch->embed - m->tensors] = opt_group(ci, MODEL_GRADS_EMBED);
-  }
+  // A tied head is the embedding: final only after the embedding's backward.
+  for (int i = 0; i < m->n_tensors; i++) o->t_group[i] = opt_group(m->tensors[i].chunk, model_tensor_group(m, &m->tensors[i]));
   m->grads_ready = opt_on_grads_ready;
   m->grads_ready_ctx = o;
 }
@@ -74,6 +85,16 @@ void opt_free(opt_state *o) {
   be->free(be, o->exp_avg_sq);
   if (o->grad_shard) be->free(be, o->grad_shard);
   grad_compress_free(&o->gc, be);
+  grad_shard_free(&o->gs, be);
+  weight_shard_free(&o->ws, be);
+  if (o->m->weights_needed_ctx == o) {
+    o->m->weights_needed = NULL;
+    o->m->weights_needed_ctx = NULL;
+  }
+  if (o->m->grads_needed_ctx == o) {
+    o->m->grads_needed = NULL;
+    o->m->grads_needed_ctx = NULL;
+  }
   param_gather_free(&o->pg);
   if (o->norm_pack) be->free(be, o->norm_pack);
   opt_offload_free(o);
@@ -90,6 +111,16 @@ void opt_free(opt_state *o) {
   free(o->t_final);
   free(o->buckets);
   o->m = NULL;
+}
+
+void opt_comm_wait(opt_state *o, comm *c) {
+  if (!o->time_waits || !o->timing) {
+    c->ops->wait(c);
+    return;
+  }
+  const double t0 = timing_now(o->m->be);
+  c->ops->wait(c);
+  o->timing->dp_comm += timing_now(o->m->be) - t0;
 }
 
 float opt_lr_at(const opt_config *hp, int64_t steps, int64_t step) {
@@ -136,6 +167,10 @@ static void opt_start_buckets(opt_state *o, comm *dc) {
 static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
   opt_state *o = ctx;
   int grp = opt_group(chunk, layer);
+  if (o->gs) {
+    grad_shard_ready(o, grp);
+    return;
+  }
   // Backward order is the reverse of the flat order: walk from the end so SP reductions go
   // out in the order the gradients were finished.
   for (int i = o->m->n_tensors - 1; i >= 0; i--)
@@ -184,6 +219,7 @@ static void opt_unpack_norms(opt_state *o) {
 // with fp8.param_gather those that do not travel as codes.
 static void opt_gather_start(opt_state *o, int b0, int nb) {
   comm *dc = o->g->dp_c;
+  if (o->ws) return;  // gathered group by group as forward and backward need them
   if (o->pg) param_gather_start_act(o, b0, nb);
   else if (nb > 0)
     dc->ops->all_gather_regions_start(dc, o->m->params_c, o->bucket_lo + b0, o->bucket_len + b0, nb, opt_act_comm(o));
@@ -193,6 +229,7 @@ static void opt_gather_start(opt_state *o, int b0, int nb) {
 // (or, with fp8.param_gather, finished now).
 static void opt_weights_arrived(opt_state *o) {
   opt_unpack_norms(o);
+  if (o->ws) weight_shard_invalidate(o);
   if (o->pg) param_gather_finish(o);
   else model_fp8_weights_changed(o->m);
 }
@@ -218,9 +255,11 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   double t0 = o->timing ? timing_now(be) : 0;
   trace_push_range("dp sync");
   // Whatever backward did not report (a caller driving model_chunk_bwd itself) is final now.
-  for (int i = m->n_tensors - 1; i >= 0; i--)
+  for (int i = m->n_tensors - 1; !o->gs && i >= 0; i--)
     if (!o->t_final[i]) opt_tensor_final(o, i);
-  if (dc->size > 1) {
+  if (o->gs) {
+    grad_shard_step_end(o);
+  } else if (dc->size > 1) {
     opt_start_buckets(o, dc);  // backward is done: the rest with all of NCCL's SMs
     comm *ovl = o->g->dp_overlap;
     if (o->timing) {  // bounded host waits: a dead peer ends the job here
@@ -258,7 +297,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
     const int uploaded = opt_offload_skip(o);
     be->copy_join(be);  // the cpu engine's gradient copies read m->grads
-    be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
+    if (m->grads) be->zero(be, m->grads, (size_t)m->n_params * sizeof(float));
     model_fp8_discard_step(m);
     if (uploaded) opt_refresh_model(o);  // the previous update's weights are all back: norms and FP8 copies follow
     trace_pop_range();
@@ -290,7 +329,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   opt_share_norms(o);
   // Overlaps the all-gathers. offload_layer_wait: the pending host buckets' gradients are zeroed
   // as each updates (their copies to host read them).
-  be->zero(be, m->grads, (size_t)opt_offload_pending_lo(o) * sizeof(float));
+  if (m->grads) be->zero(be, m->grads, (size_t)opt_offload_pending_lo(o) * sizeof(float));
   if (o->zero) dc->ops->wait(dc);
   opt_weights_arrived(o);
   opt_offload_start_delayed(o, lr, bc1, bc2, g_scale);  // after the norms: it writes master weights

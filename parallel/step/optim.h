@@ -21,7 +21,12 @@
 typedef struct opt_bucket {
   int64_t lo, hi, len, shard_off;
   int t_lo, t_hi;
+  int group;                // parallel.shard=grads: the group of tensors it is (opt_group); else -1
 } opt_bucket;
+
+// The id of group `layer` of chunk (model.h's hooks: a layer's index, MODEL_GRADS_HEAD or
+// MODEL_GRADS_EMBED) in the optimizer's tables.
+static inline int opt_group(int chunk, int layer) { return chunk * 4096 + layer + 2; }
 
 typedef struct opt_state {
   model *m;
@@ -33,11 +38,16 @@ typedef struct opt_state {
   int64_t shard_n;          // elements this rank updates: its part of every bucket (see opt_bucket)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only
+  struct grad_shard *gs;    // parallel.shard=grads: the gradients' staging (grad_shard.h); NULL = m->grads
+  struct weight_shard *ws;  // parallel.shard=weights: the compute copy's part and slots (weight_shard.h); NULL =
+                            // m->params_c
   struct grad_compress *gc;  // parallel.grad_compress (dp > 1): grad_compress.h; NULL = fp32
   struct param_gather *pg;  // fp8.param_gather (ZeRO, FP8): param_gather.h; NULL = the compute copy gathered
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms
   int64_t norm_pack_n;      // elements of all norm tensors (optim_layout.c)
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
+  int time_waits;           // log.time_dp: also the waits of forward and backward for sharded gradients' and
+                            // weights' collectives (a sync around each), into timing->dp_comm
   // Overlap of the DP reduction with backward (model.grads_ready): a tensor's gradient is final
   // once its group was reported n_micro times in a step; a bucket is started once every tensor
   // it overlaps is final. Buckets start in a fixed order (last first), the same on every rank.
@@ -108,6 +118,10 @@ typedef struct opt_state {
   struct { float lr, bc1, bc2, g_scale; } pend;
 } opt_state;
 
+// comm's wait (the compute stream waits for the collectives started on comm); with time_waits
+// timed into timing->dp_comm, with a sync before and after (parallel/comm/timing.h).
+void opt_comm_wait(opt_state *o, comm *c);
+
 // The wire type of the compute copy's all-gather: the backend's activation dtype.
 static inline comm_dtype opt_act_comm(const opt_state *o) { return o->m->be->act == K_BF16 ? COMM_BF16 : COMM_F32; }
 
@@ -118,6 +132,9 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
 void opt_layout_build(opt_state *o);
 // This rank's part of bucket k: its first element in the flat buffer.
 int64_t opt_part_lo(const opt_state *o, const opt_bucket *k);
+// Where the compute copy of this rank's part of bucket k lives: in m->params_c at opt_part_lo, or
+// with parallel.shard=weights in the optimizer's part of the compute copy.
+void *opt_part_pc(const opt_state *o, const opt_bucket *k);
 // optimizer.offload (optim_offload.c): after opt_layout_build, splits the buckets into the host
 // share and the device share and allocates the host state.
 void opt_offload_init(opt_state *o);

@@ -6,6 +6,11 @@
 
 #include "parallel/comm/compress.h"  // comm_compress_mode
 
+// What each dp rank holds only its part of (parallel.shard), each level adding to the one before:
+// the fp32 master weights and moments (ZeRO-1), then the fp32 gradients (ZeRO-2), then the compute
+// copy of the weights, gathered group by group for forward and backward (ZeRO-3).
+typedef enum opt_shard { OPT_SHARD_NONE, OPT_SHARD_OPTIMIZER, OPT_SHARD_GRADS, OPT_SHARD_WEIGHTS } opt_shard;
+
 typedef struct opt_config {
   float lr;                   // peak learning rate
   float min_lr;               // floor of the cosine decay
@@ -15,7 +20,7 @@ typedef struct opt_config {
   float beta2;
   float eps;
   float grad_clip;            // global gradient-norm clip; 0 = off
-  int distributed_optimizer;  // bool: parallel.shard=optimizer: master weights and moments sharded over dp (ZeRO-1)
+  opt_shard shard;            // parallel.shard: what is sharded over dp (with dp 1 nothing is)
   float bucket_mb;            // DP gradient bucket size in MiB
   comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
   int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step

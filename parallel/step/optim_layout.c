@@ -5,22 +5,49 @@
 
 #include "kernels/base/check.h"
 #include "parallel/step/optim.h"
+#include "parallel/step/weight_shard.h"
 
 // Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
 // fills it from the end), each with the tensors it overlaps. Each bucket is cut into `parts`
 // equal parts (dp with ZeRO, otherwise 1): part r of bucket [lo, hi) is flat [lo + r * len,
 // + len), and this rank's shard is its part of every bucket, in flat order (at shard_off).
-static void opt_build_buckets(opt_state *o) {
+// With the gradients sharded (model.grads_in_optimizer) a bucket is one group of tensors instead
+// (a layer, the head, the embedding: grad_shard.h), which the model starts at a multiple of
+// dp * 128; the last one ends at n_params.
+static int tensor_group(const model *m, int i) {
+  return opt_group(m->tensors[i].chunk, model_tensor_group(m, &m->tensors[i]));
+}
+
+static int opt_cut_buckets(opt_state *o) {
   model *m = o->m;
   const int64_t unit = (int64_t)o->parts * 128;  // n_params is a multiple of dp * 128
   o->bucket_elem = (o->bucket_elem + unit - 1) / unit * unit;
-  o->n_buckets = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
-  o->buckets = XCALLOC(o->n_buckets ? o->n_buckets : 1, sizeof(opt_bucket));
+  int n = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
+  if (m->grads_in_optimizer) {
+    n = m->n_tensors ? 1 : 0;
+    for (int i = 1; i < m->n_tensors; i++) n += tensor_group(m, i) != tensor_group(m, i - 1);
+  }
+  o->buckets = XCALLOC(n ? n : 1, sizeof(opt_bucket));
   int b = 0;
-  for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++) {
+  if (m->grads_in_optimizer) {
+    int64_t end = m->n_params;
+    for (int i = m->n_tensors - 1; i >= 0; i--) {
+      if (i > 0 && tensor_group(m, i) == tensor_group(m, i - 1)) continue;
+      o->buckets[b++] = (opt_bucket){.lo = m->tensors[i].offset, .hi = end, .group = tensor_group(m, i)};
+      end = m->tensors[i].offset;
+    }
+  } else {
+    for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++)
+      o->buckets[b] = (opt_bucket){.lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem, .hi = end, .group = -1};
+  }
+  return n;
+}
+
+static void opt_build_buckets(opt_state *o) {
+  model *m = o->m;
+  o->n_buckets = opt_cut_buckets(o);
+  for (int b = 0; b < o->n_buckets; b++) {
     opt_bucket *k = &o->buckets[b];
-    k->hi = end;
-    k->lo = end - o->bucket_elem < 0 ? 0 : end - o->bucket_elem;
     k->len = (k->hi - k->lo) / o->parts;
     k->t_lo = m->n_tensors;
     k->t_hi = 0;
@@ -41,6 +68,11 @@ static void opt_build_buckets(opt_state *o) {
 }
 
 int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
+  if (o->ws) return weight_shard_part(o, k);
+  return (char *)o->m->params_c + opt_part_lo(o, k) * (int64_t)o->m->act_bytes;
+}
 
 // Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
 // p_offset in the flat buffer. All of them are updated; those this rank counts are in the

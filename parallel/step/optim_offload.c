@@ -199,7 +199,7 @@ static void copy_back(opt_state *o, int b) {
   const int j = o->n_host - 1 - b;
   const int64_t slot = (j % o->n_slots) * o->slot_elem, act_bytes = m->act_bytes;
   o->grad_ticket[j] = o->last_ticket =
-      m->be->copy_async(m->be, (char *)m->params_c + opt_part_lo(o, k) * act_bytes,
+      m->be->copy_async(m->be, opt_part_pc(o, k),
                         (char *)o->host_pc + slot * act_bytes, (size_t)(k->len * act_bytes));
 }
 
@@ -298,8 +298,8 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
     const opt_bucket *k = &o->buckets[b];
     const k_range *r = o->part_ranges + o->part_first[b];
     const int n = o->part_first[b + 1] - o->part_first[b];
-    const int64_t plo = opt_part_lo(o, k), hoff = k->shard_off - o->dev_n;
-    char *pc = (char *)m->params_c + plo * (int64_t)m->act_bytes;
+    const int64_t hoff = k->shard_off - o->dev_n;
+    char *pc = opt_part_pc(o, k);
     if (b >= o->n_host) {  // the device share: all of its state in backend memory
       be->adamw_ranges(be, o->dev_master + k->shard_off, pc, be->act, grad + k->shard_off, o->exp_avg + k->shard_off,
                        o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
@@ -395,8 +395,7 @@ void opt_offload_cast_master(opt_state *o) {
   model *m = o->m;
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    m->be->cast(m->be, (char *)m->params_c + opt_part_lo(o, k) * (int64_t)m->act_bytes, m->be->act,
-                master_at(o, k->shard_off), K_F32, k->len);
+    m->be->cast(m->be, opt_part_pc(o, k), m->be->act, master_at(o, k->shard_off), K_F32, k->len);
   }
 }
 

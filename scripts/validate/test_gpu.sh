@@ -42,6 +42,7 @@ while read -r name args; do
   step "bitwise resume of $name on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_resume_layout.sh $name $args > '$logs/resume_$name.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_$name.log'; exit \$r"
 done <<'LAYOUTS'
 dp2_distopt parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
+dp2_shard_grads parallel.dp=2 parallel.shard=grads train.micro_batch=1
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 pp2_vpp2_bf16_overlap parallel.pp=2 parallel.vpp=2 parallel.pp_overlap=true parallel.pp_comm_bf16=true
 LAYOUTS
@@ -55,11 +56,12 @@ done <<'LAYOUTS'
 tp2_sp parallel.tp=2 parallel.sequence_parallel=true
 pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2_distopt parallel.dp=2 parallel.shard=optimizer
+dp2_shard_grads parallel.dp=2 parallel.shard=grads
 LAYOUTS
 blk="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true $comm_arg"
 step "FP8 block scaling parity tp2_sp on $on vs 1 GPU (20 steps, tile-aligned model)" bash -c "TRAINER_TEST_ARGS='$blk' sh tests/e2e/test_parity.sh fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2 model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2 > '$logs/parity_fp8_block_tp2_sp.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_block_tp2_sp.log'; exit \$r"
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
-step "FP8 weights gathered as codes (fp8.param_gather) vs the bf16 gather on $on, bitwise" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_param_gather.sh $([ -z "$comm_arg" ] && echo dp2 dp2_offload) > '$logs/param_gather.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/param_gather.log'; exit \$r"
+step "FP8 weights gathered as codes (fp8.param_gather) vs the bf16 gather on $on, bitwise" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_param_gather.sh $([ -z "$comm_arg" ] && echo dp2 dp2_offload dp2_grads) > '$logs/param_gather.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/param_gather.log'; exit \$r"
 # int8 DP gradients (docs/compression.md; fp16 and bf16 are in the parity list): against 1 GPU
 # uncompressed to 5e-2 (CPU ranks: 3.0e-2 worst), and a bitwise resume with error feedback.
 export TRAINER_PARITY_RTOL=5e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
@@ -80,6 +82,7 @@ step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRA
 # and on dp2 with the distributed optimizer.
 step "offload vs the on-GPU optimizer on 1 GPU (20 steps), bitwise resume, layer wait on/off bitwise" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda' sh tests/e2e/test_offload.sh one 1 > '$logs/offload_one.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_one.log'; exit \$r"
 step "offload on dp2 with the distributed optimizer on $on (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_offload.sh dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer > '$logs/offload_dp2_distopt.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_dp2_distopt.log'; exit \$r"
+step "offload on dp2 with the gradients sharded on $on (20 steps), bitwise resume" bash -c "TRAINER_OFFLOAD_RTOL=2e-2 TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_offload.sh dp2_grads 2 parallel.dp=2 parallel.shard=grads > '$logs/offload_dp2_grads.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared|ckpt_compare' '$logs/offload_dp2_grads.log'; exit \$r"
 unset TRAINER_TEST_ARGS
 step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash -c "sh tests/gpu/test_sample_gpu.sh > '$logs/sample_gpu.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/sample_gpu.log'; exit \$r"
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"

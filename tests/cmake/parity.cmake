@@ -23,6 +23,20 @@ trainer_add_parity(dp2_distopt_buckets 2 parallel.dp=2 parallel.shard=optimizer 
 # A tied embedding (head and lookup add into one gradient) cut into many bucket parts.
 trainer_add_parity(dp2_distopt_tied 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    model.tie_embeddings=true)
+# Gradients sharded too (ZeRO-2): each layer's gradients reduce-scattered from a staging slot as
+# backward finishes it, straight into the shard for one micro-batch, added for the next ones.
+trainer_add_parity(dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)
+trainer_add_parity(dp2_shard_grads_micro 2 parallel.dp=2 parallel.shard=grads train.micro_batch=1
+                   parallel.dp_overlap_ctas=4)
+trainer_add_parity(dp2_shard_grads_tied 2 parallel.dp=2 parallel.shard=grads train.micro_batch=1
+                   model.tie_embeddings=true)
+# The compute copy sharded too (ZeRO-3): each layer's weights all-gathered into a slot before its
+# forward and its backward, the next one's while it computes; a tied head reads the embedding's.
+trainer_add_parity(dp2_shard_weights 2 parallel.dp=2 parallel.shard=weights)
+trainer_add_parity(dp2_shard_weights_micro_tied 2 parallel.dp=2 parallel.shard=weights train.micro_batch=1
+                   model.tie_embeddings=true)
+trainer_add_parity(dp4_shard_weights_recompute 4 parallel.dp=4 parallel.shard=weights train.micro_batch=1
+                   train.recompute=full)
 # Compressed DP gradients (parallel.grad_compress, docs/compression.md), plain and with the
 # distributed optimizer, 20 steps against the uncompressed single rank, losses and weights:
 # bf16 within 1e-2, fp16 within 1e-3, int8 (error feedback on, its default, and off) within 5e-2
@@ -54,6 +68,10 @@ trainer_add_parity(tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp
 trainer_add_parity(tp2_dp4_sp 8 parallel.tp=2 parallel.dp=4 parallel.sequence_parallel=true)
 trainer_add_parity(tp4_dp2_sp 8 parallel.tp=4 parallel.dp=2 parallel.sequence_parallel=true model.n_kv_heads=4)
 trainer_add_parity(dp8_distopt 8 parallel.dp=8 parallel.shard=optimizer train.micro_batch=1)
+trainer_add_parity(tp2_pp2_dp2_sp_vpp2_shard_grads 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
+                   parallel.sequence_parallel=true parallel.shard=grads)
+trainer_add_parity(tp2_pp2_dp2_sp_vpp2_shard_weights 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
+                   parallel.sequence_parallel=true parallel.shard=weights)
 trainer_add_parity(pp4_vpp2_dp2 8 parallel.pp=4 parallel.vpp=2 parallel.dp=2 model.n_layers=8 train.micro_batch=1)
 # FP8 (train.precision=fp8, emulated exactly on CPU ranks): each layout against the single rank
 # in FP8. A layout that sums in another order (tp) can round an element to the neighbouring FP8
@@ -65,6 +83,7 @@ trainer_add_parity(fp8_tp2 2 parallel.tp=2)
 trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
 trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
+trainer_add_parity(fp8_dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)
 trainer_add_parity(fp8_tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
 # The fp8 keys go to the single-rank run too (TRAINER_TEST_ARGS; the layout's keys do not).

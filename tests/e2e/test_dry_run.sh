@@ -43,20 +43,41 @@ grep -q "^launch: 16 ranks on 4 nodes of 4 (--gpus-per-node 4); groups inside a 
   && pass "--world-size 8 parallel.dp=0 plans tp 2 x dp 2 x pp 2" || fail "parallel.dp=0 on 8: $(cat "$WORK/p8.txt")"
 # parallel.shard: the full 7B on dp4 under each mode; sharding the optimizer's state takes
 # 12 bytes a parameter down to 12 / dp and adds the reduced part of the gradients (4 / dp), so
-# the two differ by 8 bytes a parameter at dp 4, and the table's fullest rank is this run's.
+# the two differ by 8 bytes a parameter at dp 4; sharding the gradients too drops their whole
+# fp32 buffer but for its staging; the table's fullest rank is this run's.
 "$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 4 parallel.dp=4 optimizer.offload=none \
   parallel.shard=optimizer > "$WORK/shard.txt" 2>&1
 python3 - "$WORK/shard.txt" <<'PY' && pass "7b dp4: the plan of each shard mode" || fail "7b dp4 shard modes: $(cat "$WORK/shard.txt")"
 import re, sys
 t = open(sys.argv[1]).read()
 m = re.search(r"^parallel.shard: the fullest rank needs ([0-9.]+) GiB with none, ([0-9.]+) GiB with optimizer "
-              r"\(this run\)$", t, re.M)
+              r"\(this run\), ([0-9.]+) GiB with grads, ([0-9.]+) GiB with weights$", t, re.M)
 n = float(re.search(r"^  0 +0 .* ([0-9.]+)M ", t, re.M).group(1)) * 1e6
 most = max(float(v) for v in re.findall(r"^  \d+ +\d+ .* ([0-9.]+)G$", t, re.M))
-none, opt = float(m.group(1)), float(m.group(2))
-print("none %.2f GiB, optimizer %.2f GiB, table %.2f GiB, 8 bytes a parameter %.2f GiB" % (none, opt, most, 8 * n / 2**30))
-sys.exit(0 if abs(opt - most) < 0.01 and abs(none - opt - 8 * n / 2**30) < 0.02 else 1)
+none, opt, grads, weights = (float(m.group(i)) for i in range(1, 5))
+# grads keeps 1/4 of the fp32 gradients instead of 5/4, plus two slots of a layer (202383360
+# elements, a multiple of 4 * 128) and a quarter of one; weights 1/4 of the bf16 compute copy
+# plus two layers gathered.
+layer = 202383360 / 2**30
+staging = 4 * (2 + 1 / 4) * layer
+print("none %.2f, optimizer %.2f, grads %.2f, weights %.2f, table %.2f, 8 bytes a parameter %.2f, staging %.2f "
+      "(GiB)" % (none, opt, grads, weights, most, 8 * n / 2**30, staging))
+sys.exit(0 if abs(opt - most) < 0.01 and abs(none - opt - 8 * n / 2**30) < 0.02 and
+         abs(opt - grads - (4 * n / 2**30 - staging)) < 0.02 and
+         abs(grads - weights - (2 * n * 3 / 4 / 2**30 - 2 * 2 * layer)) < 0.02 else 1)
 PY
+# --gpu-mem: the full 7B on dp4 with selective recomputation does not fit 80 GB GPUs with the
+# optimizer's state sharded, and the plan names the least sharding that does; with weights it fits.
+"$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 4 parallel.dp=4 optimizer.offload=none \
+  train.global_batch=8 train.micro_batch=2 train.recompute=selective parallel.shard=optimizer --gpu-mem 80 > "$WORK/fit.txt" 2>&1
+grep -q "^fit: .* does not fit; parallel.shard=grads would" "$WORK/fit.txt" && pass "--gpu-mem 80: shard=grads would fit" \
+  || fail "--gpu-mem 80: $(grep -E '^fit|error' "$WORK/fit.txt")"
+"$TRAINER" "$SRC/configs/7b.yaml" --dry-run --world-size 4 parallel.dp=4 optimizer.offload=none \
+  train.global_batch=8 train.micro_batch=2 train.recompute=selective parallel.shard=weights --gpu-mem 80 > "$WORK/fit.txt" 2>&1
+grep -q "^fit: .*: fits$" "$WORK/fit.txt" && pass "--gpu-mem 80: shard=weights fits" \
+  || fail "--gpu-mem 80 weights: $(grep -E '^fit|error' "$WORK/fit.txt")"
+"$TRAINER" "$C" --dry-run --gpu-mem 0 > "$WORK/g0.txt" 2>&1 && fail "--gpu-mem 0 accepted" ||
+  { grep -q "error: --gpu-mem needs a whole number of GiB" "$WORK/g0.txt" && pass "--gpu-mem 0 refused" || fail "--gpu-mem 0: $(cat "$WORK/g0.txt")"; }
 "$TRAINER" "$C" --dry-run --gpus-per-node x > "$WORK/px.txt" 2>&1 && fail "--gpus-per-node x accepted" ||
   { grep -q "error: --gpus-per-node needs a whole number" "$WORK/px.txt" && pass "--gpus-per-node x refused" || fail "--gpus-per-node x: $(cat "$WORK/px.txt")"; }
 summary

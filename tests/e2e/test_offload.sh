@@ -15,10 +15,10 @@
 name=$1; np=$2; shift 2
 make_corpus
 rtol=${TRAINER_OFFLOAD_RTOL:-0}
-# The parts the host state is cut into: dp with the distributed optimizer, else 1.
+# The parts the host state is cut into: dp with the optimizer's state sharded, else 1.
 parts=1
 case " $* " in
-  *" parallel.shard=optimizer "*) parts=$(printf '%s\n' "$@" | sed -n 's/^parallel\.dp=//p') ;;
+  *" parallel.shard=optimizer "* | *" parallel.shard=grads "*) parts=$(printf '%s\n' "$@" | sed -n 's/^parallel\.dp=//p') ;;
 esac
 # host_bytes RUN FRACTION: the pinned host memory the run reports at start-up (the sum of its own
 # allocations) is the master weights and both moments of rank 0's part of the host share: 12 bytes

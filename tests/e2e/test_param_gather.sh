@@ -8,12 +8,13 @@
 # - tp2 x dp2 with SP, current scaling, a tied LM head in FP8 (the embedding lookup reads it, so
 #   its buckets travel in the act dtype and its codes are cast after the gather) and bf16 edge layers;
 # - dp2 with an FP8 head and the optimizer's state on the host, updated a step late
-#   (optimizer.offload_delay: the checkpoints' flush completes the update with the same gather).
-#   test_param_gather.sh [LAYOUT...]   (dp2, tp2_dp2_tied, dp2_offload; default all three)
+#   (optimizer.offload_delay: the checkpoints' flush completes the update with the same gather);
+# - dp2 with the gradients sharded too (parallel.shard=grads: a bucket per layer).
+#   test_param_gather.sh [LAYOUT...]   (dp2, tp2_dp2_tied, dp2_offload, dp2_grads; default all four)
 # TRAINER_TEST_ARGS=train.device=cuda runs it on GPUs (label gpu: on 2 GPUs the 2-rank layouts;
 # on one GPU all three, over the staged MPI communicator).
 . "$(dirname "$0")/lib.sh"
-LAYOUTS=${*:-dp2 tp2_dp2_tied dp2_offload}
+LAYOUTS=${*:-dp2 tp2_dp2_tied dp2_offload dp2_grads}
 make_corpus
 
 # gather_line NAME: the start-up line of run NAME; checks it names FP8 codes and fewer bytes.
@@ -53,7 +54,8 @@ for layout in $LAYOUTS; do
       fp8.recipe=current fp8.head=true model.tie_embeddings=true fp8.bf16_edge_layers=true ;;
     dp2_offload) compare dp2_offload 2 $Z parallel.dp=2 fp8.head=true optimizer.offload=host \
       optimizer.offload_update=cpu optimizer.offload_delay=1 checkpoint.every=2 ;;
-    *) fail "unknown layout '$layout' (dp2, tp2_dp2_tied, dp2_offload)" ;;
+    dp2_grads) compare dp2_grads 2 train.precision=fp8 parallel.shard=grads parallel.dp=2 ;;
+    *) fail "unknown layout '$layout' (dp2, tp2_dp2_tied, dp2_offload, dp2_grads)" ;;
   esac
 done
 summary

@@ -323,6 +323,12 @@ static void test_validate(void) {
           "fp8.head", "= 1000 is not a multiple of 16", "nearest legal value is 1008");
   char *fp8_no_head[] = {"train.precision=fp8", "model.vocab_size=1000"};
   EXPECT(validates(1, 2, fp8_no_head, &c), "fp8 without fp8.head takes a vocabulary of 1000");
+  // parallel.shard=grads reduces fp32 gradients layer by layer: no compressed reduction yet.
+  INVALID(0, OV("parallel.shard=grads", "parallel.grad_compress=bf16"), "parallel.shard = grads",
+          "parallel.grad_compress = bf16", "set parallel.shard=optimizer or parallel.grad_compress=none");
+  char *sgrads[] = {"parallel.shard=grads", "parallel.dp=2"};
+  EXPECT(validates(2, 2, sgrads, &c) && c.optim.shard == OPT_SHARD_GRADS && cfg_model_layout(&c).grads_in_optimizer,
+         "parallel.shard=grads on dp 2: the optimizer holds the gradients");
   // fp8.param_gather: FP8, per-tensor scales and the distributed optimizer; with dp 1 it has nothing to do.
   INVALID(0, OV("fp8.param_gather=true", "parallel.shard=optimizer"), "fp8.param_gather = true",
           "train.precision = auto", "set train.precision=fp8 or fp8.param_gather=false");

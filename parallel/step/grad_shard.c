@@ -1,0 +1,130 @@
+// Gradients sharded over dp (see grad_shard.h).
+#include "parallel/step/grad_shard.h"
+#include "kernels/base/check.h"
+#include "kernels/base/trace.h"
+
+static int bucket_of(const opt_state *o, int grp) {
+  for (int b = 0; b < o->n_buckets; b++)
+    if (o->buckets[b].group == grp) return b;
+  CHECK(0, "parallel.shard=grads: backward reported group %d, which no bucket holds", grp);
+  return -1;
+}
+
+// Points bucket b's tensors' gradients into slot s, which holds the bucket's flat elements from lo.
+static void point_grads(opt_state *o, int b, int s) {
+  const opt_bucket *k = &o->buckets[b];
+  for (int i = k->t_lo; i < k->t_hi; i++) o->m->tensors[i].g = o->gs->slot[s] + (o->m->tensors[i].offset - k->lo);
+  o->gs->slot_of[b] = s;
+}
+
+grad_shard *grad_shard_init(opt_state *o) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  CHECK(m->grads_in_optimizer && o->zero, "parallel.shard=grads needs dp > 1 and a model laid out for it");
+  grad_shard *gs = XCALLOC(1, sizeof *gs);
+  o->gs = gs;
+  gs->tied_bucket = -1;
+  gs->add_bucket = -1;
+  gs->slot_of = XCALLOC(o->n_buckets, sizeof(int));
+  gs->count = XCALLOC(o->n_buckets, sizeof(int));
+  int64_t part = 1, tied = 0;
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    CHECK(k->len * o->parts == k->hi - k->lo, "parallel.shard=grads: bucket %d [%lld, %lld) is not %d equal parts", b,
+          (long long)k->lo, (long long)k->hi, o->parts);
+    if (k->len > part) part = k->len;
+    const model_tensor *t = &m->tensors[k->t_lo];
+    if (t->kind == MODEL_EMBED && m->chunks[t->chunk].lm_head == m->chunks[t->chunk].embed) {
+      gs->tied_bucket = b;
+      tied = k->hi - k->lo;
+    } else if (k->hi - k->lo > gs->slot_elem) {
+      gs->slot_elem = k->hi - k->lo;
+    }
+  }
+  for (int s = 0; s < 2; s++) gs->slot[s] = be->alloc(be, (size_t)gs->slot_elem * sizeof(float));
+  if (tied) {
+    gs->slot[2] = be->alloc(be, (size_t)tied * sizeof(float));  // zero-filled: ready for the first head
+    point_grads(o, gs->tied_bucket, 2);
+  }
+  gs->part = be->alloc(be, (size_t)part * sizeof(float));
+  gs->staging_bytes = (int64_t)(2 * gs->slot_elem + tied + part) * (int64_t)sizeof(float);
+  gs->c = o->g->dp_overlap ? o->g->dp_overlap : o->g->dp_c;
+  return gs;
+}
+
+void grad_shard_free(grad_shard **p, k_backend *be) {
+  grad_shard *gs = *p;
+  if (!gs) return;
+  for (int s = 0; s < 3; s++)
+    if (gs->slot[s]) be->free(be, gs->slot[s]);
+  be->free(be, gs->part);
+  free(gs->slot_of);
+  free(gs->count);
+  free(gs);
+  *p = NULL;
+}
+
+// Waits (compute stream) for the reduce-scatters started so far, adds a later micro-batch's part
+// into the shard and zeroes a tied embedding's slot for the next micro-batch.
+static void flush(opt_state *o) {
+  grad_shard *gs = o->gs;
+  if (!gs->busy[0] && !gs->busy[1] && !gs->busy[2]) return;
+  k_backend *be = o->m->be;
+  opt_comm_wait(o, gs->c);
+  if (gs->add_bucket >= 0) {
+    const opt_bucket *k = &o->buckets[gs->add_bucket];
+    be->add(be, o->grad_shard + k->shard_off, gs->part, k->len);
+    gs->add_bucket = -1;
+  }
+  if (gs->busy[2]) {
+    const opt_bucket *k = &o->buckets[gs->tied_bucket];
+    be->zero(be, gs->slot[2], (size_t)(k->hi - k->lo) * sizeof(float));
+  }
+  gs->busy[0] = gs->busy[1] = gs->busy[2] = 0;
+}
+
+void grad_shard_needed(opt_state *o, int grp) {
+  grad_shard *gs = o->gs;
+  const int b = bucket_of(o, grp);
+  if (gs->busy[2]) flush(o);  // a tied embedding's slot is written from the head's backward on
+  if (b == gs->tied_bucket) return;
+  const int s = gs->next;
+  gs->next ^= 1;
+  if (gs->busy[s]) flush(o);
+  const opt_bucket *k = &o->buckets[b];
+  o->m->be->zero(o->m->be, gs->slot[s], (size_t)(k->hi - k->lo) * sizeof(float));
+  point_grads(o, b, s);
+}
+
+void grad_shard_ready(opt_state *o, int grp) {
+  grad_shard *gs = o->gs;
+  model *m = o->m;
+  const int b = bucket_of(o, grp);
+  const opt_bucket *k = &o->buckets[b];
+  // Under sequence parallelism the norms' gradients are partial per tp rank: summed over tp first.
+  for (int i = k->t_lo; i < k->t_hi; i++) {
+    model_tensor *t = &m->tensors[i];
+    if (m->sp && t->tp_replicated) o->g->tp_c->ops->all_reduce(o->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
+  }
+  flush(o);  // the previous group's reduce-scatter, which ran beside this group's backward
+  trace_push_range("dp grads reduce-scatter");
+  const int s = gs->slot_of[b];
+  float *dst = gs->count[b] == 0 ? o->grad_shard + k->shard_off : gs->part;
+  if (dst == gs->part) gs->add_bucket = b;
+  gs->c->ops->reduce_scatter_start(gs->c, gs->slot[s], dst, k->len, COMM_F32, COMM_SUM);
+  gs->busy[s] = 1;
+  gs->count[b]++;
+  trace_pop_range();
+}
+
+void grad_shard_step_end(opt_state *o) {
+  grad_shard *gs = o->gs;
+  flush(o);
+  for (int b = 0; b < o->n_buckets; b++) {
+    CHECK(gs->count[b] == o->n_micro,
+          "parallel.shard=grads: bucket %d (group %d) was reduced %d times this step, expected once per "
+          "micro-batch (%d): every backward must run through model_chunk_bwd's hooks",
+          b, o->buckets[b].group, gs->count[b], o->n_micro);
+    gs->count[b] = 0;
+  }
+}

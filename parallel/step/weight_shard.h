@@ -1,0 +1,42 @@
+// parallel.shard=weights (ZeRO-3): no rank keeps the whole compute copy of the weights. Each DP
+// bucket is one group of tensors (as with sharded gradients, grad_shard.h); this rank holds its
+// part of every bucket of the compute copy in shard order (pc, the act dtype), which the update
+// writes. Before forward or backward reads a group (model->weights_needed, grads_needed) the parts
+// are all-gathered into one of two slots and the group's t->pc point there; the next group of the
+// same pass (forward: the next layer; backward: the one before) is gathered into the other slot
+// while this one computes. A group still in a slot is not gathered again: the head, last in
+// forward, is first in backward, and the embedding, last in backward, first in the next forward.
+// The gathers run on the dp communicator, the gradients' reduce-scatters on dp-overlap, so that
+// waiting for one does not wait for the other. An update (or any change of the weights) empties
+// the slots. The norms' fp32 copy stays whole (m->norm_copy, opt_share_norms).
+#ifndef TRAINER_WEIGHT_SHARD_H
+#define TRAINER_WEIGHT_SHARD_H
+
+#include <stdint.h>
+#include "parallel/step/optim.h"
+
+typedef struct weight_shard {
+  void *pc;             // (shard_n) this rank's part of every bucket, in shard order, in the act dtype
+  void *slot[2];        // (slot_elem) gathered groups
+  int64_t slot_elem;    // the longest bucket
+  int slot_bucket[2];   // the bucket slot s holds or is gathering; -1 none
+  int current;          // the slot of the group being computed; -1 none
+  int pending;          // a gather was started and not yet waited for
+  int tied_head;        // the bucket of a head tied to the embedding (its weights are the embedding's), or -1
+  int tied_embed;       // and the embedding's bucket
+  comm *c;              // the communicator of the gathers (dp)
+  int64_t n_bytes;      // backend memory of pc and the slots
+} weight_shard;
+
+// After opt_layout_build (one bucket per group): allocates the part and the slots.
+weight_shard *weight_shard_init(opt_state *o);
+void weight_shard_free(weight_shard **ws, k_backend *be);
+// Forward (backward 0) or backward (1) is about to read group grp (optim.h's opt_group): its
+// weights gathered and pointed at, and the pass's next group's gather started.
+void weight_shard_needed(opt_state *o, int grp, int backward);
+// The weights changed (an update, a load): nothing in the slots is current any more.
+void weight_shard_invalidate(opt_state *o);
+// Where this rank's part of bucket k of the compute copy lives: in pc at its shard offset.
+void *weight_shard_part(const opt_state *o, const opt_bucket *k);
+
+#endif

@@ -1,0 +1,50 @@
+#!/bin/sh
+# parallel.shard beyond the optimizer's state: what the run says of each mode, the timing of what
+# forward and backward wait for, the one-line refusals of what a mode cannot serve yet, and bitwise
+# agreement between the modes where the arithmetic is the same.
+# - dp 1: shard=weights is a notice, and the run trains as unsharded;
+# - dp2 shard=grads and shard=weights with one micro-batch a step: the same losses and final
+#   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks);
+# - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
+#   report's exposed dp comm;
+# - refused: grads with a compressed reduction, weights with FP8 or with the host optimizer.
+. "$(dirname "$0")/lib.sh"
+make_corpus
+run one 1 parallel.shard=weights || fail "shard=weights on one rank: $(tail -3 "$WORK/one/log")"
+grep -q "^parallel.shard=weights: no effect with dp 1" "$WORK/one/log" && pass "dp 1: a notice" \
+  || fail "dp 1: no notice in $(grep '^parallel' "$WORK/one/log")"
+
+for mode in optimizer grads weights; do
+  run "$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 log.time_dp=true \
+    || fail "shard=$mode on dp2: $(tail -3 "$WORK/$mode/log")"
+done
+for mode in grads weights; do
+  same_losses optimizer "$mode" 0 && pass "$mode: losses bitwise those of shard=optimizer" || fail "$mode: losses differ"
+  if "$BUILD/ckpt_compare" "$WORK/optimizer/ckpt/ckpt_00000006.h5" "$WORK/$mode/ckpt/ckpt_00000006.h5" --rtol 0 \
+    --prefix ""; then pass "$mode: final checkpoint bitwise that of shard=optimizer"; else fail "$mode: checkpoints differ"; fi
+done
+grep -q "^parallel.shard=grads: each rank holds its part (1/2) of the fp32 master weights, AdamW moments and gradients" \
+  "$WORK/grads/log" && pass "grads: the start-up line" || fail "grads: $(grep '^parallel.shard' "$WORK/grads/log")"
+grep -q "^parallel.shard=weights: .* gradients and compute copy" "$WORK/weights/log" && pass "weights: the start-up line" \
+  || fail "weights: $(grep '^parallel.shard' "$WORK/weights/log")"
+# CPU ranks run a started collective at its wait: the timed waits take time.
+python3 - "$WORK/weights/log" <<'PY' && pass "log.time_dp: the waits are exposed dp comm" || fail "log.time_dp: no dp comm"
+import re, sys
+m = re.search(r"exposed dp comm ([0-9.]+)", open(sys.argv[1]).read())
+print("exposed dp comm", m and m.group(1))
+sys.exit(0 if m and float(m.group(1)) > 0 else 1)
+PY
+
+T="$SRC/configs/tiny.yaml data.train=$WORK/data/train_*.bin data.val= checkpoint.dir= log.metrics= train.steps=2"
+# shellcheck disable=SC2086
+expect_error "grads with int8" "parallel.shard = grads .*grad_compress = int8.*set parallel.shard=optimizer" 1 \
+  $T parallel.shard=grads parallel.grad_compress=int8
+# shellcheck disable=SC2086
+expect_error "weights with fp8" "parallel.shard = weights .* (train.precision = fp8): set parallel.shard=grads" 1 \
+  $T parallel.shard=weights train.precision=fp8
+# shellcheck disable=SC2086
+expect_error "weights with offload" "parallel.shard = weights .* (optimizer.offload = host): set parallel.shard=grads" 1 \
+  $T parallel.shard=weights optimizer.offload=host
+# shellcheck disable=SC2086
+expect_error "shard=all" "parallel.shard = 'all' is not one of: none, optimizer, grads, weights" 1 $T parallel.shard=all
+summary
