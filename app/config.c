@@ -121,6 +121,10 @@ static const cfg_key cfg_keys[] = {
              "owner's part; no whole gradient buffer); weights: the bf16 compute copy too (ZeRO-3: each layer's "
              "weights are all-gathered into a slot just before its forward and its backward, the next layer's while "
              "this one computes); no effect with dp 1"),
+  CFG_INT(parallel, shard_group, 0, 1048576, 0,
+          "dp ranks that share out what parallel.shard shards (hybrid sharding): 0 = all of dp; a divisor of dp "
+          "shards inside groups of that many consecutive dp ranks (a node's) and keeps a replica in each group, "
+          "the gradients' parts then summed over the groups"),
   CFG_FLOAT_IN(parallel, bucket_mb, optim.bucket_mb, 0.001, 4096, 100, "DP gradient bucket size in MiB"),
   CFG_CHOICE(parallel, grad_compress, cfg_grad_compress, CFG_GRAD_COMPRESS_NONE,
              "wire format of the DP gradient reduction (none: fp32; fp16: a per-bucket power-of-two scale agreed "

@@ -72,6 +72,7 @@ typedef struct cfg_parallel {
   int pp_overlap;             // pipeline transfers overlap compute (one channel per directed link)
   int sequence_parallel;      // bool
   cfg_shard shard;            // what is sharded over dp (resolved into optim.shard)
+  int shard_group;            // dp ranks sharing out the sharded state, a replica per group; 0 = all of dp
   cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message

@@ -66,6 +66,10 @@ static int cfg_validate_shard(const cfg *c, char *err, size_t n_err) {
     return check_errf(err, n_err, "parallel.shard = %s reduces each layer's fp32 gradients as backward finishes "
                       "them and cannot compress them yet (parallel.grad_compress = %s): set parallel.shard=optimizer "
                       "or parallel.grad_compress=none", mode, cfg_grad_compress_names[c->parallel.grad_compress]);
+  const int group = c->parallel.shard_group;
+  if (group > 0 && c->optim.shard == OPT_SHARD_NONE)
+    return check_errf(err, n_err, "parallel.shard_group = %d shares out sharded state, but parallel.shard = none: set "
+                      "parallel.shard (optimizer, grads or weights), or parallel.shard_group=0", group);
   if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->train.precision == CFG_PRECISION_FP8)
     return check_errf(err, n_err, "parallel.shard = weights gathers the bf16 compute copy layer by layer and cannot "
                       "gather FP8 weights yet (train.precision = fp8): set parallel.shard=grads, or "
@@ -148,6 +152,13 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
                     p->tp, p->pp, p->dp, model_par * dp, world_size, c->path[0] ? c->path : "the config",
                     model_par * dp, model_par * dp, fit);
   }
+  CFG_RULE(p->shard_group == 0 || p->dp % p->shard_group == 0,
+           "parallel.shard_group = %d does not divide parallel.dp = %d: set a divisor of dp (the dp ranks of a node), "
+           "or 0 for all of dp", p->shard_group, p->dp);
+  CFG_RULE(p->shard_group == 0 || p->shard_group == p->dp || c->optim.grad_compress == COMM_COMPRESS_NONE,
+           "parallel.shard_group = %d (of dp %d) cannot compress the gradients yet (parallel.grad_compress = %s): set "
+           "parallel.grad_compress=none or parallel.shard_group=0", p->shard_group, p->dp,
+           cfg_grad_compress_names[p->grad_compress]);
   CFG_RULE(m->n_heads % p->tp == 0 && m->n_kv_heads % p->tp == 0,
            "model.n_heads = %d and model.n_kv_heads = %d must both be divisible by parallel.tp = %d: "
            "lower tp or change the head counts",

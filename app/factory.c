@@ -97,6 +97,7 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
   // communicator of their own, slow the backward less (the rest keep NCCL's choice). CPU ranks
   // have no SMs to spare; there the second communicator only exercises the same code path.
+  if (p->shard_group > 1 && p->shard_group < p->dp) grid_set_shard_group(&f->g, &f->comms, p->shard_group);
   // parallel.shard=weights gathers weights on the dp communicator while the gradients' reduce-scatters
   // run on this one: a wait for one does not wait for the other.
   if ((p->dp_overlap_ctas > 0 || p->shard == CFG_SHARD_WEIGHTS) && p->dp > 1)

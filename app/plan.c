@@ -114,15 +114,22 @@ int64_t plan_rank_params(const cfg *c, int pp_rank) {
   return n;
 }
 
+// The parts the sharded state is cut into: the shard group's size (dp unless parallel.shard_group)
+// with parallel.shard, else 1.
+static int plan_parts(const cfg *c) {
+  const int dp = c->parallel.dp, group = c->parallel.shard_group;
+  return c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1 ? (group > 0 ? group : dp) : 1;
+}
+
 double plan_host_bytes(const cfg *c, int64_t n) {
   const opt_config *o = &c->optim;
   if (!o->offload) return 0;
-  int dp = c->parallel.dp, zero = o->shard >= OPT_SHARD_OPTIMIZER && dp > 1;
-  double share = (double)o->offload_fraction * n / (zero ? dp : 1);
+  const int parts = plan_parts(c);
+  double share = (double)o->offload_fraction * n / parts;
   int act_bytes = c->train.device != CFG_DEVICE_CPU && cfg_act_bf16(c) ? 2 : 4;
   // The cpu engine's copies: a few bucket parts (OFFLOAD_SLOTS of optim_offload.c) of gradient
   // and new weights.
-  double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / (zero ? dp : 1);
+  double part = (double)c->optim.bucket_mb * (1 << 20) / 4 / parts;
   double slots = o->offload_delay || 4.0 * part > share ? share : 4.0 * part;  // delayed: every bucket
   // The master weights (4 bytes) and both moments (8) of this rank's part of the host share.
   return 12.0 * share + (o->offload_cpu ? (4.0 + act_bytes) * slots : 0.0);
@@ -178,28 +185,28 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   // gradients. A compressed reduction (parallel/step/grad_compress.c) adds its wire buffers: 16-bit
   // codes of both, or int8 send and receive slots with a scale per 256 elements; error feedback an
   // fp32 residual.
-  int zero = c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1;
+  const int parts = plan_parts(c), zero = parts > 1;
   comm_compress_mode gcm = dp > 1 ? c->optim.grad_compress : COMM_COMPRESS_NONE;
   double wire = gcm == COMM_COMPRESS_NONE   ? 0.0
                 : gcm == COMM_COMPRESS_INT8 ? 2.0 * (1.0 + 4.0 / 256)
-                                            : 2.0 * (1.0 + (zero ? 1.0 / dp : 0.0));
+                                            : 2.0 * (1.0 + (zero ? 1.0 / parts : 0.0));
   double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
-  r.gr = 4.0 * n * (zero ? 1.0 + 1.0 / dp : 1.0) + (wire + ef) * n;
+  r.gr = 4.0 * n * (zero ? 1.0 + 1.0 / parts : 1.0) + (wire + ef) * n;
   // parallel.shard=grads: the reduced part only, and the staging of the groups backward writes
   // (two slots, a tied embedding's own, a bucket part).
   int64_t tied = 0, group = ml.grads_in_optimizer ? plan_largest_group(c, has_embed, has_head, &tied) : 0;
-  if (ml.grads_in_optimizer) r.gr = 4.0 * n / dp + 4.0 * (2.0 * group + (double)tied + (double)group / dp);
+  if (ml.grads_in_optimizer) r.gr = 4.0 * n / parts + 4.0 * (2.0 * group + (double)tied + (double)group / parts);
   // optimizer.offload=host: the master weights and the host share of the moments move to pinned
   // host memory (plan_host_bytes); the compute copy is then separate even in fp32. Where the
   // optimizer holds the masters, the device share keeps them beside its moments, sharded like
   // them (all of the state is the device share without offload).
   const opt_config *oc = &c->optim;
   double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
-  double dev_share = ml.master_in_optimizer ? dev_frac * n / (zero ? dp : 1) : 0.0;
+  double dev_share = ml.master_in_optimizer ? dev_frac * n / parts : 0.0;
   r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
   // parallel.shard=weights: this rank's part of the compute copy, and two groups gathered.
-  if (ml.weights_in_optimizer) r.w = act_bytes * (n / dp + 2.0 * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
-  r.adam = 8.0 * n / (zero ? dp : 1) * dev_frac;
+  if (ml.weights_in_optimizer) r.w = act_bytes * (n / parts + 2.0 * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
+  r.adam = 8.0 * n / parts * dev_frac;
   r.host = plan_host_bytes(c, r.n);
   // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
   // two per activation set in flight (parallel/step/pp_exec.c).
@@ -300,8 +307,10 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
                                    : "fp32 master weights";
   printf("memory per rank, as train.device=%s holds it (%s, %s, %s activations; Adam "
          "moments %s):\n", gpu ? "cuda" : cfg_device_names[c->train.device], weights,
-         ml.grads_in_optimizer ? "fp32 grads sharded over dp + two layers' staging" : "fp32 grads",
-         bf16_act ? "bf16" : "fp32", c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1 ? "sharded over dp" : "replicated");
+         ml.grads_in_optimizer ? "fp32 grads sharded + two layers' staging" : "fp32 grads",
+         bf16_act ? "bf16" : "fp32", plan_parts(c) == 1 ? "replicated"
+                                      : c->parallel.shard_group > 0 && c->parallel.shard_group < dp ? "sharded over each shard group"
+                                                                                                    : "sharded over dp");
   printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
          "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
   double host_max = 0;  // pinned host memory of the rank that needs most

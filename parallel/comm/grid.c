@@ -23,6 +23,13 @@ static comm *grid_dp_split(const grid *g, const char *name, const comm_factory *
   return grid_split(g->tp_rank + g->tp * g->pp_rank, g->dp_rank, name, f, opts);
 }
 
+// The shard group of g's rank inside its dp group (grid_set_shard_group), ordered by dp_rank.
+static comm *grid_shard_split(const grid *g, const char *name, const comm_factory *f, const comm_opts *opts) {
+  if (!g->shard_c) return grid_dp_split(g, name, f, opts);
+  const int size = g->shard_c->size, groups = g->dp / size;
+  return grid_split((g->tp_rank + g->tp * g->pp_rank) * groups + g->dp_rank / size, g->dp_rank % size, name, f, opts);
+}
+
 void grid_init(grid *g, int tp, int dp, int pp, const comm_factory *f) {
   memset(g, 0, sizeof *g);
   CHECK(tp >= 1 && dp >= 1 && pp >= 1, "grid: tp = %d, dp = %d, pp = %d must all be >= 1", tp, dp, pp);
@@ -53,18 +60,30 @@ void grid_init(grid *g, int tp, int dp, int pp, const comm_factory *f) {
         g->tp_c->rank, g->dp_c->rank, g->pp_c->rank, g->tp_rank, g->dp_rank, g->pp_rank);
 }
 
+void grid_set_shard_group(grid *g, const comm_factory *f, int size) {
+  CHECK(f && f->create, "grid_set_shard_group: no communicator factory given");
+  CHECK(!g->shard_c && !g->dp_overlap, "grid_set_shard_group: once per grid, before grid_add_dp_overlap");
+  CHECK(size > 1 && size < g->dp && g->dp % size == 0,
+        "parallel.shard_group = %d must divide parallel.dp = %d and lie between 2 and dp - 1", size, g->dp);
+  const int groups = g->dp / size, base = g->tp_rank + g->tp * g->pp_rank;
+  g->shard_c = grid_split(base * groups + g->dp_rank / size, g->dp_rank % size, "shard", f, &f->opts);
+  g->replica_c = grid_split(base * size + g->dp_rank % size, g->dp_rank / size, "replica", f, &f->opts);
+}
+
 void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas) {
   CHECK(f && f->create, "grid_add_dp_overlap: no communicator factory given");
   CHECK(!g->dp_overlap, "grid_add_dp_overlap called twice");
   comm_opts o = f->opts;
   o.max_ctas = max_ctas;
   comm_opts_check(&o, "grid_add_dp_overlap");
-  g->dp_overlap = grid_dp_split(g, "dp-overlap", f, &o);
+  g->dp_overlap = grid_shard_split(g, "dp-overlap", f, &o);
 }
 
 void grid_free(grid *g) {
   if (!g) return;
   comm_free(&g->dp_overlap);
+  comm_free(&g->replica_c);
+  comm_free(&g->shard_c);
   comm_free(&g->pp_c);
   comm_free(&g->dp_c);
   comm_free(&g->tp_c);

@@ -61,7 +61,7 @@ void grad_compress_finish(opt_state *o) {
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
     float *out = o->zero ? o->grad_shard + k->shard_off : o->m->grads + k->lo;
-    comm_compress_finish(o->m->be, o->g->dp_c, &o->gc->spans[b], out);
+    comm_compress_finish(o->m->be, grid_shard_comm(o->g), &o->gc->spans[b], out);
   }
 }
 

@@ -48,7 +48,7 @@ grad_shard *grad_shard_init(opt_state *o) {
   }
   gs->part = be->alloc(be, (size_t)part * sizeof(float));
   gs->staging_bytes = (int64_t)(2 * gs->slot_elem + tied + part) * (int64_t)sizeof(float);
-  gs->c = o->g->dp_overlap ? o->g->dp_overlap : o->g->dp_c;
+  gs->c = o->g->dp_overlap ? o->g->dp_overlap : grid_shard_comm(o->g);
   return gs;
 }
 
@@ -80,6 +80,11 @@ static void flush(opt_state *o) {
     const opt_bucket *k = &o->buckets[gs->tied_bucket];
     be->zero(be, gs->slot[2], (size_t)(k->hi - k->lo) * sizeof(float));
   }
+  // parallel.shard_group: a bucket's part is final after its last micro-batch; summed over the
+  // replicas while backward goes on.
+  const opt_bucket *k = &o->buckets[gs->last_bucket];
+  if (o->replica && gs->count[gs->last_bucket] == o->n_micro)
+    o->replica->ops->all_reduce_start(o->replica, o->grad_shard + k->shard_off, k->len, COMM_F32, COMM_SUM);
   gs->busy[0] = gs->busy[1] = gs->busy[2] = 0;
 }
 
@@ -111,6 +116,7 @@ void grad_shard_ready(opt_state *o, int grp) {
   const int s = gs->slot_of[b];
   float *dst = gs->count[b] == 0 ? o->grad_shard + k->shard_off : gs->part;
   if (dst == gs->part) gs->add_bucket = b;
+  gs->last_bucket = b;
   gs->c->ops->reduce_scatter_start(gs->c, gs->slot[s], dst, k->len, COMM_F32, COMM_SUM);
   gs->busy[s] = 1;
   gs->count[b]++;
@@ -120,6 +126,7 @@ void grad_shard_ready(opt_state *o, int grp) {
 void grad_shard_step_end(opt_state *o) {
   grad_shard *gs = o->gs;
   flush(o);
+  if (o->replica) opt_comm_wait(o, o->replica);
   for (int b = 0; b < o->n_buckets; b++) {
     CHECK(gs->count[b] == o->n_micro,
           "parallel.shard=grads: bucket %d (group %d) was reduced %d times this step, expected once per "

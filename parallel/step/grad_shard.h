@@ -8,6 +8,8 @@
 // beside the backward of the next; the report of a group waits for the reduce-scatter before it
 // (the communicator's wait covers every collective started on it). A tied embedding is written by
 // the head's backward and by the embedding's, so it has a slot of its own for the micro-batch.
+// With parallel.shard_group the parts are the group's, and each bucket's part, once its last
+// micro-batch is in, is all-reduced over the replicas on their own communicator, beside backward.
 #ifndef TRAINER_GRAD_SHARD_H
 #define TRAINER_GRAD_SHARD_H
 
@@ -21,6 +23,7 @@ typedef struct grad_shard {
   int tied_bucket;      // the tied embedding's bucket, or -1
   float *part;          // (longest bucket part) a later micro-batch's reduced part, added after the wait
   int add_bucket;       // the bucket whose reduced part waits in part, or -1
+  int last_bucket;      // the bucket of the reduce-scatter started last
   int busy[3];          // a reduce-scatter reading the slot was started and not yet waited for
   int *slot_of;         // (n_buckets) the slot holding the bucket's gradients this micro-batch
   int *count;           // (n_buckets) micro-batches reduced this step

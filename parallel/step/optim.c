@@ -34,8 +34,10 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   o->bucket_elem = (int64_t)((double)oc->bucket_mb * (1 << 20) / sizeof(float));
   if (o->bucket_elem < 1) o->bucket_elem = 1;
   k_backend *be = m->be;
-  o->parts = o->zero ? m->dp : 1;
-  o->part_rank = o->zero ? m->dp_rank : 0;
+  // With parallel.shard_group the parts are shared out inside the group, and each group holds a replica.
+  o->parts = o->zero ? grid_shard_comm(g)->size : 1;
+  o->part_rank = o->zero ? grid_shard_comm(g)->rank : 0;
+  o->replica = o->zero ? g->replica_c : NULL;
   o->shard_n = m->n_params / o->parts;
   // With ZeRO the update runs piece by piece, each piece's all-gathers starting as soon as it is
   // updated, so that they overlap the update of the next pieces.
@@ -176,7 +178,7 @@ static void opt_on_grads_ready(void *ctx, int chunk, int layer) {
   for (int i = o->m->n_tensors - 1; i >= 0; i--)
     if (o->t_group[i] == grp && ++o->t_count[i] == o->n_micro && !o->t_final[i]) opt_tensor_final(o, i);
   // While backward runs: on the overlap communicator when there is one (fewer SMs).
-  opt_start_buckets(o, o->g->dp_overlap ? o->g->dp_overlap : o->g->dp_c);
+  opt_start_buckets(o, o->g->dp_overlap ? o->g->dp_overlap : grid_shard_comm(o->g));
   opt_offload_grads_final(o);
 }
 
@@ -198,7 +200,8 @@ static void opt_share_norms(opt_state *o) {
     const k_range *r = &o->norm_own[k];
     be->copy(be, pack + r->offset, m->params + r->p_offset, (size_t)r->n_elem * sizeof(float));
   }
-  if (o->norm_pack) o->g->dp_c->ops->all_reduce_start(o->g->dp_c, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
+  comm *sc = grid_shard_comm(o->g);
+  if (o->norm_pack) sc->ops->all_reduce_start(sc, o->norm_pack, o->norm_pack_n, COMM_F32, COMM_SUM);
 }
 
 static void opt_unpack_norms(opt_state *o) {
@@ -218,7 +221,7 @@ static void opt_unpack_norms(opt_state *o) {
 // Starts the all-gather of the compute copy's buckets [b0, b0 + nb) (counted from the lowest);
 // with fp8.param_gather those that do not travel as codes.
 static void opt_gather_start(opt_state *o, int b0, int nb) {
-  comm *dc = o->g->dp_c;
+  comm *dc = grid_shard_comm(o->g);
   if (o->ws) return;  // gathered group by group as forward and backward need them
   if (o->pg) param_gather_start_act(o, b0, nb);
   else if (nb > 0)
@@ -238,7 +241,7 @@ static void opt_weights_arrived(opt_state *o) {
 // parts gathered with ZeRO (with fp8.param_gather the FP8 weights as codes), the norms shared,
 // the FP8 weights remade.
 static void opt_refresh_model(opt_state *o) {
-  comm *dc = o->g->dp_c;
+  comm *dc = grid_shard_comm(o->g);
   if (o->zero) opt_gather_start(o, 0, o->n_buckets);
   if (o->pg) param_gather_start_codes(o);
   opt_share_norms(o);
@@ -249,7 +252,7 @@ static void opt_refresh_model(opt_state *o) {
 double opt_step(opt_state *o, float lr, int64_t t) {
   model *m = o->m;
   k_backend *be = m->be;
-  comm *dc = o->g->dp_c;
+  comm *dc = grid_shard_comm(o->g);
   // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
   // bucket has arrived.
   double t0 = o->timing ? timing_now(be) : 0;
@@ -269,6 +272,8 @@ double opt_step(opt_state *o, float lr, int64_t t) {
     if (ovl) ovl->ops->wait(ovl);
     dc->ops->wait(dc);
     if (o->gc) grad_compress_finish(o);  // back to fp32 for the norm and the update
+    // parallel.shard_group: the groups' reduced parts summed over the replicas.
+    if (o->replica) o->replica->ops->all_reduce(o->replica, o->grad_shard, o->shard_n, COMM_F32, COMM_SUM);
   }
   memset(o->t_count, 0, (size_t)m->n_tensors * sizeof(int));
   memset(o->t_final, 0, (size_t)m->n_tensors);

@@ -34,7 +34,9 @@ typedef struct opt_state {
   opt_config cfg;
   int zero;                 // distributed optimizer over dp
   int64_t bucket_elem;      // DP bucket size
-  int parts, part_rank;      // each bucket's parts (dp with ZeRO, else 1), and which is this rank's
+  int parts, part_rank;      // each bucket's parts (the shard group's size, dp unless parallel.shard_group, with
+                            // ZeRO; else 1), and which is this rank's
+  comm *replica;            // parallel.shard_group: the ranks holding the same parts in the other groups; else NULL
   int64_t shard_n;          // elements this rank updates: its part of every bucket (see opt_bucket)
   float *exp_avg, *exp_avg_sq;  // (shard_n) backend memory
   float *grad_shard;        // (shard_n) ZeRO only

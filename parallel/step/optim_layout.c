@@ -77,7 +77,8 @@ void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
 // Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
 // p_offset in the flat buffer. All of them are updated; those this rank counts are in the
 // gradient norm. Each element is counted once over the world: tp-replicated tensors by tp rank
-// 0 only, and without ZeRO (every dp replica holds all gradients) by dp rank 0 only. The buckets
+// 0 only, without ZeRO (every dp replica holds all gradients) by dp rank 0 only, and with shard
+// groups by the first group only. The buckets
 // are split into n_pieces runs in flat order: piece k's update ranges are upd_ranges[
 // piece_first[k] .. piece_first[k + 1]), its buckets (counted from the lowest, as in bucket_lo
 // and bucket_len) piece_bucket[k] .. piece_bucket[k + 1]. The norms (tp-replicated tensors) are
@@ -121,7 +122,7 @@ static void opt_build_ranges(opt_state *o) {
       if (hi <= lo) continue;
       k_range r = {k->shard_off + (lo - plo), hi - lo, model_specs[t->kind].decay, lo};
       o->upd_ranges[o->n_upd_ranges++] = r;
-      if ((!t->tp_replicated || m->tp_rank == 0) && (o->zero || m->dp_rank == 0))
+      if ((!t->tp_replicated || m->tp_rank == 0) && (o->zero ? !o->replica || o->replica->rank == 0 : m->dp_rank == 0))
         o->norm_ranges[o->n_norm_ranges++] = r;
       if (t->tp_replicated) o->norm_own[o->n_norm_own++] = (k_range){pack_at[i] + (lo - t->offset), hi - lo, 0, lo};
     }
@@ -143,7 +144,7 @@ void opt_layout_build(opt_state *o) {
 // Through host memory and MPI, so a checkpoint needs no device memory beyond training's.
 static void gather_host(opt_state *o, const float *mine, float *host) {
   float *tmp = XMALLOC((size_t)o->m->n_params * sizeof(float));
-  comm *hc = comm_mpi_create(o->g->dp_c->mpi, "dp-host", &o->g->opts);
+  comm *hc = comm_mpi_create(grid_shard_comm(o->g)->mpi, "shard-host", &o->g->opts);
   hc->ops->all_gather(hc, mine, tmp, o->shard_n, COMM_F32);
   comm_free(&hc);
   for (int b = 0; b < o->n_buckets; b++) {

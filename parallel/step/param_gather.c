@@ -117,7 +117,7 @@ void param_gather_free(param_gather **pgp) {
 void param_gather_start_act(opt_state *o, int b0, int nb) {
   const param_gather *pg = o->pg;
   const int i0 = pg->act_first[b0], n = pg->act_first[b0 + nb] - i0;
-  comm *dc = o->g->dp_c;
+  comm *dc = grid_shard_comm(o->g);
   if (n > 0)
     dc->ops->all_gather_regions_start(dc, o->m->params_c, pg->act_at + i0, pg->act_len + i0, n, opt_act_comm(o));
 }
@@ -135,7 +135,7 @@ void param_gather_start_codes(opt_state *o) {
   be->fp8_cast_spans(be, pg_compute_copy(o), pg->own, pg->n_own, NULL, K_E4M3, NULL, f->w_amax);
   model_fp8_scale_weights(m);
   be->fp8_cast_spans(be, pg_compute_copy(o), pg->own_code, pg->n_own_code, f->w_scale, K_E4M3, pg->codes, NULL);
-  comm *dc = o->g->dp_c;
+  comm *dc = grid_shard_comm(o->g);
   if (pg->n_code > 0) dc->ops->all_gather_regions_start(dc, pg->codes, pg->code_at, pg->code_len, pg->n_code, COMM_I8);
 }
 

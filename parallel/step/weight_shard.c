@@ -31,7 +31,7 @@ weight_shard *weight_shard_init(opt_state *o) {
   ws->pc = be->alloc(be, (size_t)(o->shard_n ? o->shard_n : 1) * m->act_bytes);
   for (int s = 0; s < 2; s++) ws->slot[s] = be->alloc(be, (size_t)ws->slot_elem * m->act_bytes);
   ws->n_bytes = (int64_t)(o->shard_n + 2 * ws->slot_elem) * (int64_t)m->act_bytes;
-  ws->c = o->g->dp_c;
+  ws->c = grid_shard_comm(o->g);
   CHECK(o->g->dp_overlap, "parallel.shard=weights: the gradients' reduce-scatters need the dp-overlap communicator "
         "(grid_add_dp_overlap), apart from the gathers");
   o->ws = ws;

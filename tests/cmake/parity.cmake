@@ -37,6 +37,14 @@ trainer_add_parity(dp2_shard_weights_micro_tied 2 parallel.dp=2 parallel.shard=w
                    model.tie_embeddings=true)
 trainer_add_parity(dp4_shard_weights_recompute 4 parallel.dp=4 parallel.shard=weights train.micro_batch=1
                    train.recompute=full)
+# Hybrid sharding: parts shared out inside groups of 2 dp ranks, each group a replica whose
+# gradients are summed over the groups (per bucket beside backward with grads and weights).
+trainer_add_parity(dp4_group2_optimizer 4 parallel.dp=4 parallel.shard=optimizer parallel.shard_group=2
+                   parallel.bucket_mb=0.01)
+trainer_add_parity(dp4_group2_grads 4 parallel.dp=4 parallel.shard=grads parallel.shard_group=2 train.micro_batch=1)
+trainer_add_parity(dp4_group2_weights 4 parallel.dp=4 parallel.shard=weights parallel.shard_group=2)
+trainer_add_parity(tp2_dp4_group2_weights_sp 8 parallel.tp=2 parallel.dp=4 parallel.shard=weights
+                   parallel.shard_group=2 parallel.sequence_parallel=true train.micro_batch=1)
 # Compressed DP gradients (parallel.grad_compress, docs/compression.md), plain and with the
 # distributed optimizer, 20 steps against the uncompressed single rank, losses and weights:
 # bf16 within 1e-2, fp16 within 1e-3, int8 (error feedback on, its default, and off) within 5e-2

@@ -7,7 +7,9 @@
 #   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks);
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
 #   report's exposed dp comm;
-# - refused: grads with a compressed reduction, weights with FP8 or with the host optimizer.
+# - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
+# - refused: grads with a compressed reduction, weights with FP8 or with the host optimizer, a
+#   shard group that does not divide dp, a shard group without sharding or with compression.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 run one 1 parallel.shard=weights || fail "shard=weights on one rank: $(tail -3 "$WORK/one/log")"
@@ -27,6 +29,10 @@ grep -q "^parallel.shard=grads: each rank holds its part (1/2) of the fp32 maste
   "$WORK/grads/log" && pass "grads: the start-up line" || fail "grads: $(grep '^parallel.shard' "$WORK/grads/log")"
 grep -q "^parallel.shard=weights: .* gradients and compute copy" "$WORK/weights/log" && pass "weights: the start-up line" \
   || fail "weights: $(grep '^parallel.shard' "$WORK/weights/log")"
+run group2 4 parallel.dp=4 parallel.shard=weights parallel.shard_group=2 \
+  || fail "shard_group=2 on dp4: $(tail -3 "$WORK/group2/log")"
+grep -q "^parallel.shard=weights: each rank holds its part (1/2) .*; parallel.shard_group: 2 groups of 2 dp ranks" \
+  "$WORK/group2/log" && pass "shard_group=2: the start-up line" || fail "shard_group: $(grep '^parallel.shard' "$WORK/group2/log")"
 # CPU ranks run a started collective at its wait: the timed waits take time.
 python3 - "$WORK/weights/log" <<'PY' && pass "log.time_dp: the waits are exposed dp comm" || fail "log.time_dp: no dp comm"
 import re, sys
@@ -45,6 +51,15 @@ expect_error "weights with fp8" "parallel.shard = weights .* (train.precision = 
 # shellcheck disable=SC2086
 expect_error "weights with offload" "parallel.shard = weights .* (optimizer.offload = host): set parallel.shard=grads" 1 \
   $T parallel.shard=weights optimizer.offload=host
+# shellcheck disable=SC2086
+expect_error "shard_group 3 of dp 4" "parallel.shard_group = 3 does not divide parallel.dp = 4" 4 $T \
+  parallel.dp=4 parallel.shard=grads parallel.shard_group=3
+# shellcheck disable=SC2086
+expect_error "shard_group without shard" "parallel.shard_group = 2 shares out sharded state, but parallel.shard = none" 1 \
+  $T parallel.shard_group=2
+# shellcheck disable=SC2086
+expect_error "shard_group with bf16 gradients" "parallel.shard_group = 2 (of dp 4) cannot compress" 4 $T \
+  parallel.dp=4 parallel.shard=optimizer parallel.shard_group=2 parallel.grad_compress=bf16
 # shellcheck disable=SC2086
 expect_error "shard=all" "parallel.shard = 'all' is not one of: none, optimizer, grads, weights" 1 $T parallel.shard=all
 summary
