@@ -29,14 +29,13 @@
 # report's peak_mem_gib (the fullest rank's allocation measured after each step), the baseline's
 # torch.cuda.max_memory_allocated (the peak within the step) and reserved, so the two differ in
 # what they count.
-# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs (parallel.shard=optimizer) plans 99.8
-# GiB per rank in the trainer with recompute none (112.3 in fp8), 68.7 GiB with
-# train.recompute=full (81.2 in fp8); on 80 GB GPUs add train.recompute=full (the plan is printed
-# first). The baseline takes 57 GiB there (68 reserved), 29 GiB with --ac full.
-#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4                 # GPUs of 141 GB
-#   BENCH_PRECISION=fp8 scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4
+# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 99.8 GiB per rank in the trainer
+# with parallel.shard=optimizer and recompute none, 58.7 GiB with parallel.shard=weights and
+# train.recompute=selective (65.0 GiB in use on an H100, docs/sharding.md), which fits 80 GB GPUs
+# (the plan is printed first). The baseline takes 57 GiB there (68 reserved), 29 GiB with --ac full.
+#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 parallel.shard=weights train.recompute=selective
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full
-#       (GPUs of 80 GB; the baseline then recomputes too, FSDP_ARGS="--ac none" keeps it from that)
+#       (the baseline then recomputes too, FSDP_ARGS="--ac none" keeps it from that)
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 1b 4 20 4
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
