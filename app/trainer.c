@@ -174,7 +174,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->c = c;
   t->g = g;
   t->be = be;
-  t->hooks = hooks ? *hooks : (trainer_hooks){.ckpt = {.kill_after = -1, .fail_at = -1}};
+  t->hooks = hooks ? *hooks : (trainer_hooks){.ckpt = {.kill_after = -1, .fail_at = -1, .nan_in = -1}};
   t->n_micro = cfg_n_micro(c);
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;

@@ -20,7 +20,8 @@
 
 // Test-only fault injection, read once at start-up (main.c): the process SIGKILLs itself after
 // writing this many tensors of a checkpoint (TRAINER_TEST_KILL_IN_CKPT), or the last rank's write
-// of that tensor fails as on a failing disk (TRAINER_TEST_FAIL_IN_CKPT); -1 = never. The
+// of that tensor fails as on a failing disk (TRAINER_TEST_FAIL_IN_CKPT), or its checksum pass
+// finds a non-finite value there (TRAINER_TEST_NAN_IN_CKPT); -1 = never. The
 // gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never. The
 // amax recorded for the first FP8 projection input of step fp8_inf_at_step is Inf
 // (TRAINER_TEST_FP8_INF_AT_STEP, train.precision=fp8); 0 = never. Every checkpoint write takes

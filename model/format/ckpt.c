@@ -276,20 +276,33 @@ static int64_t ckpt_file_bytes(const ckpt_tensor *tensors, int n_tensors, long l
 }
 
 // Adds this rank's block of entry i to its dataset's checksum contribution (indexed by the
-// dataset's first entry) and the elements it covers.
-static void ckpt_crc_add(const ckpt_tensor *tensors, int i, uint32_t *crc, int64_t *covered) {
+// dataset's first entry), the elements it covers and the non-finite values among them.
+static void ckpt_crc_add(const ckpt_tensor *tensors, int i, uint32_t *crc, int64_t *covered, int64_t *nonfinite) {
   const ckpt_tensor *t = &tensors[i];
   if (!t->write || ckpt_block_empty(t)) return;
   int first = ckpt_first_index(tensors, i);
-  crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count);
+  int64_t nf = 0;
+  crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, &nf);
   covered[first] += ckpt_n_elem(t->ndim, t->count);
+  nonfinite[first] += nf;
 }
 
 // Collective: combines every rank's contributions and writes each dataset's crc32c attribute.
-static void ckpt_write_checksums(hid_t file, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, uint32_t *crc,
-                                 int64_t *covered) {
+// A tensor holding a NaN or an infinity is never saved: -1 with msg naming the first such tensor
+// (the same on every rank), and nothing written.
+static int ckpt_write_checksums(hid_t file, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, uint32_t *crc,
+                                int64_t *covered, int64_t *nonfinite, int64_t step, char *msg) {
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, crc, n_tensors, MPI_UINT32_T, MPI_BXOR, comm));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, covered, n_tensors, MPI_INT64_T, MPI_SUM, comm));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, nonfinite, n_tensors, MPI_INT64_T, MPI_SUM, comm));
+  for (int i = 0; i < n_tensors; i++) {
+    if (nonfinite[i] == 0) continue;
+    ckpt_msgf(msg, "step %" PRId64 " not saved: tensor '%s' holds %" PRId64 " non-finite value%s (NaN or Inf) after "
+                   "that step's update; the previous checkpoint stays. The update overflowed: lower train.lr, set "
+                   "train.grad_clip, or resume from the previous checkpoint",
+              step, tensors[i].name, nonfinite[i], nonfinite[i] == 1 ? "" : "s");
+    return -1;
+  }
   for (int i = 0; i < n_tensors; i++) {
     const ckpt_tensor *t = &tensors[i];
     if (ckpt_first_index(tensors, i) != i) continue;
@@ -302,6 +315,7 @@ static void ckpt_write_checksums(hid_t file, MPI_Comm comm, const ckpt_tensor *t
     ckpt_attr_write(dset, "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
     H5_CHECK(H5Dclose(dset));
   }
+  return 0;
 }
 
 static int ckpt_save_quiet(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
@@ -314,7 +328,7 @@ static int ckpt_save_quiet(const char *dir, MPI_Comm comm, const ckpt_tensor *te
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
   char msg[CKPT_MSG] = "";
-  ckpt_faults no_faults = {-1, -1};
+  ckpt_faults no_faults = {-1, -1, -1};
   if (!faults) faults = &no_faults;
 
   // Attributes are collective metadata that every rank writes with identical values, and the
@@ -377,17 +391,19 @@ static int ckpt_save_quiet(const char *dir, MPI_Comm comm, const ckpt_tensor *te
   H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
   H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
   uint32_t *crc = XCALLOC((size_t)n_tensors, sizeof *crc);
-  int64_t *covered = XCALLOC((size_t)n_tensors, sizeof *covered);
+  int64_t *covered = XCALLOC((size_t)n_tensors, sizeof *covered), *nonfinite = XCALLOC((size_t)n_tensors, sizeof *nonfinite);
   for (int i = 0; i < n_tensors && rc == 0; i++) {
     if (i == faults->kill_after) raise(SIGKILL);
     int fail = i == faults->fail_at && rank == n_ranks - 1;
     int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, fail, tmp, dir, msg);
     rc = ckpt_agree(comm, w, msg, CKPT_MSG);  // stop every rank at the first failed tensor, together
-    if (rc == 0) ckpt_crc_add(tensors, i, crc, covered);
+    if (rc == 0) ckpt_crc_add(tensors, i, crc, covered, nonfinite);
+    if (rc == 0 && i == faults->nan_in && rank == n_ranks - 1) nonfinite[ckpt_first_index(tensors, i)]++;
   }
-  if (rc == 0) ckpt_write_checksums(file, comm, tensors, n_tensors, crc, covered);
+  if (rc == 0) rc = ckpt_write_checksums(file, comm, tensors, n_tensors, crc, covered, nonfinite, step, msg);
   free(crc);
   free(covered);
+  free(nonfinite);
   H5_CHECK(H5Pclose(lcpl));
   H5_CHECK(H5Pclose(dcpl));
   H5_CHECK(H5Pclose(dxpl));
@@ -754,7 +770,7 @@ static int ckpt_load_open(hid_t file, const char *path, MPI_Comm comm, ckpt_tens
     rc = ckpt_agree(comm, ckpt_read_tensor(file, path, t, dxpl, msg), msg, CKPT_MSG);
     if (rc == 0 && (t->write || n_ranks == 1) && !ckpt_block_empty(t)) {
       int first = ckpt_first_index(tensors, i);
-      crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count);
+      crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, NULL);
       covered[first] += ckpt_n_elem(t->ndim, t->count);
     }
   }

@@ -38,12 +38,15 @@ typedef struct ckpt_tensor {
 // match, a non-finite value, root attributes out of range), so an older checkpoint should be used.
 #define CKPT_DAMAGED -2
 
-// Test hooks, {-1, -1} in a run (or pass NULL): after writing kill_after tensors the process
+// Test hooks, {-1, -1, -1} in a run (or pass NULL): after writing kill_after tensors the process
 // SIGKILLs itself, mid-write; the write of tensor fail_at on the communicator's last rank reports
-// an I/O error, as a failing disk would, so a test can show every rank ends cleanly.
+// an I/O error, as a failing disk would, so a test can show every rank ends cleanly; the
+// checksum pass over tensor nan_in on the last rank counts one non-finite value more, as an
+// overflowed update would leave, so a test can show no such checkpoint is published.
 typedef struct ckpt_faults {
   int kill_after;
   int fail_at;
+  int nan_in;
 } ckpt_faults;
 
 // Everything but tensors. Stored as attributes of the root group.

@@ -168,10 +168,18 @@ static int64_t crc_run_offset(const crc_runs *b, int64_t r) {
   return off;
 }
 
+// NaNs and infinities among n floats (their exponent bits all set).
+static int64_t count_nonfinite(const float *x, int64_t n) {
+  const uint32_t *u = (const uint32_t *)(const void *)x;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; i++) k += (u[i] & 0x7f800000u) == 0x7f800000u;
+  return k;
+}
+
 // Contribution of runs [r0, r1): walking them in file order, acc = shift(acc, gap) ^ crc(run)
 // leaves the XOR of every run's CRC shifted to the last run's end; one more shift carries it to
-// the tensor's end.
-static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1) {
+// the tensor's end. Each run's non-finite values are counted into *nonfinite while it is in cache.
+static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1, int64_t *nonfinite) {
   int64_t prev_off = 0, cached_gap = -1;
   uint32_t acc = 0, gap_op = 0;
   for (int64_t r = r0; r < r1; r++) {
@@ -182,6 +190,7 @@ static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1) {
       acc = crc_mul(gap_op, acc);
     }
     acc ^= ckpt_crc_raw(0, b->data + r * b->run, (size_t)b->run * sizeof(float));
+    *nonfinite += count_nonfinite(b->data + r * b->run, b->run);
     prev_off = off;
   }
   return ckpt_crc_shift(acc, (uint64_t)(b->n_total - prev_off - b->run) * sizeof(float));
@@ -191,8 +200,11 @@ static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1) {
 
 // The OpenMP threads share the work (CRC contributions XOR in any order): one long run is cut
 // into pieces, many runs into ranges of runs.
-uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const int64_t *start, const int64_t *count) {
+uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const int64_t *start, const int64_t *count,
+                        int64_t *n_nonfinite) {
   crc_runs b = {.data = data, .j = ndim - 1, .n_runs = 1, .n_total = 1, .start = start, .count = count};
+  int64_t nf = 0;
+  if (n_nonfinite) *n_nonfinite = 0;
   for (int d = ndim - 1; d >= 0; d--) {
     if (count[d] == 0) return 0;
     b.stride[d] = b.n_total;
@@ -204,17 +216,22 @@ uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const 
   uint32_t x = 0;
   if (b.n_runs == 1) {
     int64_t off = crc_run_offset(&b, 0), n_pieces = (b.run + CRC_PIECE - 1) / CRC_PIECE;
-#pragma omp parallel for reduction(^ : x) schedule(static)
+#pragma omp parallel for reduction(^ : x) reduction(+ : nf) schedule(static)
     for (int64_t i = 0; i < n_pieces; i++) {
       int64_t lo = i * CRC_PIECE, n = b.run - lo < CRC_PIECE ? b.run - lo : CRC_PIECE;
       uint32_t raw = ckpt_crc_raw(0, data + lo, (size_t)n * sizeof(float));
       x ^= ckpt_crc_shift(raw, (uint64_t)(b.n_total - off - lo - n) * sizeof(float));
+      nf += count_nonfinite(data + lo, n);
     }
-    return x;
+  } else {
+    int64_t per = 1 + CRC_PIECE / b.run, n_ranges = (b.n_runs + per - 1) / per;
+#pragma omp parallel for reduction(^ : x) reduction(+ : nf) schedule(static)
+    for (int64_t i = 0; i < n_ranges; i++) {
+      int64_t k = 0;
+      x ^= crc_run_range(&b, i * per, (i + 1) * per < b.n_runs ? (i + 1) * per : b.n_runs, &k);
+      nf += k;
+    }
   }
-  int64_t per = 1 + CRC_PIECE / b.run, n_ranges = (b.n_runs + per - 1) / per;
-#pragma omp parallel for reduction(^ : x) schedule(static)
-  for (int64_t i = 0; i < n_ranges; i++)
-    x ^= crc_run_range(&b, i * per, (i + 1) * per < b.n_runs ? (i + 1) * per : b.n_runs);
+  if (n_nonfinite) *n_nonfinite = nf;
   return x;
 }

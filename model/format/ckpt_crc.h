@@ -21,8 +21,10 @@ uint32_t ckpt_crc_raw_table(uint32_t state, const void *data, size_t n_bytes);
 uint32_t ckpt_crc_shift(uint32_t raw, uint64_t n_bytes);
 // The contribution of this rank's dense block [start, start + count) of a float32 tensor of shape
 // full (ndim <= 4) to the tensor's checksum; 0 for an empty block. XOR the contributions of blocks
-// that tile the tensor exactly once, then call ckpt_crc_finish.
-uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const int64_t *start, const int64_t *count);
+// that tile the tensor exactly once, then call ckpt_crc_finish. n_nonfinite (NULL: not wanted)
+// gets the block's NaNs and infinities, counted in the same pass.
+uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const int64_t *start, const int64_t *count,
+                        int64_t *n_nonfinite);
 // The CRC-32C of an n_bytes message from the XOR of its pieces' contributions.
 uint32_t ckpt_crc_finish(uint32_t xor_of_blocks, uint64_t n_bytes);
 

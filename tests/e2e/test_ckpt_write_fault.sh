@@ -2,7 +2,9 @@
 # A write error during a checkpoint ends every rank with one line and exit 1, never a signal or a
 # hang, and the previous checkpoint stays the newest complete one, with no temporary left: an I/O
 # error injected into one rank's write (TRAINER_TEST_FAIL_IN_CKPT), and a full file system (a small
-# tmpfs, where this machine lets the test mount one), each on 1 and 2 ranks.
+# tmpfs, where this machine lets the test mount one), each on 1 and 2 ranks. Likewise a non-finite
+# value in a tensor of the checkpoint (TRAINER_TEST_NAN_IN_CKPT: one rank's checksum pass counts
+# one): no checkpoint of that step is published, and the message names the tensor and the step.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 T="$SRC/configs/tiny.yaml"
@@ -26,6 +28,15 @@ for np in 1 2; do
     "checkpoint.dir=$WORK/inject$np" checkpoint.resume=auto parallel.tp=$np
   unset TRAINER_TEST_FAIL_IN_CKPT
   intact "$WORK/inject$np" "injected write error, $np rank(s)"
+  # A tensor that holds a NaN after the update (its checksum pass counts it) is never published.
+  mkdir -p "$WORK/nan$np"
+  cp "$WORK/base/ckpt/ckpt_00000003.h5" "$WORK/nan$np/"
+  export TRAINER_TEST_NAN_IN_CKPT=7
+  expect_error "non-finite weight, $np rank(s)" \
+    "checkpoint: step 6 not saved: tensor 'model/layers.2.wq' holds 1 non-finite value (NaN or Inf).*the previous checkpoint stays" \
+    $np "$T" "$D" "$V" "checkpoint.dir=$WORK/nan$np" checkpoint.resume=auto parallel.tp=$np
+  unset TRAINER_TEST_NAN_IN_CKPT
+  intact "$WORK/nan$np" "non-finite weight, $np rank(s)"
 done
 
 MNT=$WORK/mnt

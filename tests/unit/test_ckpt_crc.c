@@ -51,14 +51,14 @@ static void check_tilings(void) {
           for (int64_t i = 0; i < c[0]; i++)
             for (int64_t j = 0; j < c[1]; j++)
               for (int64_t l = 0; l < c[2]; l++) block[n++] = t[((a + i) * D1 + b + j) * D2 + e + l];
-          x ^= ckpt_crc_block(block, 3, full, start, c);
+          x ^= ckpt_crc_block(block, 3, full, start, c, NULL);
         }
     uint32_t got = ckpt_crc_finish(x, sizeof t);
     EXPECT(got == whole, "tiles (%lld, %lld, %lld): %08x, whole tensor %08x", (long long)c[0], (long long)c[1],
            (long long)c[2], got, whole);
   }
   int64_t start[3] = {0, 0, 0}, none[3] = {0, D1, D2};
-  EXPECT(ckpt_crc_block(NULL, 3, full, start, none) == 0, "an empty block contributes 0");
+  EXPECT(ckpt_crc_block(NULL, 3, full, start, none, NULL) == 0, "an empty block contributes 0");
 }
 
 // A (12, 2^19) tensor, large enough that the threads split one long run into pieces and many
@@ -68,16 +68,29 @@ static void check_large(void) {
   float *t = malloc((size_t)(rows * cols) * sizeof(float)), *h = malloc((size_t)(rows * half) * sizeof(float));
   for (int64_t i = 0; i < rows * cols; i++) t[i] = (float)(i % 9973) - 4000.5f;
   uint32_t whole = ckpt_crc32c(0, t, (size_t)(rows * cols) * sizeof(float)), x = 0;
-  uint32_t one = ckpt_crc_finish(ckpt_crc_block(t, 2, full, (int64_t[]){0, 0}, full), (uint64_t)(rows * cols) * 4);
+  uint32_t one = ckpt_crc_finish(ckpt_crc_block(t, 2, full, (int64_t[]){0, 0}, full, NULL), (uint64_t)(rows * cols) * 4);
   for (int64_t c0 = 0; c0 < cols; c0 += half) {
     for (int64_t i = 0; i < rows; i++) memcpy(h + i * half, t + i * cols + c0, (size_t)half * sizeof(float));
-    x ^= ckpt_crc_block(h, 2, full, (int64_t[]){0, c0}, (int64_t[]){rows, half});
+    x ^= ckpt_crc_block(h, 2, full, (int64_t[]){0, c0}, (int64_t[]){rows, half}, NULL);
   }
   uint32_t halves = ckpt_crc_finish(x, (uint64_t)(rows * cols) * sizeof(float));
   EXPECT(one == whole && halves == whole, "large tensor: whole block %08x, column halves %08x, expected %08x", one,
          halves, whole);
+  int64_t nf = -1;
+  ckpt_crc_block(t, 2, full, (int64_t[]){0, 0}, full, &nf);
+  EXPECT(nf == 0, "finite tensor: %lld non-finite values counted", (long long)nf);
   t[5 * cols + 7] = INFINITY;
+  t[11 * cols + 3] = NAN;
   EXPECT(ckpt_first_nonfinite(t, rows * cols) == 5 * cols + 7, "the first Inf is not found");
+  ckpt_crc_block(t, 2, full, (int64_t[]){0, 0}, full, &nf);  // one long run, in pieces
+  EXPECT(nf == 2, "whole block: %lld non-finite values counted, expected 2", (long long)nf);
+  int64_t nf_half = 0;
+  for (int64_t c0 = 0; c0 < cols; c0 += half) {  // many runs, in ranges
+    for (int64_t i = 0; i < rows; i++) memcpy(h + i * half, t + i * cols + c0, (size_t)half * sizeof(float));
+    ckpt_crc_block(h, 2, full, (int64_t[]){0, c0}, (int64_t[]){rows, half}, &nf);
+    nf_half += nf;
+  }
+  EXPECT(nf_half == 2, "column halves: %lld non-finite values counted, expected 2", (long long)nf_half);
   free(t);
   free(h);
 }
@@ -108,14 +121,14 @@ static void run_copy(const float *x, size_t n, uint32_t *sink) {
 }
 static void run_fast(const float *x, size_t n, uint32_t *sink) {
   int64_t full[1] = {(int64_t)(n / sizeof(float))}, start[1] = {0};
-  *sink ^= ckpt_crc_block(x, 1, full, start, full);
+  *sink ^= ckpt_crc_block(x, 1, full, start, full, NULL);
 }
 static void run_table(const float *x, size_t n, uint32_t *sink) { *sink ^= ckpt_crc_raw_table(0, x, n / 8); }
 // A tp=2 column block of a (rows, 2 * 2048) tensor: one 8 KiB run per row, combined by shifts.
 static void run_block(const float *x, size_t n, uint32_t *sink) {
   int64_t cols = 2048, rows = (int64_t)(n / sizeof(float)) / cols;
   int64_t full[2] = {rows, 2 * cols}, start[2] = {0, cols}, count[2] = {rows, cols};
-  *sink ^= ckpt_crc_block(x, 2, full, start, count);
+  *sink ^= ckpt_crc_block(x, 2, full, start, count, NULL);
 }
 static void run_finite(const float *x, size_t n, uint32_t *sink) {
   *sink ^= (uint32_t)ckpt_first_nonfinite(x, (int64_t)(n / sizeof(float)));
