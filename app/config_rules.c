@@ -74,10 +74,6 @@ static int cfg_validate_shard(const cfg *c, char *err, size_t n_err) {
     return check_errf(err, n_err, "parallel.shard = weights gathers the bf16 compute copy layer by layer and cannot "
                       "gather FP8 weights yet (train.precision = fp8): set parallel.shard=grads, or "
                       "train.precision=bf16");
-  if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->optim.offload)
-    return check_errf(err, n_err, "parallel.shard = weights cannot yet take its shard of the compute copy from a "
-                      "host-memory optimizer (optimizer.offload = host): set parallel.shard=grads, or "
-                      "optimizer.offload=none");
   return 0;
 }
 

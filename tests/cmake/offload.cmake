@@ -7,7 +7,8 @@
 set(OFFLOAD_ONE 1)
 set(OFFLOAD_DP2_DISTOPT 2 parallel.dp=2 parallel.shard=optimizer)
 set(OFFLOAD_DP2_GRADS 2 parallel.dp=2 parallel.shard=grads)
-foreach(t ONE DP2_DISTOPT DP2_GRADS)
+set(OFFLOAD_DP2_WEIGHTS 2 parallel.dp=2 parallel.shard=weights)
+foreach(t ONE DP2_DISTOPT DP2_GRADS DP2_WEIGHTS)
   string(TOLOWER ${t} name)
   add_test(NAME offload_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload.sh ${name} ${OFFLOAD_${t}})
   set_tests_properties(offload_${name} PROPERTIES LABELS "e2e" ENVIRONMENT
@@ -20,7 +21,7 @@ set_tests_properties(offload_bad_input PROPERTIES LABELS "e2e" ENVIRONMENT
 # On GPUs (label gpu; scripts/validate/test_gpu.sh runs the same): both engines against the on-GPU
 # optimizer within 2e-2 relative, resume with offload bitwise.
 if(TRAINER_HAVE_CUDA)
-  foreach(t ONE DP2_DISTOPT DP2_GRADS)
+  foreach(t ONE DP2_DISTOPT DP2_GRADS DP2_WEIGHTS)
     string(TOLOWER ${t} name)
     add_test(NAME gpu_offload_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload.sh ${name} ${OFFLOAD_${t}})
     set_tests_properties(gpu_offload_${name} PROPERTIES LABELS gpu ENVIRONMENT

@@ -8,7 +8,7 @@
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
 #   report's exposed dp comm;
 # - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
-# - refused: grads with a compressed reduction, weights with FP8 or with the host optimizer, a
+# - refused: grads with a compressed reduction, weights with FP8, a
 #   shard group that does not divide dp, a shard group without sharding or with compression.
 . "$(dirname "$0")/lib.sh"
 make_corpus
@@ -48,9 +48,6 @@ expect_error "grads with int8" "parallel.shard = grads .*grad_compress = int8.*s
 # shellcheck disable=SC2086
 expect_error "weights with fp8" "parallel.shard = weights .* (train.precision = fp8): set parallel.shard=grads" 1 \
   $T parallel.shard=weights train.precision=fp8
-# shellcheck disable=SC2086
-expect_error "weights with offload" "parallel.shard = weights .* (optimizer.offload = host): set parallel.shard=grads" 1 \
-  $T parallel.shard=weights optimizer.offload=host
 # shellcheck disable=SC2086
 expect_error "shard_group 3 of dp 4" "parallel.shard_group = 3 does not divide parallel.dp = 4" 4 $T \
   parallel.dp=4 parallel.shard=grads parallel.shard_group=3
