@@ -70,10 +70,10 @@ static int cfg_validate_shard(const cfg *c, char *err, size_t n_err) {
   if (group > 0 && c->optim.shard == OPT_SHARD_NONE)
     return check_errf(err, n_err, "parallel.shard_group = %d shares out sharded state, but parallel.shard = none: set "
                       "parallel.shard (optimizer, grads or weights), or parallel.shard_group=0", group);
-  if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->train.precision == CFG_PRECISION_FP8)
-    return check_errf(err, n_err, "parallel.shard = weights gathers the bf16 compute copy layer by layer and cannot "
-                      "gather FP8 weights yet (train.precision = fp8): set parallel.shard=grads, or "
-                      "train.precision=bf16");
+  if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->optim.fp8_param_gather)
+    return check_errf(err, n_err, "parallel.shard = weights gathers each layer's bf16 weights when it computes and "
+                      "casts them to FP8 there, so fp8.param_gather has no all-gather to replace: set "
+                      "fp8.param_gather=false, or parallel.shard=grads");
   return 0;
 }
 

@@ -42,13 +42,13 @@ static void fp8_list_weights(model *m) {
       for (int p = 0; p < FP8_N_PROJ; p++) {
         int n, k;
         const model_tensor *t = fp8_weight(m, ly, p, &n, &k);
-        f->weights[f->n_weights++] = (model_fp8_weight){ly->fp8 * FP8_N_PROJ + p, t->offset, (int64_t)n * k, n, k, 0};
+        f->weights[f->n_weights++] = (model_fp8_weight){ly->fp8 * FP8_N_PROJ + p, t->offset, (int64_t)n * k, n, k, 0, t};
       }
     }
   if (f->head_w)  // a tied head is the embedding table, which the lookup reads in the act dtype
     f->weights[f->n_weights++] = (model_fp8_weight){f->n_layers * FP8_N_PROJ, f->head_w->offset,
                                                     (int64_t)m->dims.vocab * m->dims.d, m->dims.vocab, m->dims.d,
-                                                    f->head_w->kind == MODEL_EMBED};
+                                                    f->head_w->kind == MODEL_EMBED, f->head_w};
 }
 
 static float *fp8_upload(k_backend *be, int64_t n, float value) {
@@ -223,7 +223,7 @@ void model_fp8_weights_ready(model *m, int slot) {
     for (int i = 0; i < f->n_weights; i++) {
       const model_fp8_weight *w = &f->weights[i];
       if (w->tensor / FP8_N_PROJ == slot)
-        fp8_cast_weight(m, pass, w->tensor, (const char *)m->params_c + w->offset * (int64_t)m->act_bytes, w->n, w->k);
+        fp8_cast_weight(m, pass, w->tensor, w->src->pc, w->n, w->k);
     }
     if (pass == 0 && f->cfg.recipe != MODEL_FP8_BLOCK) fp8_scale_weights(m, (int64_t)slot * FP8_N_PROJ, FP8_N_PROJ);
   }

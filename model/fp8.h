@@ -27,6 +27,8 @@ typedef struct model_fp8_weight {
   int64_t offset, n_elem;  // in the flat parameter buffer
   int n, k;
   int act_read;            // its compute copy is read as well (a tied LM head: the embedding lookup)
+  const model_tensor *src; // its first tensor: the cast reads src->pc on (n * k elements from there), which
+                           // with sharded weights is where the layer was gathered
 } model_fp8_weight;
 
 typedef struct model_fp8 {

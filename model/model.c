@@ -208,8 +208,8 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   m->params = m->master_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->grads_in_optimizer = ml->grads_in_optimizer;
   m->weights_in_optimizer = ml->weights_in_optimizer;
-  CHECK(!m->weights_in_optimizer || (m->grads_in_optimizer && m->master_in_optimizer && !ml->fp8.enabled),
-        "a model whose compute copy the optimizer holds needs its gradients and master weights there too, and no FP8");
+  CHECK(!m->weights_in_optimizer || (m->grads_in_optimizer && m->master_in_optimizer),
+        "a model whose compute copy the optimizer holds needs its gradients and master weights there too");
   m->grads = m->grads_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
   m->act_bytes = k_dtype_bytes(be->act);
   // Master weights in host memory: the compute copy stays in backend memory even in fp32.

@@ -31,6 +31,7 @@ if(TRAINER_HAVE_CUDA)
   trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
   trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
   trainer_add_parity(fp8_dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)
+  trainer_add_parity(fp8_dp2_shard_weights 2 parallel.dp=2 parallel.shard=weights)
   # Block scaling with the head in FP8, on a model whose tp2 shards keep the single GPU's tiles.
   set(block_args "train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true")
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=${block_args}")

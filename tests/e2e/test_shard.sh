@@ -4,11 +4,12 @@
 # agreement between the modes where the arithmetic is the same.
 # - dp 1: shard=weights is a notice, and the run trains as unsharded;
 # - dp2 shard=grads and shard=weights with one micro-batch a step: the same losses and final
-#   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks);
+#   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks), and
+#   weights so in FP8 with the head in FP8 too (the FP8 copies cast from the gathered layer);
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
 #   report's exposed dp comm;
 # - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
-# - refused: grads with a compressed reduction, weights with FP8, a
+# - refused: grads with a compressed reduction, weights with fp8.param_gather, a
 #   shard group that does not divide dp, a shard group without sharding or with compression.
 . "$(dirname "$0")/lib.sh"
 make_corpus
@@ -20,10 +21,15 @@ for mode in optimizer grads weights; do
   run "$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 log.time_dp=true \
     || fail "shard=$mode on dp2: $(tail -3 "$WORK/$mode/log")"
 done
-for mode in grads weights; do
-  same_losses optimizer "$mode" 0 && pass "$mode: losses bitwise those of shard=optimizer" || fail "$mode: losses differ"
-  if "$BUILD/ckpt_compare" "$WORK/optimizer/ckpt/ckpt_00000006.h5" "$WORK/$mode/ckpt/ckpt_00000006.h5" --rtol 0 \
-    --prefix ""; then pass "$mode: final checkpoint bitwise that of shard=optimizer"; else fail "$mode: checkpoints differ"; fi
+for mode in optimizer weights; do  # FP8: the weights' copies cast from the gathered layer
+  run "fp8_$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 train.precision=fp8 fp8.head=true \
+    || fail "FP8 shard=$mode on dp2: $(tail -3 "$WORK/fp8_$mode/log")"
+done
+for pair in "optimizer grads" "optimizer weights" "fp8_optimizer fp8_weights"; do
+  set -- $pair
+  same_losses "$1" "$2" 0 && pass "$2: losses bitwise those of $1" || fail "$2: losses differ from $1"
+  if "$BUILD/ckpt_compare" "$WORK/$1/ckpt/ckpt_00000006.h5" "$WORK/$2/ckpt/ckpt_00000006.h5" --rtol 0 \
+    --prefix ""; then pass "$2: final checkpoint bitwise that of $1"; else fail "$2: checkpoints differ from $1"; fi
 done
 grep -q "^parallel.shard=grads: each rank holds its part (1/2) of the fp32 master weights, AdamW moments and gradients" \
   "$WORK/grads/log" && pass "grads: the start-up line" || fail "grads: $(grep '^parallel.shard' "$WORK/grads/log")"
@@ -46,8 +52,8 @@ T="$SRC/configs/tiny.yaml data.train=$WORK/data/train_*.bin data.val= checkpoint
 expect_error "grads with int8" "parallel.shard = grads .*grad_compress = int8.*set parallel.shard=optimizer" 1 \
   $T parallel.shard=grads parallel.grad_compress=int8
 # shellcheck disable=SC2086
-expect_error "weights with fp8" "parallel.shard = weights .* (train.precision = fp8): set parallel.shard=grads" 1 \
-  $T parallel.shard=weights train.precision=fp8
+expect_error "weights with fp8.param_gather" "parallel.shard = weights .*set fp8.param_gather=false, or parallel.shard=grads" \
+  1 $T parallel.shard=weights train.precision=fp8 fp8.param_gather=true
 # shellcheck disable=SC2086
 expect_error "shard_group 3 of dp 4" "parallel.shard_group = 3 does not divide parallel.dp = 4" 4 $T \
   parallel.dp=4 parallel.shard=grads parallel.shard_group=3
