@@ -220,7 +220,14 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
     if (qkvd > n_max) n_max = qkvd;
     if (2 * dm->ffn > n_max) n_max = 2 * dm->ffn;
     if (has_fp8_head && dm->vocab > n_max) n_max = dm->vocab;
-    r.w += 2.0 * n_proj + (double)dm->rows * (k_max + 2.0 * n_max);
+    // parallel.shard=weights: the copies of the two groups gathered only (model_fp8_place), a
+    // layer's projections or the head's.
+    double layer_proj = 0, head = has_fp8_head ? local_elems(mc, tp, MODEL_LM_HEAD) : 0;
+    for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
+      if (k != MODEL_MLP_NORM) layer_proj += (double)local_elems(mc, tp, (model_kind)k);
+    double copies = ml.weights_in_optimizer ? 2.0 * 2.0 * (n_proj ? (layer_proj > head ? layer_proj : head) : head)
+                                            : 2.0 * n_proj;
+    r.w += copies + (double)dm->rows * (k_max + 2.0 * n_max);
   }
   r.act = (double)act;
   r.acts = r.act * r.in_flight + stage;

@@ -490,6 +490,9 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, qkvd = qd + 2 * kvd;
   float theta = m->cfg.rope_theta;
   layer_acts L = layer_view(m, a, i);
+  // With the weights sharded (model.weights_in_optimizer) the copies the forward made may have
+  // given their bank to another layer since: remade here if so, a no-op otherwise.
+  if (fp8_on(m, ly)) model_fp8_weights_ready(m, ly->fp8);
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
   grad_exit_start(m, g);
@@ -561,6 +564,7 @@ static void head_dgrad(model *m, const model_tensor *w, model_acts *a, float *dx
     m->be->gemm(m->be, 0, 0, dm->rows, dm->d, dm->vocab, 1, a->logits, dm->vocab, w->pc, dm->d, 0, dx, dm->d, K_F32);
     return;
   }
+  model_fp8_weights_ready(m, hs);  // as in layer_bwd: a no-op unless its bank was given away
   model_fp8_cast_grad(m, hs, 0, a->logits, dm->rows, dm->vocab);
   model_fp8_dgrad(m, hs, 0, dm->rows, dm->vocab, dm->d, dx, K_F32);
 }

@@ -97,6 +97,40 @@ static void fp8_block_init(model *m, int k_max, int n_max) {
   f->gt_si = fp8_scales_alloc(be, k_fp8_block_scales_n(n_max, rows, 1));
 }
 
+// model.weights_in_optimizer: two banks, each room for the FP8 copies of the largest weight set
+// (a layer's four projections, or the head's).
+static void fp8_banks_init(model *m) {
+  model_fp8 *f = m->fp8;
+  int64_t *per_slot = XCALLOC((size_t)f->n_layers + 1, sizeof(int64_t));
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    per_slot[w->tensor / FP8_N_PROJ] += w->n_elem;
+    if (per_slot[w->tensor / FP8_N_PROJ] > f->bank_elem) f->bank_elem = per_slot[w->tensor / FP8_N_PROJ];
+  }
+  free(per_slot);
+  for (int k = 0; k < 2; k++) {
+    f->bank[k] = m->be->alloc(m->be, (size_t)(f->bank_elem ? f->bank_elem : 1));
+    f->bank_t[k] = m->be->alloc(m->be, (size_t)(f->bank_elem ? f->bank_elem : 1));
+  }
+}
+
+void model_fp8_place(model *m, int k, int t_lo, int t_hi) {
+  model_fp8 *f = m->fp8;
+  if (!f) return;
+  CHECK(f->bank[0] && k >= 0 && k < 2, "model_fp8_place: bank %d of a model without FP8 banks", k);
+  int64_t off = 0;
+  for (int i = 0; i < f->n_weights; i++) {
+    const model_fp8_weight *w = &f->weights[i];
+    const int t = (int)(w->src - m->tensors);
+    if (t < t_lo || t >= t_hi) continue;
+    CHECK(off + w->n_elem <= f->bank_elem, "model_fp8_place: tensors %d to %d outgrow the bank", t_lo, t_hi);
+    f->w8[w->tensor] = f->bank[k] + off;
+    f->w8t[w->tensor] = f->bank_t[k] + off;
+    off += w->n_elem;
+    f->w_stale[w->tensor / FP8_N_PROJ] = 1;
+  }
+}
+
 void model_fp8_init(model *m, const model_fp8_config *fc) {
   k_backend *be = m->be;
   model_fp8 *f = XCALLOC(1, sizeof *f);
@@ -130,7 +164,8 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   fp8_list_weights(m);
   f->w8 = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
   f->w8t = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
-  for (int i = 0; i < f->n_weights; i++) {
+  if (m->weights_in_optimizer) fp8_banks_init(m);
+  for (int i = 0; i < f->n_weights && !f->bank[0]; i++) {
     const model_fp8_weight *w = &f->weights[i];
     f->w8[w->tensor] = be->alloc(be, (size_t)w->n_elem);
     f->w8t[w->tensor] = be->alloc(be, (size_t)w->n_elem);
@@ -154,9 +189,10 @@ void model_fp8_free(model *m) {
                   f->w_history, f->w_fmt, f->amax_sink, f->n_nonfinite, f->x8, f->g8, f->g8t};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
   if (f->codes) be->free(be, f->codes);
+  for (int k = 0; k < 2 && f->bank[0]; k++) be->free(be, f->bank[k]), be->free(be, f->bank_t[k]);
   for (int64_t j = 0; j < f->n_w; j++) {
-    if (f->w8[j] && !f->codes) be->free(be, f->w8[j]);
-    if (f->w8t[j]) be->free(be, f->w8t[j]);
+    if (f->w8[j] && !f->codes && !f->bank[0]) be->free(be, f->w8[j]);
+    if (f->w8t[j] && !f->bank[0]) be->free(be, f->w8t[j]);
     if (f->ws && f->ws[j]) be->free(be, f->ws[j]);
     if (f->wst && f->wst[j]) be->free(be, f->wst[j]);
   }

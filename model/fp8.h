@@ -49,6 +49,9 @@ typedef struct model_fp8 {
   int n_weights;
   uint8_t **w8, **w8t;       // (n_w) each weight (N, K) in FP8, and transposed (K, N)
   uint8_t *codes;            // fp8.param_gather: the buffer w8 points into (model_fp8_codes_flat); else NULL
+  uint8_t *bank[2], *bank_t[2]; // model.weights_in_optimizer: the FP8 copies (and transposes) of the two
+                             // groups gathered (model_fp8_place), each room for the largest; else NULL
+  int64_t bank_elem;
   uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
   uint8_t *g8, *g8t;         // (rows, widest output) an output gradient cast, and transposed
   int pending;               // activation amaxes recorded since the last update
@@ -90,6 +93,11 @@ int model_fp8_layer_on(const model *m, int layer);
 void model_fp8_begin_step(model *m, int training);
 // The weights changed (an update, init, load): their FP8 copies are remade before next use.
 void model_fp8_weights_changed(model *m);
+// model.weights_in_optimizer: the tensors [t_lo, t_hi) (a group) are being gathered into the
+// optimizer's slot k (0 or 1): the FP8 copies of the weights that start among them go in bank k,
+// remade from the gathered weights before their next use. The copies of the group bank k held
+// before are gone.
+void model_fp8_place(model *m, int k, int t_lo, int t_hi);
 // Collective over the layer's tp group. Before the first forward GEMM of weight set slot (a
 // layer's model_layer.fp8, or model_fp8_head_slot) in a step: remakes its FP8 copies and
 // transposes if its weights changed, each scaled from its current amax. Set by set, so a

@@ -2,6 +2,7 @@
 #include "parallel/step/weight_shard.h"
 #include "kernels/base/check.h"
 #include "kernels/base/trace.h"
+#include "model/fp8.h"
 
 static int bucket_of(const opt_state *o, int grp) {
   for (int b = 0; b < o->n_buckets; b++)
@@ -84,6 +85,7 @@ static void gather_start(opt_state *o, int b, int s) {
   trace_pop_range();
   ws->slot_bucket[s] = b;
   ws->pending = 1;
+  model_fp8_place(o->m, s, k->t_lo, k->t_hi);  // FP8: the group's copies, remade from slot s before use
 }
 
 // Bucket b's tensors read their compute weights from slot s. (A tied head's group reads the

@@ -8,7 +8,8 @@
 // forward, is first in backward, and the embedding, last in backward, first in the next forward.
 // The gathers run on the dp communicator, the gradients' reduce-scatters on dp-overlap, so that
 // waiting for one does not wait for the other. An update (or any change of the weights) empties
-// the slots. The norms' fp32 copy stays whole (m->norm_copy, opt_share_norms).
+// the slots. The norms' fp32 copy stays whole (m->norm_copy, opt_share_norms). In FP8 a group's
+// FP8 copies live in the bank of its slot (model_fp8_place), cast from the gathered weights.
 #ifndef TRAINER_WEIGHT_SHARD_H
 #define TRAINER_WEIGHT_SHARD_H
 

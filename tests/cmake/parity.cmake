@@ -92,8 +92,11 @@ trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
 trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
 trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
 trainer_add_parity(fp8_dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)
-# Weights sharded: each layer's FP8 copies cast from its gathered bf16 weights after an update.
+# Weights sharded: each layer's FP8 copies cast from its gathered bf16 weights into the bank of
+# its slot, again for backward where the bank went to another layer meanwhile.
 trainer_add_parity(fp8_dp2_shard_weights 2 parallel.dp=2 parallel.shard=weights)
+trainer_add_parity(fp8_tp2_dp2_sp_shard_weights 4 parallel.tp=2 parallel.dp=2 parallel.sequence_parallel=true
+                   parallel.shard=weights)
 trainer_add_parity(fp8_tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2
                    parallel.sequence_parallel=true)
 # The fp8 keys go to the single-rank run too (TRAINER_TEST_ARGS; the layout's keys do not).
