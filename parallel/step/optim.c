@@ -232,7 +232,7 @@ static void opt_gather_start(opt_state *o, int b0, int nb) {
 // (or, with fp8.param_gather, finished now).
 static void opt_weights_arrived(opt_state *o) {
   opt_unpack_norms(o);
-  if (o->ws) weight_shard_invalidate(o);
+  if (o->ws) weight_shard_refresh(o);
   if (o->pg) param_gather_finish(o);
   else model_fp8_weights_changed(o->m);
 }

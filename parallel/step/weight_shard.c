@@ -13,6 +13,15 @@ static int bucket_of(const opt_state *o, int grp) {
 
 static int bucket_chunk(const opt_state *o, int b) { return o->m->tensors[o->buckets[b].t_lo].chunk; }
 
+// Nothing in the slots is current (waiting for a gather still writing one).
+static void invalidate(opt_state *o) {
+  weight_shard *ws = o->ws;
+  if (ws->pending) ws->c->ops->wait(ws->c);  // a prefetch still writes a slot
+  ws->pending = 0;
+  ws->slot_bucket[0] = ws->slot_bucket[1] = -1;
+  ws->current = -1;
+}
+
 weight_shard *weight_shard_init(opt_state *o) {
   model *m = o->m;
   k_backend *be = m->be;
@@ -36,13 +45,14 @@ weight_shard *weight_shard_init(opt_state *o) {
   CHECK(o->g->dp_overlap, "parallel.shard=weights: the gradients' reduce-scatters need the dp-overlap communicator "
         "(grid_add_dp_overlap), apart from the gathers");
   o->ws = ws;
-  weight_shard_invalidate(o);
+  invalidate(o);
   return ws;
 }
 
 void weight_shard_free(weight_shard **p, k_backend *be) {
   weight_shard *ws = *p;
   if (!ws) return;
+  if (ws->pending) ws->c->ops->wait(ws->c);  // the next step's first gather, started after the last update
   be->free(be, ws->pc);
   for (int s = 0; s < 2; s++) be->free(be, ws->slot[s]);
   free(ws);
@@ -53,13 +63,6 @@ void *weight_shard_part(const opt_state *o, const opt_bucket *k) {
   return (char *)o->ws->pc + k->shard_off * (int64_t)o->m->act_bytes;
 }
 
-void weight_shard_invalidate(opt_state *o) {
-  weight_shard *ws = o->ws;
-  if (ws->pending) ws->c->ops->wait(ws->c);  // a prefetch still writes a slot
-  ws->pending = 0;
-  ws->slot_bucket[0] = ws->slot_bucket[1] = -1;
-  ws->current = -1;
-}
 
 // The bucket whose weights group bucket b reads: a tied head reads the embedding's.
 static int weights_of(const opt_state *o, int b) { return b == o->ws->tied_head ? o->ws->tied_embed : b; }
@@ -123,4 +126,9 @@ void weight_shard_needed(opt_state *o, int grp, int backward) {
   point_weights(o, w, s);
   const int nb = next_in_pass(o, b, backward), nw = nb < 0 ? -1 : weights_of(o, nb);
   if (nw >= 0 && resident(ws, nw) < 0) gather_start(o, nw, 1 - s);
+}
+
+void weight_shard_refresh(opt_state *o) {
+  invalidate(o);
+  gather_start(o, o->n_buckets - 1, 0);
 }

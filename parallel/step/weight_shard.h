@@ -35,8 +35,9 @@ void weight_shard_free(weight_shard **ws, k_backend *be);
 // Forward (backward 0) or backward (1) is about to read group grp (optim.h's opt_group): its
 // weights gathered and pointed at, and the pass's next group's gather started.
 void weight_shard_needed(opt_state *o, int grp, int backward);
-// The weights changed (an update, a load): nothing in the slots is current any more.
-void weight_shard_invalidate(opt_state *o);
+// The weights changed (an update, a load): nothing in the slots is current any more, and the
+// gather of the first group the next forward reads (the lowest bucket) starts.
+void weight_shard_refresh(opt_state *o);
 // Where this rank's part of bucket k of the compute copy lives: in pc at its shard offset.
 void *weight_shard_part(const opt_state *o, const opt_bucket *k);
 
