@@ -11,16 +11,25 @@
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
 # instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
-#   scripts/validate/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)]
+#   scripts/validate/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)] [PART/PARTS]
+# PART/PARTS (e.g. 1/2): only every PARTS-th step from the PART-th on, so that the suite can run
+# in pieces of a few minutes each; the parts together run every step once.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}
+bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}; part=${3:-1/1}
+[[ $part =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ] \
+  || { echo "PART/PARTS must read like 1/2, not '$part'" >&2; exit 2; }
+part_k=$((BASH_REMATCH[1] - 1)); parts=${BASH_REMATCH[2]}
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 # --bind-to none: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread (README)
 mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
-n_fail=0; n_pass=0
-step() { echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi; }
+n_fail=0; n_pass=0; n_step=0
+step() {
+  n_step=$((n_step + 1))
+  [ $(((n_step - 1) % parts)) = "$part_k" ] || return 0
+  echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi
+}
 nvidia-smi -L
 n_gpus=$(nvidia-smi -L | grep -c '^GPU')
 # nvidia-smi lists every GPU; the ranks see only CUDA_VISIBLE_DEVICES's
@@ -90,5 +99,5 @@ step "sample: the decoder on the GPU vs the CPU (stream loss, greedy text)" bash
 step "default config on 1 GPU" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda checkpoint.dir= log.metrics='$logs/default_gpu.jsonl' > '$logs/default_gpu.log' 2>&1; r=\$?; grep -E 'step +1/|run report' '$logs/default_gpu.log'; exit \$r"
 step "default config on 1 GPU in FP8 block scaling, head in FP8" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda train.precision=fp8 fp8.recipe=block fp8.head=true checkpoint.dir= log.metrics='$logs/default_gpu_fp8_block.jsonl' > '$logs/default_gpu_fp8_block.log' 2>&1; r=\$?; grep -E 'run report' '$logs/default_gpu_fp8_block.log'; exit \$r"
 step "default config on 1 GPU in FP8" bash -c "'$bin/trainer' configs/default.yaml train.device=cuda train.precision=fp8 checkpoint.dir= log.metrics='$logs/default_gpu_fp8.jsonl' > '$logs/default_gpu_fp8.log' 2>&1; r=\$?; grep -E 'run report' '$logs/default_gpu_fp8.log'; exit \$r"
-echo "$n_pass passed, $n_fail failed"
+echo "$n_pass passed, $n_fail failed (part $part of $n_step steps)"
 [ "$n_fail" = 0 ]
