@@ -121,6 +121,9 @@ static const cfg_key cfg_keys[] = {
              "owner's part; no whole gradient buffer); weights: the bf16 compute copy too (ZeRO-3: each layer's "
              "weights are all-gathered into a slot just before its forward and its backward, the next layer's while "
              "this one computes); no effect with dp 1"),
+  CFG_INT(parallel, shard_prefetch, 1, 8, 1,
+          "parallel.shard=weights: groups (layers) gathered ahead of the one computing, each in a slot of its own "
+          "and on a communicator of its own; 1 = the next one; no effect in the other modes"),
   CFG_INT(parallel, shard_group, 0, 1048576, 0,
           "dp ranks that share out what parallel.shard shards (hybrid sharding): 0 = all of dp; a divisor of dp "
           "shards inside groups of that many consecutive dp ranks (a node's) and keeps a replica in each group, "

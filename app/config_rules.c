@@ -24,6 +24,7 @@ void cfg_resolve_shard(cfg *c) {
   static const opt_shard shards[] = {[CFG_SHARD_NONE] = OPT_SHARD_NONE, [CFG_SHARD_OPTIMIZER] = OPT_SHARD_OPTIMIZER,
                                      [CFG_SHARD_GRADS] = OPT_SHARD_GRADS, [CFG_SHARD_WEIGHTS] = OPT_SHARD_WEIGHTS};
   c->optim.shard = shards[c->parallel.shard];
+  c->optim.shard_prefetch = c->parallel.shard_prefetch;
 }
 
 // The optimizer's state: what is sharded over dp and where it lives (the optimizer section's

@@ -204,8 +204,10 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
   double dev_share = ml.master_in_optimizer ? dev_frac * n / parts : 0.0;
   r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
-  // parallel.shard=weights: this rank's part of the compute copy, and two groups gathered.
-  if (ml.weights_in_optimizer) r.w = act_bytes * (n / parts + 2.0 * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
+  // parallel.shard=weights: this rank's part of the compute copy, and parallel.shard_prefetch + 1
+  // groups gathered.
+  const double slots = pc->shard_prefetch + 1.0;
+  if (ml.weights_in_optimizer) r.w = act_bytes * (n / parts + slots * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
   r.adam = 8.0 * n / parts * dev_frac;
   r.host = plan_host_bytes(c, r.n);
   // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
@@ -220,12 +222,12 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
     if (qkvd > n_max) n_max = qkvd;
     if (2 * dm->ffn > n_max) n_max = 2 * dm->ffn;
     if (has_fp8_head && dm->vocab > n_max) n_max = dm->vocab;
-    // parallel.shard=weights: the copies of the two groups gathered only (model_fp8_place), a
-    // layer's projections or the head's.
+    // parallel.shard=weights: the copies of the groups gathered only (a bank per slot,
+    // model_fp8_place), a layer's projections or the head's.
     double layer_proj = 0, head = has_fp8_head ? local_elems(mc, tp, MODEL_LM_HEAD) : 0;
     for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
       if (k != MODEL_MLP_NORM) layer_proj += (double)local_elems(mc, tp, (model_kind)k);
-    double copies = ml.weights_in_optimizer ? 2.0 * 2.0 * (n_proj ? (layer_proj > head ? layer_proj : head) : head)
+    double copies = ml.weights_in_optimizer ? slots * 2.0 * (n_proj ? (layer_proj > head ? layer_proj : head) : head)
                                             : 2.0 * n_proj;
     r.w += copies + (double)dm->rows * (k_max + 2.0 * n_max);
   }
@@ -303,8 +305,8 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   // The optimizer holds the fp32 masters (ml.master_in_optimizer): its part with parallel.shard, the
   // device share's with optimizer.offload; else the model holds them whole.
   const char *weights = ml.weights_in_optimizer
-                            ? (bf16_act ? "bf16 compute copy and fp32 masters of this rank's part + two layers gathered"
-                                        : "fp32 compute copy and fp32 masters of this rank's part + two layers gathered")
+                            ? (bf16_act ? "bf16 compute copy and fp32 masters of this rank's part + layers gathered"
+                                        : "fp32 compute copy and fp32 masters of this rank's part + layers gathered")
                         : ml.master_in_optimizer
                             ? (c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
                                                             : "fp32 compute copy + fp32 masters of the device share")

@@ -81,7 +81,7 @@ static void report_shard_line(trainer *t) {
   const double gib = 1073741824.0, n_bytes = (gs ? 16.0 : 12.0) * (double)t->o.shard_n + (ws ? (double)ws->n_bytes : 0);
   printf("parallel.shard=%s: each rank holds its part (1/%d) of the fp32 master weights, AdamW moments%s: %lld of "
          "%lld parameters, %.2f GiB", mode, t->o.parts,
-         ws ? ", gradients and compute copy (with two layers' gathered weights)" : gs ? " and gradients" : "",
+         ws ? ", gradients and compute copy (with its gathered layers' slots)" : gs ? " and gradients" : "",
          (long long)t->o.shard_n, (long long)t->m.n_params, n_bytes / gib);
   if (gs) printf(", and %.2f GiB of gradient staging (two layers' slots)", (double)gs->staging_bytes / gib);
   if (t->o.replica) printf("; parallel.shard_group: %d groups of %d dp ranks, each a replica", t->o.replica->size, t->o.parts);

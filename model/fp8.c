@@ -97,8 +97,8 @@ static void fp8_block_init(model *m, int k_max, int n_max) {
   f->gt_si = fp8_scales_alloc(be, k_fp8_block_scales_n(n_max, rows, 1));
 }
 
-// model.weights_in_optimizer: two banks, each room for the FP8 copies of the largest weight set
-// (a layer's four projections, or the head's).
+// model.weights_in_optimizer: the size of a bank, room for the FP8 copies of the largest weight
+// set (a layer's four projections, or the head's); model_fp8_place allocates each at its first use.
 static void fp8_banks_init(model *m) {
   model_fp8 *f = m->fp8;
   int64_t *per_slot = XCALLOC((size_t)f->n_layers + 1, sizeof(int64_t));
@@ -108,16 +108,18 @@ static void fp8_banks_init(model *m) {
     if (per_slot[w->tensor / FP8_N_PROJ] > f->bank_elem) f->bank_elem = per_slot[w->tensor / FP8_N_PROJ];
   }
   free(per_slot);
-  for (int k = 0; k < 2; k++) {
-    f->bank[k] = m->be->alloc(m->be, (size_t)(f->bank_elem ? f->bank_elem : 1));
-    f->bank_t[k] = m->be->alloc(m->be, (size_t)(f->bank_elem ? f->bank_elem : 1));
-  }
+  if (f->bank_elem == 0) f->bank_elem = 1;
 }
 
 void model_fp8_place(model *m, int k, int t_lo, int t_hi) {
   model_fp8 *f = m->fp8;
   if (!f) return;
-  CHECK(f->bank[0] && k >= 0 && k < 2, "model_fp8_place: bank %d of a model without FP8 banks", k);
+  CHECK(f->bank_elem > 0 && k >= 0 && k < FP8_MAX_BANKS, "model_fp8_place: bank %d of a model without FP8 banks "
+        "(or past %d)", k, FP8_MAX_BANKS);
+  if (!f->bank[k]) {
+    f->bank[k] = m->be->alloc(m->be, (size_t)f->bank_elem);
+    f->bank_t[k] = m->be->alloc(m->be, (size_t)f->bank_elem);
+  }
   int64_t off = 0;
   for (int i = 0; i < f->n_weights; i++) {
     const model_fp8_weight *w = &f->weights[i];
@@ -165,7 +167,7 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   f->w8 = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
   f->w8t = XCALLOC((size_t)f->n_w, sizeof(uint8_t *));
   if (m->weights_in_optimizer) fp8_banks_init(m);
-  for (int i = 0; i < f->n_weights && !f->bank[0]; i++) {
+  for (int i = 0; i < f->n_weights && !f->bank_elem; i++) {
     const model_fp8_weight *w = &f->weights[i];
     f->w8[w->tensor] = be->alloc(be, (size_t)w->n_elem);
     f->w8t[w->tensor] = be->alloc(be, (size_t)w->n_elem);
@@ -189,10 +191,11 @@ void model_fp8_free(model *m) {
                   f->w_history, f->w_fmt, f->amax_sink, f->n_nonfinite, f->x8, f->g8, f->g8t};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
   if (f->codes) be->free(be, f->codes);
-  for (int k = 0; k < 2 && f->bank[0]; k++) be->free(be, f->bank[k]), be->free(be, f->bank_t[k]);
+  for (int k = 0; k < FP8_MAX_BANKS; k++)
+    if (f->bank[k]) be->free(be, f->bank[k]), be->free(be, f->bank_t[k]);
   for (int64_t j = 0; j < f->n_w; j++) {
-    if (f->w8[j] && !f->codes && !f->bank[0]) be->free(be, f->w8[j]);
-    if (f->w8t[j] && !f->bank[0]) be->free(be, f->w8t[j]);
+    if (f->w8[j] && !f->codes && !f->bank_elem) be->free(be, f->w8[j]);
+    if (f->w8t[j] && !f->bank_elem) be->free(be, f->w8t[j]);
     if (f->ws && f->ws[j]) be->free(be, f->ws[j]);
     if (f->wst && f->wst[j]) be->free(be, f->wst[j]);
   }

@@ -18,6 +18,8 @@ enum { FP8_X = 0, FP8_G = FP8_N_PROJ, FP8_ACT_SLOTS = 2 * FP8_N_PROJ };
 // Each 1 / scale is 16 bytes from the next (fp8_scales' inv_stride), so that the GEMMs can read
 // it where it is: cuBLASLt takes only 16-byte aligned scale pointers.
 enum { FP8_INV_STRIDE = 4 };
+// model.weights_in_optimizer: at most this many slots of gathered groups (model_fp8_place).
+enum { FP8_MAX_BANKS = 9 };
 static inline float *fp8_inv(float *scale_inv, int64_t i) { return scale_inv + i * FP8_INV_STRIDE; }
 
 // An FP8 weight of this rank: one range of the flat parameter buffer (the fused q|k|v and
@@ -49,9 +51,10 @@ typedef struct model_fp8 {
   int n_weights;
   uint8_t **w8, **w8t;       // (n_w) each weight (N, K) in FP8, and transposed (K, N)
   uint8_t *codes;            // fp8.param_gather: the buffer w8 points into (model_fp8_codes_flat); else NULL
-  uint8_t *bank[2], *bank_t[2]; // model.weights_in_optimizer: the FP8 copies (and transposes) of the two
-                             // groups gathered (model_fp8_place), each room for the largest; else NULL
-  int64_t bank_elem;
+  uint8_t *bank[FP8_MAX_BANKS], *bank_t[FP8_MAX_BANKS];  // model.weights_in_optimizer: the FP8 copies (and
+                             // transposes) of the groups in the optimizer's slots (model_fp8_place), each room
+                             // for the largest, made at a slot's first use; else NULL
+  int64_t bank_elem;         // weights_in_optimizer: the largest weight set's elements; else 0
   uint8_t *x8;               // (rows, widest input) an input cast, or its transpose
   uint8_t *g8, *g8t;         // (rows, widest output) an output gradient cast, and transposed
   int pending;               // activation amaxes recorded since the last update
@@ -94,9 +97,9 @@ void model_fp8_begin_step(model *m, int training);
 // The weights changed (an update, init, load): their FP8 copies are remade before next use.
 void model_fp8_weights_changed(model *m);
 // model.weights_in_optimizer: the tensors [t_lo, t_hi) (a group) are being gathered into the
-// optimizer's slot k (0 or 1): the FP8 copies of the weights that start among them go in bank k,
-// remade from the gathered weights before their next use. The copies of the group bank k held
-// before are gone.
+// optimizer's slot k (below FP8_MAX_BANKS): the FP8 copies of the weights that start among them go
+// in bank k (allocated at its first use), remade from the gathered weights before their next use.
+// The copies of the group bank k held before are gone.
 void model_fp8_place(model *m, int k, int t_lo, int t_hi);
 // Collective over the layer's tp group. Before the first forward GEMM of weight set slot (a
 // layer's model_layer.fp8, or model_fp8_head_slot) in a step: remakes its FP8 copies and

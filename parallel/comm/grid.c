@@ -3,6 +3,8 @@
 // made by the factory it is given.
 #include "parallel/comm/grid.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/base/check.h"
@@ -79,8 +81,24 @@ void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas) {
   g->dp_overlap = grid_shard_split(g, "dp-overlap", f, &o);
 }
 
+void grid_add_gathers(grid *g, const comm_factory *f, int n) {
+  CHECK(f && f->create, "grid_add_gathers: no communicator factory given");
+  CHECK(!g->gather_c && n >= 1, "grid_add_gathers: once per grid, n = %d >= 1", n);
+  g->gather_c = XCALLOC((size_t)n, sizeof(comm *));
+  for (int i = 0; i < n; i++) {
+    char name[24];
+    snprintf(name, sizeof name, "gather-%d", i + 1);
+    g->gather_c[i] = grid_shard_split(g, name, f, &f->opts);
+  }
+  g->n_gather = n;
+}
+
 void grid_free(grid *g) {
   if (!g) return;
+  for (int i = 0; i < g->n_gather; i++) comm_free(&g->gather_c[i]);
+  free(g->gather_c);
+  g->gather_c = NULL;
+  g->n_gather = 0;
   comm_free(&g->dp_overlap);
   comm_free(&g->replica_c);
   comm_free(&g->shard_c);

@@ -18,6 +18,8 @@ typedef struct grid {
   // same part of it in the other groups (grid_set_shard_group); NULL when the group is all of dp.
   comm *shard_c;    // dp ranks [k * size, (k + 1) * size) of this rank's k; rank = dp_rank % size
   comm *replica_c;  // dp ranks with this rank's dp_rank % size; rank = dp_rank / size
+  comm **gather_c;  // (n_gather) more communicators over grid_shard_comm's ranks (grid_add_gathers)
+  int n_gather;
   comm *pp_c;   // same tp_rank and dp_rank; rank within it is pp_rank
   comm_opts opts;  // the options tp_c, dp_c, pp_c and world were made with; a host communicator made
                    // later over a group's ranks (comm_mpi_create) takes its mpi_chunk_elems from here
@@ -40,6 +42,10 @@ static inline comm *grid_shard_comm(const grid *g) { return g->shard_c ? g->shar
 // CTAs per operation (0: NCCL's choice; only NCCL uses it): the DP reductions that run beside
 // backward slow it less with fewer SMs. Collective over the world; once per grid.
 void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas);
+// Adds n communicators over the ranks of grid_shard_comm, made by f with f->opts: parallel.shard=
+// weights gathers the layers it prefetches beyond the next one on them. Collective over the
+// world; once per grid, after grid_set_shard_group.
+void grid_add_gathers(grid *g, const comm_factory *f, int n);
 // Safe twice.
 void grid_free(grid *g);
 // World rank of the given coordinates.

@@ -50,7 +50,7 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
     m->grads_needed_ctx = o;
   }
   if (m->weights_in_optimizer) {
-    weight_shard_init(o);
+    weight_shard_init(o, oc->shard_prefetch > 0 ? oc->shard_prefetch : 1);
     m->weights_needed = opt_on_weights_needed;
     m->weights_needed_ctx = o;
   }

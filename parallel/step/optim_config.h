@@ -21,6 +21,7 @@ typedef struct opt_config {
   float eps;
   float grad_clip;            // global gradient-norm clip; 0 = off
   opt_shard shard;            // parallel.shard: what is sharded over dp (with dp 1 nothing is)
+  int shard_prefetch;         // parallel.shard=weights: groups gathered ahead (weight_shard.h)
   float bucket_mb;            // DP gradient bucket size in MiB
   comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
   int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step

@@ -4,6 +4,8 @@
 #include "kernels/base/trace.h"
 #include "model/fp8.h"
 
+_Static_assert(WEIGHT_SHARD_MAX_PREFETCH + 1 <= FP8_MAX_BANKS, "an FP8 bank for every slot");
+
 static int bucket_of(const opt_state *o, int grp) {
   for (int b = 0; b < o->n_buckets; b++)
     if (o->buckets[b].group == grp) return b;
@@ -13,20 +15,35 @@ static int bucket_of(const opt_state *o, int grp) {
 
 static int bucket_chunk(const opt_state *o, int b) { return o->m->tensors[o->buckets[b].t_lo].chunk; }
 
-// Nothing in the slots is current (waiting for a gather still writing one).
+// Makes the compute stream wait for slot s's gather, if one is in flight.
+static void slot_wait(opt_state *o, int s) {
+  weight_shard *ws = o->ws;
+  if (!ws->slot_comm[s]) return;
+  opt_comm_wait(o, ws->slot_comm[s]);
+  ws->slot_comm[s] = NULL;
+}
+
+// Nothing in the slots is current (waiting for gathers still writing them).
 static void invalidate(opt_state *o) {
   weight_shard *ws = o->ws;
-  if (ws->pending) ws->c->ops->wait(ws->c);  // a prefetch still writes a slot
-  ws->pending = 0;
-  ws->slot_bucket[0] = ws->slot_bucket[1] = -1;
+  for (int s = 0; s < ws->n_slots; s++) {
+    slot_wait(o, s);
+    ws->slot_bucket[s] = -1;
+    ws->slot_used[s] = 0;
+  }
   ws->current = -1;
 }
 
-weight_shard *weight_shard_init(opt_state *o) {
+weight_shard *weight_shard_init(opt_state *o, int prefetch) {
   model *m = o->m;
   k_backend *be = m->be;
   CHECK(o->gs && !m->params_c, "parallel.shard=weights needs the gradients sharded and a model without a compute "
         "copy (model_layout.weights_in_optimizer)");
+  CHECK(prefetch >= 1 && prefetch <= WEIGHT_SHARD_MAX_PREFETCH && o->g->n_gather >= prefetch - 1,
+        "parallel.shard_prefetch = %d needs %d gather communicators (grid_add_gathers), the grid has %d", prefetch,
+        prefetch - 1, o->g->n_gather);
+  CHECK(o->g->dp_overlap, "parallel.shard=weights: the gradients' reduce-scatters need the dp-overlap communicator "
+        "(grid_add_dp_overlap), apart from the gathers");
   weight_shard *ws = XCALLOC(1, sizeof *ws);
   ws->tied_head = ws->tied_embed = -1;
   for (int b = 0; b < o->n_buckets; b++) {
@@ -38,12 +55,13 @@ weight_shard *weight_shard_init(opt_state *o) {
       ws->tied_embed = bucket_of(o, opt_group(bucket_chunk(o, b), MODEL_GRADS_EMBED));
     }
   }
+  ws->n_slots = prefetch + 1;
   ws->pc = be->alloc(be, (size_t)(o->shard_n ? o->shard_n : 1) * m->act_bytes);
-  for (int s = 0; s < 2; s++) ws->slot[s] = be->alloc(be, (size_t)ws->slot_elem * m->act_bytes);
-  ws->n_bytes = (int64_t)(o->shard_n + 2 * ws->slot_elem) * (int64_t)m->act_bytes;
-  ws->c = grid_shard_comm(o->g);
-  CHECK(o->g->dp_overlap, "parallel.shard=weights: the gradients' reduce-scatters need the dp-overlap communicator "
-        "(grid_add_dp_overlap), apart from the gathers");
+  for (int s = 0; s < ws->n_slots; s++) ws->slot[s] = be->alloc(be, (size_t)ws->slot_elem * m->act_bytes);
+  ws->n_bytes = (int64_t)(o->shard_n + ws->n_slots * ws->slot_elem) * (int64_t)m->act_bytes;
+  ws->n_comms = prefetch;
+  ws->comms[0] = grid_shard_comm(o->g);
+  for (int c = 1; c < prefetch; c++) ws->comms[c] = o->g->gather_c[c - 1];
   o->ws = ws;
   invalidate(o);
   return ws;
@@ -52,9 +70,10 @@ weight_shard *weight_shard_init(opt_state *o) {
 void weight_shard_free(weight_shard **p, k_backend *be) {
   weight_shard *ws = *p;
   if (!ws) return;
-  if (ws->pending) ws->c->ops->wait(ws->c);  // the next step's first gather, started after the last update
+  for (int s = 0; s < ws->n_slots; s++)  // the next step's first gather, started after the last update
+    if (ws->slot_comm[s]) ws->slot_comm[s]->ops->wait(ws->slot_comm[s]);
   be->free(be, ws->pc);
-  for (int s = 0; s < 2; s++) be->free(be, ws->slot[s]);
+  for (int s = 0; s < ws->n_slots; s++) be->free(be, ws->slot[s]);
   free(ws);
   *p = NULL;
 }
@@ -63,31 +82,33 @@ void *weight_shard_part(const opt_state *o, const opt_bucket *k) {
   return (char *)o->ws->pc + k->shard_off * (int64_t)o->m->act_bytes;
 }
 
-
 // The bucket whose weights group bucket b reads: a tied head reads the embedding's.
 static int weights_of(const opt_state *o, int b) { return b == o->ws->tied_head ? o->ws->tied_embed : b; }
 
 static int resident(const weight_shard *ws, int b) {
-  return ws->slot_bucket[0] == b ? 0 : ws->slot_bucket[1] == b ? 1 : -1;
+  for (int s = 0; s < ws->n_slots; s++)
+    if (ws->slot_bucket[s] == b) return s;
+  return -1;
 }
 
-// Starts the gather of bucket b into slot s: this rank's part copied to its place (compute stream,
-// after whatever read the slot before), the others' parts gathered around it.
+// Starts the gather of bucket b into slot s, on the next communicator in turn: this rank's part
+// copied to its place (compute stream, after whatever read the slot before), the others' parts
+// gathered around it.
 static void gather_start(opt_state *o, int b, int s) {
   weight_shard *ws = o->ws;
   const opt_bucket *k = &o->buckets[b];
   k_backend *be = o->m->be;
   const int64_t ab = (int64_t)o->m->act_bytes, at = 0, len = k->len;
-  if (ws->pending) {  // a gather in flight may write slot s: this rank's part goes in after it
-    opt_comm_wait(o, ws->c);
-    ws->pending = 0;
-  }
+  slot_wait(o, s);  // a gather still writing slot s (a prefetch never used): this rank's part goes in after it
+  comm *c = ws->comms[ws->next_comm];
+  ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
   trace_push_range("dp weights all-gather");
   be->copy(be, (char *)ws->slot[s] + o->part_rank * len * ab, weight_shard_part(o, k), (size_t)(len * ab));
-  ws->c->ops->all_gather_regions_start(ws->c, ws->slot[s], &at, &len, 1, opt_act_comm(o));
+  c->ops->all_gather_regions_start(c, ws->slot[s], &at, &len, 1, opt_act_comm(o));
   trace_pop_range();
   ws->slot_bucket[s] = b;
-  ws->pending = 1;
+  ws->slot_comm[s] = c;
+  ws->slot_used[s] = ++ws->tick;
   model_fp8_place(o->m, s, k->t_lo, k->t_hi);  // FP8: the group's copies, remade from slot s before use
 }
 
@@ -110,22 +131,42 @@ static int next_in_pass(const opt_state *o, int b, int backward) {
   return n;
 }
 
+// The slot a new gather takes: the least recently used one but the group computing's and those
+// of the groups the pass reads next (keep, n_keep): one is always left, as at most prefetch of the
+// prefetch + 1 slots hold those.
+static int free_slot(const weight_shard *ws, const int *keep, int n_keep) {
+  int best = -1;
+  for (int s = 0; s < ws->n_slots; s++) {
+    int kept = s == ws->current;
+    for (int j = 0; j < n_keep && !kept; j++) kept = ws->slot_bucket[s] == keep[j];
+    if (!kept && (best < 0 || ws->slot_used[s] < ws->slot_used[best])) best = s;
+  }
+  CHECK(best >= 0, "parallel.shard=weights: no free slot among %d", ws->n_slots);
+  return best;
+}
+
 void weight_shard_needed(opt_state *o, int grp, int backward) {
   weight_shard *ws = o->ws;
   const int b = bucket_of(o, grp), w = weights_of(o, b);
+  // The groups this pass reads next, as far as the prefetch goes (w's weights first).
+  int keep[WEIGHT_SHARD_MAX_PREFETCH + 1], n_keep = 0;
+  keep[n_keep++] = w;
+  for (int nb = next_in_pass(o, b, backward); nb >= 0 && n_keep < ws->n_slots; nb = next_in_pass(o, nb, backward))
+    keep[n_keep++] = weights_of(o, nb);
+  // The group computed before is queued already: its slot may take a gather (which follows it on
+  // the compute stream).
+  ws->current = -1;
   int s = resident(ws, w);
   if (s < 0) {
-    s = ws->current == 0 ? 1 : 0;
+    s = free_slot(ws, keep, n_keep);
     gather_start(o, w, s);
   }
-  if (ws->pending) {  // its gather (or, resident, the prefetch that brought it) has arrived
-    opt_comm_wait(o, ws->c);
-    ws->pending = 0;
-  }
+  slot_wait(o, s);  // its gather (or the prefetch that brought it) has arrived
   ws->current = s;
+  ws->slot_used[s] = ++ws->tick;
   point_weights(o, w, s);
-  const int nb = next_in_pass(o, b, backward), nw = nb < 0 ? -1 : weights_of(o, nb);
-  if (nw >= 0 && resident(ws, nw) < 0) gather_start(o, nw, 1 - s);
+  for (int j = 1; j < n_keep; j++)
+    if (resident(ws, keep[j]) < 0) gather_start(o, keep[j], free_slot(ws, keep, n_keep));
 }
 
 void weight_shard_refresh(opt_state *o) {

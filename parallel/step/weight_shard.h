@@ -2,38 +2,47 @@
 // bucket is one group of tensors (as with sharded gradients, grad_shard.h); this rank holds its
 // part of every bucket of the compute copy in shard order (pc, the act dtype), which the update
 // writes. Before forward or backward reads a group (model->weights_needed, grads_needed) the parts
-// are all-gathered into one of two slots and the group's t->pc point there; the next group of the
-// same pass (forward: the next layer; backward: the one before) is gathered into the other slot
-// while this one computes. A group still in a slot is not gathered again: the head, last in
-// forward, is first in backward, and the embedding, last in backward, first in the next forward.
-// The gathers run on the dp communicator, the gradients' reduce-scatters on dp-overlap, so that
-// waiting for one does not wait for the other. An update (or any change of the weights) empties
-// the slots. The norms' fp32 copy stays whole (m->norm_copy, opt_share_norms). In FP8 a group's
-// FP8 copies live in the bank of its slot (model_fp8_place), cast from the gathered weights.
+// are all-gathered into a slot and the group's t->pc point there; the pass's next
+// parallel.shard_prefetch groups (forward: the next layers; backward: the ones before) are gathered
+// into other slots while this one computes: prefetch + 1 slots, the least recently used taken
+// first. A group still in a slot is not gathered again: the head, last in forward, is first in
+// backward, and the embedding, last in backward, first in the next forward. A communicator's wait
+// covers every collective started on it, so each gather in flight has a communicator of its own
+// (the shard group's, then grid_add_gathers's, in turn), and the gradients' reduce-scatters run on
+// dp-overlap: waiting for one never waits for another. An update (or any change of the weights)
+// empties the slots and starts the gather of the next forward's first group. The norms' fp32 copy
+// stays whole (m->norm_copy, opt_share_norms). In FP8 a group's FP8 copies live in the bank of its
+// slot (model_fp8_place), cast from the gathered weights.
 #ifndef TRAINER_WEIGHT_SHARD_H
 #define TRAINER_WEIGHT_SHARD_H
 
 #include <stdint.h>
 #include "parallel/step/optim.h"
 
+enum { WEIGHT_SHARD_MAX_PREFETCH = 8 };
+
 typedef struct weight_shard {
   void *pc;             // (shard_n) this rank's part of every bucket, in shard order, in the act dtype
-  void *slot[2];        // (slot_elem) gathered groups
+  int n_slots;          // parallel.shard_prefetch + 1
+  void *slot[WEIGHT_SHARD_MAX_PREFETCH + 1];  // (slot_elem) gathered groups
   int64_t slot_elem;    // the longest bucket
-  int slot_bucket[2];   // the bucket slot s holds or is gathering; -1 none
+  int slot_bucket[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the bucket slot s holds or is gathering; -1 none
+  comm *slot_comm[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the communicator of its gather in flight; NULL none
+  int64_t slot_used[WEIGHT_SHARD_MAX_PREFETCH + 1];  // when it was last gathered into or computed from
+  int64_t tick;
   int current;          // the slot of the group being computed; -1 none
-  int pending;          // a gather was started and not yet waited for
+  comm *comms[WEIGHT_SHARD_MAX_PREFETCH];  // (prefetch) the gathers' communicators, taken in turn
+  int n_comms, next_comm;
   int tied_head;        // the bucket of a head tied to the embedding (its weights are the embedding's), or -1
   int tied_embed;       // and the embedding's bucket
-  comm *c;              // the communicator of the gathers (dp)
   int64_t n_bytes;      // backend memory of pc and the slots
 } weight_shard;
 
-// After opt_layout_build (one bucket per group): allocates the part and the slots.
-weight_shard *weight_shard_init(opt_state *o);
+// After opt_layout_build (one bucket per group): allocates the part and prefetch + 1 slots.
+weight_shard *weight_shard_init(opt_state *o, int prefetch);
 void weight_shard_free(weight_shard **ws, k_backend *be);
 // Forward (backward 0) or backward (1) is about to read group grp (optim.h's opt_group): its
-// weights gathered and pointed at, and the pass's next group's gather started.
+// weights gathered and pointed at, and the gathers of the pass's next groups started.
 void weight_shard_needed(opt_state *o, int grp, int backward);
 // The weights changed (an update, a load): nothing in the slots is current any more, and the
 // gather of the first group the next forward reads (the lowest bucket) starts.

@@ -37,6 +37,11 @@ trainer_add_parity(dp2_shard_weights_micro_tied 2 parallel.dp=2 parallel.shard=w
                    model.tie_embeddings=true)
 trainer_add_parity(dp4_shard_weights_recompute 4 parallel.dp=4 parallel.shard=weights train.micro_batch=1
                    train.recompute=full)
+# Three layers gathered ahead, each on a communicator of its own; a pipeline's chunks.
+trainer_add_parity(dp2_shard_weights_prefetch3_tied 2 parallel.dp=2 parallel.shard=weights parallel.shard_prefetch=3
+                   train.micro_batch=1 model.tie_embeddings=true)
+trainer_add_parity(pp2_vpp2_dp2_shard_weights_prefetch2 4 parallel.pp=2 parallel.vpp=2 parallel.dp=2
+                   parallel.shard=weights parallel.shard_prefetch=2 model.n_layers=8 train.micro_batch=1)
 # Hybrid sharding: parts shared out inside groups of 2 dp ranks, each group a replica whose
 # gradients are summed over the groups (per bucket beside backward with grads and weights).
 trainer_add_parity(dp4_group2_optimizer 4 parallel.dp=4 parallel.shard=optimizer parallel.shard_group=2
@@ -95,6 +100,7 @@ trainer_add_parity(fp8_dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)
 # Weights sharded: each layer's FP8 copies cast from its gathered bf16 weights into the bank of
 # its slot, again for backward where the bank went to another layer meanwhile.
 trainer_add_parity(fp8_dp2_shard_weights 2 parallel.dp=2 parallel.shard=weights)
+trainer_add_parity(fp8_dp2_shard_weights_prefetch2 2 parallel.dp=2 parallel.shard=weights parallel.shard_prefetch=2)
 trainer_add_parity(fp8_tp2_dp2_sp_shard_weights 4 parallel.tp=2 parallel.dp=2 parallel.sequence_parallel=true
                    parallel.shard=weights)
 trainer_add_parity(fp8_tp2_pp2_dp2_sp_vpp2 8 parallel.tp=2 parallel.pp=2 parallel.dp=2 parallel.vpp=2

@@ -5,7 +5,8 @@
 # - dp 1: shard=weights is a notice, and the run trains as unsharded;
 # - dp2 shard=grads and shard=weights with one micro-batch a step: the same losses and final
 #   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks), and
-#   weights so in FP8 with the head in FP8 too (the FP8 copies cast from the gathered layer);
+#   weights so in FP8 with the head in FP8 too (the FP8 copies cast from the gathered layer), and
+#   weights with three layers gathered ahead as with one;
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
 #   report's exposed dp comm;
 # - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
@@ -21,11 +22,13 @@ for mode in optimizer grads weights; do
   run "$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 log.time_dp=true \
     || fail "shard=$mode on dp2: $(tail -3 "$WORK/$mode/log")"
 done
+run weights_p3 2 parallel.dp=2 parallel.shard=weights parallel.shard_prefetch=3 train.micro_batch=4 \
+  || fail "shard=weights prefetch 3: $(tail -3 "$WORK/weights_p3/log")"
 for mode in optimizer weights; do  # FP8: the weights' copies cast from the gathered layer
   run "fp8_$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 train.precision=fp8 fp8.head=true \
     || fail "FP8 shard=$mode on dp2: $(tail -3 "$WORK/fp8_$mode/log")"
 done
-for pair in "optimizer grads" "optimizer weights" "fp8_optimizer fp8_weights"; do
+for pair in "optimizer grads" "optimizer weights" "weights weights_p3" "fp8_optimizer fp8_weights"; do
   set -- $pair
   same_losses "$1" "$2" 0 && pass "$2: losses bitwise those of $1" || fail "$2: losses differ from $1"
   if "$BUILD/ckpt_compare" "$WORK/$1/ckpt/ckpt_00000006.h5" "$WORK/$2/ckpt/ckpt_00000006.h5" --rtol 0 \
