@@ -46,8 +46,9 @@ static void *cuda_alloc(k_backend *b, size_t n_bytes) {
     cudaGetLastError();  // clear the failed allocation's error before asking for the free memory
     cudaMemGetInfo(&free_b, &total_b);
     CHECK(0,
-          "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB on %s; --dry-run shows what the run needs: "
-          "lower train.micro_batch, set train.recompute, optimizer.offload=host, or spread the model over more GPUs",
+          "out of GPU memory: %.2f GiB asked, %.2f GiB free of %.2f GiB on %s; --dry-run shows what the run needs "
+          "(with --gpu-mem GIB, which parallel.shard mode fits): lower train.micro_batch, set train.recompute, "
+          "parallel.shard (grads or weights, with dp > 1), optimizer.offload=host, or spread the model over more GPUs",
           n_bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, b->device_name);
   }
   CUDA_CHECK(rc);
