@@ -292,8 +292,9 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   const model_layout ml = cfg_model_layout(c);
   int64_t n_no_embed = 0, n_total = model_count_params(mc, &n_no_embed);
   int hd = mc->dim / mc->n_heads;
-  printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s\n", world_size, tp, dp, pp, vpp,
-         sp ? ", sequence parallel" : "", c->optim.shard >= OPT_SHARD_OPTIMIZER && dp > 1 ? ", optimizer state sharded" : "");
+  printf("plan: %d ranks = tp %d x dp %d x pp %d (vpp %d)%s%s%s\n", world_size, tp, dp, pp, vpp,
+         sp ? ", sequence parallel" : "", plan_parts(c) > 1 ? ", parallel.shard=" : "",
+         plan_parts(c) > 1 ? cfg_shard_names[c->parallel.shard] : "");
   printf("model: %.3fB parameters (%.3fB without the embedding), d %d, %d layers, %d heads (%d kv), head dim %d, "
          "ffn %d, vocab %d, seq %d\n",
          n_total / 1e9, n_no_embed / 1e9, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, hd, mc->ffn_dim,

@@ -7,7 +7,7 @@
 #       [BATCH per GPU (2)] [STEPS (10)] [NGPU (4)] [trainer overrides key=value ...]
 # Paths are relative to the repository root. CONFIG "" or "auto" takes the shape's config:
 # 124m -> configs/124m.yaml, 1b -> configs/1b.yaml, 7b-layers -> configs/7b_layers.yaml,
-# 7b -> configs/7b_dp8_distopt.yaml (ZeRO-1). The trainer runs data parallel over the NGPU ranks
+# 7b -> configs/7b_dp4_sharded.yaml (parallel.shard=weights). The trainer runs data parallel over the NGPU ranks
 # (parallel.dp=0 unless the overrides set it) with train.global_batch = BATCH x NGPU and
 # train.micro_batch = BATCH, WARMUP + STEPS steps; the overrides come last and win.
 # Environment:
@@ -29,11 +29,12 @@
 # report's peak_mem_gib (the fullest rank's allocation measured after each step), the baseline's
 # torch.cuda.max_memory_allocated (the peak within the step) and reserved, so the two differ in
 # what they count.
-# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 99.8 GiB per rank in the trainer
-# with parallel.shard=optimizer and recompute none, 58.7 GiB with parallel.shard=weights and
-# train.recompute=selective (65.0 GiB in use on an H100, docs/sharding.md), which fits 80 GB GPUs
-# (the plan is printed first). The baseline takes 57 GiB there (68 reserved), 29 GiB with --ac full.
-#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 parallel.shard=weights train.recompute=selective
+# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 58.7 GiB per rank in the trainer
+# with its config's parallel.shard=weights and train.recompute=selective (65.0 GiB in use on an
+# H100, docs/sharding.md), which fits 80 GB GPUs, and 99.8 GiB with parallel.shard=optimizer and
+# recompute none (the plan is printed first). The baseline takes 57 GiB there (68 reserved), 29 GiB
+# with --ac full.
+#   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full
 #       (the baseline then recomputes too, FSDP_ARGS="--ac none" keeps it from that)
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 1b 4 20 4
@@ -48,7 +49,7 @@ if [ "$config" = auto ] || [ -z "$config" ]; then
   case $shape in
     124m | 1b) config=configs/$shape.yaml ;;
     7b-layers) config=configs/7b_layers.yaml ;;
-    7b) config=configs/7b_dp8_distopt.yaml ;;
+    7b) config=configs/7b_dp4_sharded.yaml ;;
     *) echo "no config for shape $shape: name one" >&2; exit 2 ;;
   esac
 fi

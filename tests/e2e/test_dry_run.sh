@@ -7,7 +7,7 @@
 . "$(dirname "$0")/lib.sh"
 for f in "$SRC"/configs/*.yaml; do
   name=$(basename "$f" .yaml)
-  case $name in 7b_tp2_dp4) ranks=16 ;; 7b_tp*|7b_dp*|7b_pp*) ranks=8 ;; *) ranks=1 ;; esac
+  case $name in 7b_tp2_dp4) ranks=16 ;; 7b_dp4_*) ranks=4 ;; 7b_tp*|7b_dp*|7b_pp*) ranks=8 ;; *) ranks=1 ;; esac
   if "$TRAINER" "$f" --dry-run > "$WORK/plan.txt" 2>&1 && grep -q "^plan: $ranks ranks" "$WORK/plan.txt" \
      && grep -q "memory per rank" "$WORK/plan.txt" && grep -q "^  mpirun -np $ranks .*$f$" "$WORK/plan.txt" \
      && grep -q "^  srun --nodes .*$f$" "$WORK/plan.txt"; then
