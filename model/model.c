@@ -135,6 +135,11 @@ int model_tensor_group(const model *m, const model_tensor *t) {
   return t->layer - m->chunks[t->chunk].layer0;
 }
 
+int model_group_starts(const model *m, int i) {
+  const model_tensor *t = &m->tensors[i];
+  return i == 0 || t->chunk != t[-1].chunk || model_tensor_group(m, t) != model_tensor_group(m, t - 1);
+}
+
 void model_init(model *m, const model_config *mc, const model_layout *ml, const model_place *at, k_backend *be) {
   CHECK(ml->pp == at->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, at->pp);
   memset(m, 0, sizeof *m);
@@ -194,9 +199,7 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
     model_tensor *t = &m->tensors[i];
-    if (ml->grads_in_optimizer && i > 0 &&
-        (t->chunk != t[-1].chunk || model_tensor_group(m, t) != model_tensor_group(m, t - 1)))
-      off = (off + unit - 1) / unit * unit;
+    if (ml->grads_in_optimizer && model_group_starts(m, i)) off = (off + unit - 1) / unit * unit;
     t->offset = off;
     off += t->n_elem;
   }

@@ -134,6 +134,9 @@ enum { MODEL_GRADS_HEAD = -1, MODEL_GRADS_EMBED = -2 };
 // The group of tensor t, as the hooks name it: MODEL_GRADS_EMBED for the embedding (and a tied
 // head), MODEL_GRADS_HEAD for the final norm and the head, else its layer's index in its chunk.
 int model_tensor_group(const model *m, const model_tensor *t);
+// Whether tensor i (in flat order) starts a group: the first tensor, or one of another chunk or
+// group than tensor i - 1.
+int model_group_starts(const model *m, int i);
 
 
 // Layers [*layer0, *layer0 + *n_layers) of virtual pipeline stage vstage (of pp * vpp): an even

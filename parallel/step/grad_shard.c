@@ -3,13 +3,6 @@
 #include "kernels/base/check.h"
 #include "kernels/base/trace.h"
 
-static int bucket_of(const opt_state *o, int grp) {
-  for (int b = 0; b < o->n_buckets; b++)
-    if (o->buckets[b].group == grp) return b;
-  CHECK(0, "parallel.shard=grads: backward reported group %d, which no bucket holds", grp);
-  return -1;
-}
-
 // Points bucket b's tensors' gradients into slot s, which holds the bucket's flat elements from lo.
 static void point_grads(opt_state *o, int b, int s) {
   const opt_bucket *k = &o->buckets[b];
@@ -90,7 +83,7 @@ static void flush(opt_state *o) {
 
 void grad_shard_needed(opt_state *o, int grp) {
   grad_shard *gs = o->gs;
-  const int b = bucket_of(o, grp);
+  const int b = opt_bucket_of_group(o, grp);
   if (gs->busy[2]) flush(o);  // a tied embedding's slot is written from the head's backward on
   if (b == gs->tied_bucket) return;
   const int s = gs->next;
@@ -103,14 +96,9 @@ void grad_shard_needed(opt_state *o, int grp) {
 
 void grad_shard_ready(opt_state *o, int grp) {
   grad_shard *gs = o->gs;
-  model *m = o->m;
-  const int b = bucket_of(o, grp);
+  const int b = opt_bucket_of_group(o, grp);
   const opt_bucket *k = &o->buckets[b];
-  // Under sequence parallelism the norms' gradients are partial per tp rank: summed over tp first.
-  for (int i = k->t_lo; i < k->t_hi; i++) {
-    model_tensor *t = &m->tensors[i];
-    if (m->sp && t->tp_replicated) o->g->tp_c->ops->all_reduce(o->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
-  }
+  for (int i = k->t_lo; i < k->t_hi; i++) opt_sum_sp_partial(o, i);
   flush(o);  // the previous group's reduce-scatter, which ran beside this group's backward
   trace_push_range("dp grads reduce-scatter");
   const int s = gs->slot_of[b];

@@ -134,14 +134,16 @@ float opt_lr_at(const opt_config *hp, int64_t steps, int64_t step) {
   return (float)(hp->min_lr + 0.5 * (hp->lr - hp->min_lr) * (1 + cos(M_PI * progress)));
 }
 
-// A tensor's gradient has all of this step's contributions. Under sequence parallelism the
-// gradients of tp-replicated tensors (norms) are partial per tp rank (each saw only its
-// sequence shard): they are summed over tp first, on the compute stream, before any DP bucket
-// holding them starts.
-static void opt_tensor_final(opt_state *o, int i) {
+void opt_sum_sp_partial(opt_state *o, int i) {
   model *m = o->m;
   model_tensor *t = &m->tensors[i];
   if (m->sp && t->tp_replicated) o->g->tp_c->ops->all_reduce(o->g->tp_c, t->g, t->n_elem, COMM_F32, COMM_SUM);
+}
+
+// A tensor's gradient has all of this step's contributions: summed over tp where it is partial
+// (opt_sum_sp_partial), on the compute stream, before any DP bucket holding it starts.
+static void opt_tensor_final(opt_state *o, int i) {
+  opt_sum_sp_partial(o, i);
   o->t_final[i] = 1;
 }
 

@@ -120,6 +120,12 @@ typedef struct opt_state {
   struct { float lr, bc1, bc2, g_scale; } pend;
 } opt_state;
 
+// Under sequence parallelism the gradients of tp-replicated tensors (norms) are partial per tp
+// rank (each saw only its sequence shard): tensor i's is summed over tp here (compute stream);
+// a no-op for the others.
+void opt_sum_sp_partial(opt_state *o, int i);
+// The bucket that is group grp (opt_group) when buckets are groups (model.grads_in_optimizer).
+int opt_bucket_of_group(const opt_state *o, int grp);
 // comm's wait (the compute stream waits for the collectives started on comm); with time_waits
 // timed into timing->dp_comm, with a sync before and after (parallel/comm/timing.h).
 void opt_comm_wait(opt_state *o, comm *c);

@@ -14,27 +14,24 @@
 // With the gradients sharded (model.grads_in_optimizer) a bucket is one group of tensors instead
 // (a layer, the head, the embedding: grad_shard.h), which the model starts at a multiple of
 // dp * 128; the last one ends at n_params.
-static int tensor_group(const model *m, int i) {
-  return opt_group(m->tensors[i].chunk, model_tensor_group(m, &m->tensors[i]));
-}
-
 static int opt_cut_buckets(opt_state *o) {
   model *m = o->m;
   const int64_t unit = (int64_t)o->parts * 128;  // n_params is a multiple of dp * 128
   o->bucket_elem = (o->bucket_elem + unit - 1) / unit * unit;
   int n = (int)((m->n_params + o->bucket_elem - 1) / o->bucket_elem);
   if (m->grads_in_optimizer) {
-    n = m->n_tensors ? 1 : 0;
-    for (int i = 1; i < m->n_tensors; i++) n += tensor_group(m, i) != tensor_group(m, i - 1);
+    n = 0;
+    for (int i = 0; i < m->n_tensors; i++) n += model_group_starts(m, i);
   }
   o->buckets = XCALLOC(n ? n : 1, sizeof(opt_bucket));
   int b = 0;
   if (m->grads_in_optimizer) {
     int64_t end = m->n_params;
     for (int i = m->n_tensors - 1; i >= 0; i--) {
-      if (i > 0 && tensor_group(m, i) == tensor_group(m, i - 1)) continue;
-      o->buckets[b++] = (opt_bucket){.lo = m->tensors[i].offset, .hi = end, .group = tensor_group(m, i)};
-      end = m->tensors[i].offset;
+      if (!model_group_starts(m, i)) continue;
+      const model_tensor *t = &m->tensors[i];
+      o->buckets[b++] = (opt_bucket){.lo = t->offset, .hi = end, .group = opt_group(t->chunk, model_tensor_group(m, t))};
+      end = t->offset;
     }
   } else {
     for (int64_t end = m->n_params; end > 0; end -= o->bucket_elem, b++)
@@ -68,6 +65,13 @@ static void opt_build_buckets(opt_state *o) {
 }
 
 int64_t opt_part_lo(const opt_state *o, const opt_bucket *k) { return k->lo + o->part_rank * k->len; }
+
+int opt_bucket_of_group(const opt_state *o, int grp) {
+  for (int b = 0; b < o->n_buckets; b++)
+    if (o->buckets[b].group == grp) return b;
+  CHECK(0, "parallel.shard: the model named group %d, which no bucket is", grp);
+  return -1;
+}
 
 void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
   if (o->ws) return weight_shard_part(o, k);

@@ -6,13 +6,6 @@
 
 _Static_assert(WEIGHT_SHARD_MAX_PREFETCH + 1 <= FP8_MAX_BANKS, "an FP8 bank for every slot");
 
-static int bucket_of(const opt_state *o, int grp) {
-  for (int b = 0; b < o->n_buckets; b++)
-    if (o->buckets[b].group == grp) return b;
-  CHECK(0, "parallel.shard=weights: the model asked for group %d, which no bucket holds", grp);
-  return -1;
-}
-
 static int bucket_chunk(const opt_state *o, int b) { return o->m->tensors[o->buckets[b].t_lo].chunk; }
 
 // Makes the compute stream wait for slot s's gather, if one is in flight.
@@ -52,7 +45,7 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch) {
     const model_chunk *ch = &m->chunks[bucket_chunk(o, b)];
     if (ch->lm_head && ch->lm_head == ch->embed && k->group == opt_group(bucket_chunk(o, b), MODEL_GRADS_HEAD)) {
       ws->tied_head = b;
-      ws->tied_embed = bucket_of(o, opt_group(bucket_chunk(o, b), MODEL_GRADS_EMBED));
+      ws->tied_embed = opt_bucket_of_group(o, opt_group(bucket_chunk(o, b), MODEL_GRADS_EMBED));
     }
   }
   ws->n_slots = prefetch + 1;
@@ -147,7 +140,7 @@ static int free_slot(const weight_shard *ws, const int *keep, int n_keep) {
 
 void weight_shard_needed(opt_state *o, int grp, int backward) {
   weight_shard *ws = o->ws;
-  const int b = bucket_of(o, grp), w = weights_of(o, b);
+  const int b = opt_bucket_of_group(o, grp), w = weights_of(o, b);
   // The groups this pass reads next, as far as the prefetch goes (w's weights first).
   int keep[WEIGHT_SHARD_MAX_PREFETCH + 1], n_keep = 0;
   keep[n_keep++] = w;
