@@ -215,6 +215,10 @@ static const cfg_key cfg_keys[] = {
               "offload_update=cpu without delay, with dp 1: the host update of each bucket runs "
               "in the next forward just before the first layer that reads it, beside the forward of the layers "
               "before it (the same arithmetic); false = the whole update before the next step starts"),
+  CFG_BOOL_IN(optimizer, update_overlap, optim.update_overlap, 1,
+              "parallel.shard=weights with the update in backend memory: each group's update runs on a second "
+              "stream beside the next forward, which waits only for the groups it reads (the same arithmetic); "
+              "false = the whole update before the next step starts; no effect in the other modes"),
 
   CFG_STRING(data, train, "data/corpus/train_*.bin", "training token shards: path or glob"),
   CFG_STRING(data, val, "data/corpus/val_*.bin", "validation token shards: path or glob; empty = no evaluation"),

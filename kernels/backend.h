@@ -88,6 +88,17 @@ typedef struct k_backend {
   void (*copy_wait)(struct k_backend *b, int64_t ticket);
   void (*copy_join)(struct k_backend *b);
   void (*copy_join_ticket)(struct k_backend *b, int64_t ticket);
+  // A second compute stream, for work that may run beside the compute stream's (the optimizer's
+  // update of the groups a forward has not reached yet). side_begin: the ops queued from now on
+  // run on the side stream, after the work queued so far on the compute stream; side_end: they go
+  // to the compute stream again, and the ticket returned stands for the side work queued so far;
+  // side_join_ticket: the compute work queued from now on waits for it (and all side work before
+  // it; -1: for all side work queued so far). Neither blocks the host. Only ops that use no
+  // scratch or library handle may run on the side stream: adamw_ranges, copy, zero. The CPU
+  // backend runs them in place (tickets 0).
+  void (*side_begin)(struct k_backend *b);
+  int64_t (*side_end)(struct k_backend *b);
+  void (*side_join_ticket)(struct k_backend *b, int64_t ticket);
   // Ops.
   // C(M,N) = alpha op(A) op(B) + beta C; A and B in act dtype; C in c_type (act or K_F32).
   void (*gemm)(struct k_backend *b, int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda, const void *B,

@@ -33,6 +33,7 @@ static int64_t cpu_copy_async(k_backend *b, void *dst, const void *src, size_t n
   return 0;
 }
 static void cpu_copy_done(k_backend *b, int64_t ticket) { (void)b; (void)ticket; }
+static int64_t cpu_side_end(k_backend *b) { (void)b; return 0; }
 
 static int64_t cpu_mem_used(k_backend *b) {
   (void)b;
@@ -264,6 +265,9 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->copy_wait = cpu_copy_done;
   b->copy_join = cpu_sync;
   b->copy_join_ticket = cpu_copy_done;
+  b->side_begin = cpu_sync;
+  b->side_end = cpu_side_end;
+  b->side_join_ticket = cpu_copy_done;
   snprintf(b->device_name, sizeof b->device_name, "cpu");
   k_backend_set_peak(b, o->peak_tflops);
   b->act = K_F32;

@@ -320,17 +320,18 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
   proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
 }
 
-// Weight gradient w->g (N, K) += g^T x, g (rows, N) the output gradient of the last
-// proj_dgrad (in FP8 not read: the transposed codes made there are), x (rows, K) the saved input
-// (in FP8 with x_codes: its codes, as act_is_codes keeps them).
+// Weight gradient w->g (N, K) += g^T x (= where model_grad_written), g (rows, N) the output
+// gradient of the last proj_dgrad (in FP8 not read: the transposed codes made there are), x
+// (rows, K) the saved input (in FP8 with x_codes: its codes, as act_is_codes keeps them).
 static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, int N, int K, const void *g,
                        const void *x, int x_codes) {
   int64_t rows = m->dims.rows;
+  const float beta = model_grad_written(m, w) ? 0.0f : 1.0f;
   if (!fp8_on(m, ly)) {
-    m->be->gemm(m->be, 1, 0, N, K, (int)rows, 1, g, N, x, K, 1, w->g, K, K_F32);
+    m->be->gemm(m->be, 1, 0, N, K, (int)rows, 1, g, N, x, K, beta, w->g, K, K_F32);
     return;
   }
-  model_fp8_wgrad(m, ly->fp8, p, x_codes ? NULL : x, x_codes ? x : NULL, rows, N, K, w->g);
+  model_fp8_wgrad(m, ly->fp8, p, x_codes ? NULL : x, x_codes ? x : NULL, rows, N, K, beta, w->g);
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
@@ -577,7 +578,7 @@ static void head_wgrad(model *m, model_tensor *w, model_acts *a) {
                 K_F32);
     return;
   }
-  model_fp8_wgrad(m, hs, 0, a->hfin, NULL, dm->rows, dm->vocab, dm->d, w->g);
+  model_fp8_wgrad(m, hs, 0, a->hfin, NULL, dm->rows, dm->vocab, dm->d, 1, w->g);
 }
 
 // Before forward reads the weights of a group (m->weights_needed).

@@ -467,19 +467,19 @@ void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void
 }
 
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
-                     float *dw) {
+                     float beta, float *dw) {
   model_fp8 *f = m->fp8;
   int64_t ix = fp8_x_slot(slot, p), ig = fp8_g_slot(slot, p);
   CHECK(!x_codes || !fp8_block(f), "FP8 weight gradient: kept input codes under block scaling (a bug in the caller)");
   if (fp8_block(f)) {  // X^T's 1 x 128 tiles along the rows (tokens), the contraction of G^T X
     m->be->fp8_cast_block(m->be, x, rows, k, 1, NULL, NULL, f->x8, f->x_si, fp8_slot_amax(f, ix));
-    m->be->gemm_fp8_block(m->be, n, k, (int)rows, f->g8t, 1, f->gt_si, f->x8, 1, f->x_si, 1, dw, K_F32);
+    m->be->gemm_fp8_block(m->be, n, k, (int)rows, f->g8t, 1, f->gt_si, f->x8, 1, f->x_si, beta, dw, K_F32);
     return;
   }
   if (x_codes) m->be->fp8_transpose(m->be, x_codes, rows, k, f->x8);
   else fp8_cast_slot(m, ix, K_E4M3, x, rows, k, NULL, f->x8);
   m->be->gemm_fp8(m->be, n, k, (int)rows, f->g8t, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->x8, K_E4M3,
-                  fp8_inv(f->scale_inv, ix), 1, NULL, dw, K_F32, 0);
+                  fp8_inv(f->scale_inv, ix), beta, NULL, dw, K_F32, 0);
 }
 
 int model_fp8_count_nonfinite(model *m) {

@@ -168,13 +168,14 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
                         k_dtype c_type, float beta);
 // Backward: cast the output gradient G (rows, N) act (and its transpose; unless
 // model_fp8_fused_grad_cast's op made both); then the data
-// gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 += G^T X,
+// gradient dX (rows, K) = G W into c_type, and the weight gradient dW (N, K) fp32 = G^T X + beta dW
+// (beta 1 adds, 0 writes),
 // with X (rows, K) the layer's saved input, cast again (transposed) with its forward scale; or,
 // where x_codes is given (the codes model_fp8_fused_cast's op kept, x then unused), those codes
 // transposed: the same codes either way.
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n);
 void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type);
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
-                     float *dw);
+                     float beta, float *dw);
 
 #endif

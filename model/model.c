@@ -140,6 +140,15 @@ int model_group_starts(const model *m, int i) {
   return i == 0 || t->chunk != t[-1].chunk || model_tensor_group(m, t) != model_tensor_group(m, t - 1);
 }
 
+int model_grad_written(const model *m, const model_tensor *t) {
+  switch (t->kind) {
+    case MODEL_WQ: case MODEL_WK: case MODEL_WV: case MODEL_WO: case MODEL_W_GATE: case MODEL_W_UP: case MODEL_W_DOWN:
+      return m->grads_in_optimizer;
+    default:
+      return 0;
+  }
+}
+
 void model_init(model *m, const model_config *mc, const model_layout *ml, const model_place *at, k_backend *be) {
   CHECK(ml->pp == at->pp, "model layout for %d pipeline stages on a grid of %d", ml->pp, at->pp);
   memset(m, 0, sizeof *m);

@@ -118,7 +118,8 @@ typedef struct model {
   void *grads_ready_ctx;
   // Called by model_chunk_bwd before it writes a group's gradients (and, recomputing, reads its
   // weights), with the same ids: the head and final norm, each layer, the embedding. With
-  // grads_in_optimizer the optimizer points the group's t->g at zeroed staging here. NULL: not called.
+  // grads_in_optimizer the optimizer points the group's t->g at staging here, zeroed but where
+  // backward writes the gradient whole (model_grad_written). NULL: not called.
   void (*grads_needed)(void *ctx, int chunk, int layer);
   void *grads_needed_ctx;
   // Its mirror in forward: called by model_chunk_fwd, once per call, before it reads a group of
@@ -137,6 +138,11 @@ int model_tensor_group(const model *m, const model_tensor *t);
 // Whether tensor i (in flat order) starts a group: the first tensor, or one of another chunk or
 // group than tensor i - 1.
 int model_group_starts(const model *m, int i);
+// Whether backward writes tensor t's gradient instead of adding to it: a layer's projection
+// (attention and MLP weights, one weight-gradient GEMM each per backward) with
+// grads_in_optimizer, where every backward of a group gets staging of its own. grads_needed
+// then need zero only the group's other tensors (norms, embedding, head) and its padding.
+int model_grad_written(const model *m, const model_tensor *t);
 
 
 // Layers [*layer0, *layer0 + *n_layers) of virtual pipeline stage vstage (of pp * vpp): an even

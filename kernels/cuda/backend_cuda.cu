@@ -197,6 +197,7 @@ static void cuda_release(k_backend *b) {
   k_cudnn_attn_free(&c->cudnn);
   k_cuda_optim_free(&c->optim);
   k_cuda_copy_free(&c->copy);
+  k_cuda_side_free(&c->side);
   CUBLAS_CHECK(cublasDestroy(c->cublas));
   CUDA_CHECK(cudaFree(c->cublas_ws));
   CUDA_CHECK(cudaFree(c->scratch));
@@ -257,6 +258,9 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->copy_wait = k_cuda_copy_wait;
   b->copy_join = k_cuda_copy_join;
   b->copy_join_ticket = k_cuda_copy_join_ticket;
+  b->side_begin = k_cuda_side_begin;
+  b->side_end = k_cuda_side_end;
+  b->side_join_ticket = k_cuda_side_join_ticket;
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);

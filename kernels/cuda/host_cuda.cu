@@ -93,3 +93,71 @@ extern "C" void k_cuda_copy_join_ticket(k_backend *b, int64_t ticket) {
         (long long)ticket, (long long)k->next_ticket);
   CUDA_CHECK(cudaStreamWaitEvent(c->stream, k->done[ticket % COPY_EVENTS], 0));
 }
+
+// ---- the side stream -------------------------------------------------------------------------
+
+// Its tickets are events in a ring, as the copy stream's: the side stream runs in order.
+enum { SIDE_EVENTS = 256 };
+
+struct k_cuda_side {
+  cudaStream_t stream, main;        // the side stream; the compute stream while the side one stands in
+  cudaEvent_t compute_mark;         // the compute stream's work queued before side work
+  cudaEvent_t done[SIDE_EVENTS];    // ticket t's end at done[t % SIDE_EVENTS]
+  int64_t next_ticket;
+};
+
+static k_cuda_side *side_of(k_cuda_ctx *c) {
+  if (c->side) return c->side;
+  k_cuda_side *k = (k_cuda_side *)XCALLOC(1, sizeof *k);
+  // The lowest priority: a block of the compute stream's kernels goes first where both wait for SMs.
+  int lo = 0, hi = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&k->stream, cudaStreamNonBlocking, lo));
+  CUDA_CHECK(cudaEventCreateWithFlags(&k->compute_mark, cudaEventDisableTiming));
+  for (int i = 0; i < SIDE_EVENTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&k->done[i], cudaEventDisableTiming));
+  c->side = k;
+  return k;
+}
+
+void k_cuda_side_free(k_cuda_side **kp) {
+  if (!kp || !*kp) return;
+  k_cuda_side *k = *kp;
+  CUDA_CHECK(cudaStreamSynchronize(k->stream));
+  CUDA_CHECK(cudaEventDestroy(k->compute_mark));
+  for (int i = 0; i < SIDE_EVENTS; i++) CUDA_CHECK(cudaEventDestroy(k->done[i]));
+  CUDA_CHECK(cudaStreamDestroy(k->stream));
+  free(k);
+  *kp = NULL;
+}
+
+extern "C" void k_cuda_side_begin(k_backend *b) {
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_side *k = side_of(c);
+  CHECK(!k->main, "side_begin: the side stream is in use already (side_end missing)");
+  CUDA_CHECK(cudaEventRecord(k->compute_mark, c->stream));
+  CUDA_CHECK(cudaStreamWaitEvent(k->stream, k->compute_mark, 0));
+  k->main = c->stream;
+  c->stream = k->stream;
+}
+
+extern "C" int64_t k_cuda_side_end(k_backend *b) {
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_side *k = c->side;
+  CHECK(k && k->main, "side_end without side_begin");
+  const int64_t t = k->next_ticket++;
+  CUDA_CHECK(cudaEventRecord(k->done[t % SIDE_EVENTS], k->stream));
+  c->stream = k->main;
+  k->main = NULL;
+  return t;
+}
+
+extern "C" void k_cuda_side_join_ticket(k_backend *b, int64_t ticket) {
+  k_cuda_ctx *c = k_cuda_ctx_of(b);
+  k_cuda_side *k = c->side;
+  if (!k || k->next_ticket == 0) return;  // no side work was ever queued
+  CHECK(!k->main, "side_join_ticket between side_begin and side_end");
+  CHECK(ticket >= -1 && ticket < k->next_ticket, "side_join_ticket: ticket %lld was never issued (next %lld)",
+        (long long)ticket, (long long)k->next_ticket);
+  const int64_t t = ticket < 0 ? k->next_ticket - 1 : ticket;
+  CUDA_CHECK(cudaStreamWaitEvent(c->stream, k->done[t % SIDE_EVENTS], 0));
+}

@@ -81,6 +81,21 @@ static void flush(opt_state *o) {
   gs->busy[0] = gs->busy[1] = gs->busy[2] = 0;
 }
 
+// Zeroes slot (bucket b's elements from lo) but where backward writes a gradient whole
+// (model_grad_written): the norms, the embedding, the head and the padding, a few spans.
+static void zero_unwritten(opt_state *o, int b, float *slot) {
+  const model *m = o->m;
+  const opt_bucket *k = &o->buckets[b];
+  int64_t from = k->lo;  // the first element not yet zeroed nor written
+  for (int i = k->t_lo; i <= k->t_hi; i++) {
+    const model_tensor *t = i < k->t_hi ? &m->tensors[i] : NULL;
+    if (t && !model_grad_written(m, t)) continue;
+    const int64_t to = t ? t->offset : k->hi;
+    if (to > from) m->be->zero(m->be, slot + (from - k->lo), (size_t)(to - from) * sizeof(float));
+    if (t) from = t->offset + t->n_elem;
+  }
+}
+
 void grad_shard_needed(opt_state *o, int grp) {
   grad_shard *gs = o->gs;
   const int b = opt_bucket_of_group(o, grp);
@@ -89,8 +104,7 @@ void grad_shard_needed(opt_state *o, int grp) {
   const int s = gs->next;
   gs->next ^= 1;
   if (gs->busy[s]) flush(o);
-  const opt_bucket *k = &o->buckets[b];
-  o->m->be->zero(o->m->be, gs->slot[s], (size_t)(k->hi - k->lo) * sizeof(float));
+  zero_unwritten(o, b, gs->slot[s]);
   point_grads(o, b, s);
 }
 

@@ -25,6 +25,75 @@ static void opt_on_grads_needed(void *ctx, int chunk, int layer) {
 
 static void opt_on_weights_needed(void *ctx, int chunk, int layer) { weight_shard_needed(ctx, opt_group(chunk, layer), 0); }
 
+// Whether range r of bucket k's part (opt_state.part_ranges) is a norm's: each update range lies
+// in one tensor.
+static int range_is_norm(const opt_state *o, const opt_bucket *k, const k_range *r) {
+  const int64_t at = opt_part_lo(o, k) + r->p_offset;
+  for (int i = k->t_lo; i < k->t_hi; i++) {
+    const model_tensor *t = &o->m->tensors[i];
+    if (at >= t->offset && at < t->offset + t->n_elem) return t->tp_replicated;
+  }
+  return 0;
+}
+
+// optimizer.update_overlap: each bucket's update ranges split into the norms' (early) and the rest.
+static void opt_update_split_init(opt_state *o) {
+  const int cap = o->part_first[o->n_buckets] + 1;
+  o->early_ranges = XCALLOC(cap, sizeof(k_range));
+  o->late_ranges = XCALLOC(cap, sizeof(k_range));
+  o->early_first = XCALLOC(o->n_buckets + 1, sizeof(int));
+  o->late_first = XCALLOC(o->n_buckets + 1, sizeof(int));
+  o->upd_ticket = XCALLOC(o->n_buckets, sizeof(int64_t));
+  int ne = 0, nl = 0;
+  for (int b = 0; b < o->n_buckets; b++) {
+    o->early_first[b] = ne, o->late_first[b] = nl;
+    o->upd_ticket[b] = -1;
+    for (int j = o->part_first[b]; j < o->part_first[b + 1]; j++) {
+      if (range_is_norm(o, &o->buckets[b], &o->part_ranges[j])) o->early_ranges[ne++] = o->part_ranges[j];
+      else o->late_ranges[nl++] = o->part_ranges[j];
+    }
+  }
+  o->early_first[o->n_buckets] = ne, o->late_first[o->n_buckets] = nl;
+  o->update_beside = 1;
+}
+
+void opt_update_part(opt_state *o, int b, const k_range *r, int n, const float *grad, float lr, float bc1, float bc2,
+                     float g_scale) {
+  k_backend *be = o->m->be;
+  const opt_config *hp = &o->cfg;
+  const opt_bucket *k = &o->buckets[b];
+  be->adamw_ranges(be, o->dev_master + k->shard_off, opt_part_pc(o, k), be->act, grad + k->shard_off,
+                   o->exp_avg + k->shard_off, o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps,
+                   hp->weight_decay, bc1, bc2, g_scale);
+}
+
+// update_beside: the norms' elements now (opt_share_norms reads them next), the rest of each bucket
+// on the side stream, in the order forward reads them (the highest bucket first). The same
+// arithmetic as updating each bucket whole: AdamW is elementwise.
+static void opt_update_beside(opt_state *o, const float *grad, float lr, float bc1, float bc2, float g_scale) {
+  k_backend *be = o->m->be;
+  for (int b = 0; b < o->n_buckets; b++)
+    opt_update_part(o, b, o->early_ranges + o->early_first[b], o->early_first[b + 1] - o->early_first[b], grad, lr,
+                    bc1, bc2, g_scale);
+  for (int b = o->n_buckets - 1; b >= 0; b--) {
+    be->side_begin(be);
+    opt_update_part(o, b, o->late_ranges + o->late_first[b], o->late_first[b + 1] - o->late_first[b], grad, lr, bc1,
+                    bc2, g_scale);
+    o->upd_ticket[b] = be->side_end(be);
+  }
+}
+
+void opt_update_wait(opt_state *o, int b) {
+  if (!o->update_beside || o->upd_ticket[b] < 0) return;
+  o->m->be->side_join_ticket(o->m->be, o->upd_ticket[b]);
+  o->upd_ticket[b] = -1;
+}
+
+void opt_update_join(opt_state *o) {
+  if (!o->update_beside) return;
+  for (int b = 0; b < o->n_buckets; b++) opt_update_wait(o, b);
+}
+
 void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro) {
   memset(o, 0, sizeof *o);
   o->m = m;
@@ -58,6 +127,7 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   CHECK(!(o->gc && o->gs), "parallel.shard=grads reduces each layer's fp32 gradients from its staging slot: "
         "parallel.grad_compress needs parallel.shard=optimizer or none");
   opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
+  if (o->ws && oc->update_overlap && !oc->offload) opt_update_split_init(o);
   o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   o->exp_avg_sq = be->alloc(be, (size_t)o->dev_n * sizeof(float));
   // fp8.param_gather gathers no norms: they are shared here even where the compute copy is the master.
@@ -79,6 +149,7 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
 void opt_free(opt_state *o) {
   if (!o->m) return;
   k_backend *be = o->m->be;
+  opt_update_join(o);
   if (o->m->grads_ready_ctx == o) {
     o->m->grads_ready = NULL;
     o->m->grads_ready_ctx = NULL;
@@ -100,6 +171,11 @@ void opt_free(opt_state *o) {
   param_gather_free(&o->pg);
   if (o->norm_pack) be->free(be, o->norm_pack);
   opt_offload_free(o);
+  free(o->early_ranges);
+  free(o->late_ranges);
+  free(o->early_first);
+  free(o->late_first);
+  free(o->upd_ticket);
   free(o->norm_ranges);
   free(o->upd_ranges);
   free(o->piece_first);
@@ -257,6 +333,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   comm *dc = grid_shard_comm(o->g);
   // Backward is queued; exposed DP time runs from its end (on the compute stream) until every
   // bucket has arrived.
+  opt_update_join(o);  // the last update's buckets that no forward gathered since (none in training)
   double t0 = o->timing ? timing_now(be) : 0;
   trace_push_range("dp sync");
   // Whatever backward did not report (a caller driving model_chunk_bwd itself) is final now.
@@ -321,8 +398,9 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   // (with offload not held at all; opt_get_params gathers them) except the norms, which forward
   // reads in fp32 (opt_share_norms).
   void *pc = m->params_c == (void *)m->params ? NULL : m->params_c;
+  if (o->update_beside) opt_update_beside(o, grad, lr, bc1, bc2, g_scale);
   // With offload, the piece's device share updates first (queued), then its host buckets.
-  for (int k = 0; k < o->n_pieces; k++) {
+  for (int k = 0; !o->update_beside && k < o->n_pieces; k++) {
     int r0 = o->piece_first[k], r1 = o->piece_first[k + 1] < o->n_dev_ranges ? o->piece_first[k + 1] : o->n_dev_ranges;
     if (r1 > r0)
       be->adamw_ranges(be, m->params, pc, be->act, grad, o->exp_avg, o->exp_avg_sq, o->upd_ranges + r0, r1 - r0, lr,
@@ -349,6 +427,7 @@ double opt_step(opt_state *o, float lr, int64_t t) {
 }
 
 void opt_flush(opt_state *o) {
+  opt_update_join(o);
   opt_offload_complete(o);
   opt_offload_join(o);
   if (!o->upload_pending) return;

@@ -118,6 +118,16 @@ typedef struct opt_state {
   int layer_wait;
   int n_done;               // host buckets updated, from the lowest (j < n_done); n_host: none pending
   struct { float lr, bc1, bc2, g_scale; } pend;
+  // optimizer.update_overlap (parallel.shard=weights, the update on the GPU): opt_step updates
+  // the norms' elements at once (they are shared before the next forward) and each bucket's
+  // other elements on the backend's side stream, in the order forward reads the buckets; the
+  // gather of a bucket's weights first makes the compute stream wait for its update
+  // (opt_update_wait). Each bucket's update ranges (part_ranges) split so: early (the norms)
+  // and late, offsets from its part's start.
+  int update_beside;
+  k_range *early_ranges, *late_ranges;
+  int *early_first, *late_first;  // (n_buckets + 1)
+  int64_t *upd_ticket;      // (n_buckets) the side stream's ticket of bucket b's update; -1: nothing to wait for
 } opt_state;
 
 // Under sequence parallelism the gradients of tp-replicated tensors (norms) are partial per tp
@@ -126,6 +136,14 @@ typedef struct opt_state {
 void opt_sum_sp_partial(opt_state *o, int i);
 // The bucket that is group grp (opt_group) when buckets are groups (model.grads_in_optimizer).
 int opt_bucket_of_group(const opt_state *o, int grp);
+// update_beside: the compute stream waits for bucket b's update, if it is in flight (opt_update_join:
+// for every bucket's). No-op otherwise.
+void opt_update_wait(opt_state *o, int b);
+void opt_update_join(opt_state *o);
+// AdamW over n ranges r of bucket b's part (offsets from the part's start; its state in backend
+// memory): master weights, moments and this rank's part of the compute copy.
+void opt_update_part(opt_state *o, int b, const k_range *r, int n, const float *grad, float lr, float bc1, float bc2,
+                     float g_scale);
 // comm's wait (the compute stream waits for the collectives started on comm); with time_waits
 // timed into timing->dp_comm, with a sync before and after (parallel/comm/timing.h).
 void opt_comm_wait(opt_state *o, comm *c);

@@ -172,6 +172,7 @@ static void gather_moment(opt_state *o, int which, float *host) {
 }
 
 void opt_get_params(opt_state *o, float *params_host) {
+  opt_update_join(o);  // an update on the side stream is part of the state
   model *m = o->m;
   k_backend *be = m->be;
   if (!o->zero && !m->master_in_optimizer) {
@@ -191,6 +192,7 @@ void opt_get_params(opt_state *o, float *params_host) {
 }
 
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
+  opt_update_join(o);  // an update on the side stream is part of the state
   gather_moment(o, 0, exp_avg_host);
   gather_moment(o, 1, exp_avg_sq_host);
 }
@@ -211,11 +213,13 @@ static void scatter_moment(opt_state *o, int which, const float *host) {
 }
 
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
+  opt_update_join(o);  // an update on the side stream is part of the state
   scatter_moment(o, 0, exp_avg_host);
   scatter_moment(o, 1, exp_avg_sq_host);
 }
 
 void opt_set_tensor(opt_state *o, int i, const float *block) {
+  opt_update_join(o);  // an update on the side stream is part of the state
   model *m = o->m;
   const model_tensor *t = &m->tensors[i];
   if (!m->master_in_optimizer) {

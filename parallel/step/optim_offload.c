@@ -301,9 +301,7 @@ void opt_offload_update(opt_state *o, int asc_lo, int asc_hi, const float *grad,
     const int64_t hoff = k->shard_off - o->dev_n;
     char *pc = opt_part_pc(o, k);
     if (b >= o->n_host) {  // the device share: all of its state in backend memory
-      be->adamw_ranges(be, o->dev_master + k->shard_off, pc, be->act, grad + k->shard_off, o->exp_avg + k->shard_off,
-                       o->exp_avg_sq + k->shard_off, r, n, lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, bc1,
-                       bc2, g_scale);
+      opt_update_part(o, b, r, n, grad, lr, bc1, bc2, g_scale);
     } else if (o->delay) {  // the previous step's results, if a host update has run since the last copy back
       if (o->upload_pending && !(o->early[o->n_host - 1 - b] & EARLY_UP)) copy_back(o, b);
     } else if (o->layer_wait) {  // forward updates it (opt_offload_complete)

@@ -93,6 +93,7 @@ static void gather_start(opt_state *o, int b, int s) {
   k_backend *be = o->m->be;
   const int64_t ab = (int64_t)o->m->act_bytes, at = 0, len = k->len;
   slot_wait(o, s);  // a gather still writing slot s (a prefetch never used): this rank's part goes in after it
+  opt_update_wait(o, b);  // optimizer.update_overlap: the part's update, on the side stream
   comm *c = ws->comms[ws->next_comm];
   ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
   trace_push_range("dp weights all-gather");

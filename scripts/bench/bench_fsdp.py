@@ -34,7 +34,8 @@ Prints, from rank 0, one line: tokens/s of the whole job and per GPU, model TFLO
 MFU (bench_torch.py's formula: flops per token = 6 N + 12 L d T, N the parameters without the
 embedding table; peak 989.4 TFLOP/s per GPU, H100/H200 BF16 dense, unless --peak-tflops), ms
 per step, and the peak memory of the fullest GPU (the largest torch.cuda.max_memory_allocated
-and max_memory_reserved over the ranks, over the timed steps); --json FILE writes the same
+and max_memory_reserved over the ranks, over the timed steps, and the device's memory in use after
+them, torch.cuda.mem_get_info, as the trainer counts its own); --json FILE writes the same
 figures. Time is the slowest rank's wall time over --steps steps after --warmup untimed ones.
 
 Memory of the 7b shape with 2 sequences per GPU on 4 GPUs (PyTorch 2.11, the fullest GPU's peak
@@ -190,7 +191,11 @@ def main():
     elapsed = time.perf_counter() - t0
 
     # The slowest rank's time, the fullest GPU's memory, the mean loss over the ranks' batches.
-    figs = torch.tensor([elapsed, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+    # The device's own count too (cudaMemGetInfo: CUDA context, NCCL and the caching allocator's
+    # pool included), as the trainer measures its memory; the pool is not returned, so after the
+    # timed steps it holds their peak.
+    free, total = torch.cuda.mem_get_info()
+    figs = torch.tensor([elapsed, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(), total - free],
                         dtype=torch.float64, device=dev)
     dist.all_reduce(figs, op=dist.ReduceOp.MAX)
     loss = loss.detach().float()
@@ -199,11 +204,11 @@ def main():
     tps_gpu = batch * s["T"] / dt
     fpt, n = flops_per_token(s)
     tflops = tps_gpu * fpt / 1e12
-    alloc, reserved = figs[1].item() / 2**30, figs[2].item() / 2**30
+    alloc, reserved, in_use = figs[1].item() / 2**30, figs[2].item() / 2**30, figs[3].item() / 2**30
     if rank == 0:
         print(f"{a.shape:10s} {a.mode:11s} fsdp{world} batch {batch:3d}/GPU  {tps_gpu * world:12.0f} tok/s  "
               f"{tps_gpu:10.0f} tok/s/GPU  {tflops:7.1f} TFLOP/s/GPU  MFU {100 * tflops / a.peak_tflops:5.1f}%  "
-              f"{dt * 1e3:8.1f} ms/step  peak mem {alloc:6.1f} GiB ({reserved:6.1f} reserved)  "
+              f"{dt * 1e3:8.1f} ms/step  peak mem {alloc:6.1f} GiB ({reserved:6.1f} reserved, {in_use:.1f} in use)  "
               f"N(no emb) {n / 1e6:.0f}M  loss {loss.item():.3f}", flush=True)
         if a.json:
             rec = {"shape": a.shape, "mode": a.mode, "gpus": world, "batch_per_gpu": batch, "seq_len": s["T"],
@@ -211,7 +216,8 @@ def main():
                    "reshard_after_forward": a.reshard_after_forward, "ac": a.ac, "grad_clip": a.grad_clip,
                    "tokens_per_s": tps_gpu * world, "tokens_per_s_per_gpu": tps_gpu, "tflops_per_gpu": tflops,
                    "mfu": tflops / a.peak_tflops, "peak_tflops": a.peak_tflops, "ms_per_step": dt * 1e3,
-                   "peak_mem_allocated_gib": alloc, "peak_mem_reserved_gib": reserved, "params_no_emb": n,
+                   "peak_mem_allocated_gib": alloc, "peak_mem_reserved_gib": reserved, "mem_in_use_gib": in_use,
+                   "params_no_emb": n,
                    "loss": loss.item(), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
             with open(a.json, "w") as f:
                 json.dump(rec, f, indent=1)

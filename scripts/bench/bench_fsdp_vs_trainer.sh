@@ -26,9 +26,10 @@
 # Python's). NVLink multicast stays off in NCCL (NCCL_NVLS_ENABLE=0) unless already set.
 # Trainer figures: the steps after WARMUP from its metrics file (docs/metrics.md): tokens/s =
 # their tokens over their summed ms_per_step, MFU over the same time; its peak memory is the run
-# report's peak_mem_gib (the fullest rank's allocation measured after each step), the baseline's
-# torch.cuda.max_memory_allocated (the peak within the step) and reserved, so the two differ in
-# what they count.
+# report's peak_mem_gib (the fullest rank's device memory in use, cudaMemGetInfo, after each step),
+# the baseline's torch.cuda.max_memory_allocated (the peak within the step), reserved, and its
+# device memory in use after the timed steps (torch.cuda.mem_get_info): the last counts what the
+# trainer's does (CUDA context, NCCL, every pool).
 # Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 58.7 GiB per rank in the trainer
 # with its config's parallel.shard=weights and train.recompute=selective (65.0 GiB in use on an
 # H100, docs/sharding.md), which fits 80 GB GPUs, and 99.8 GiB with parallel.shard=optimizer and
@@ -139,7 +140,8 @@ print()
 if fsdp:
     print(f"fsdp2    {shape:9s} {mode:11s} {fsdp['tokens_per_s']:12.0f} tok/s  {fsdp['tokens_per_s_per_gpu']:10.0f} "
           f"tok/s/GPU  MFU {100 * fsdp['mfu']:5.1f}%  {fsdp['ms_per_step']:8.1f} ms/step  peak mem "
-          f"{fsdp['peak_mem_allocated_gib']:6.1f} GiB allocated, {fsdp['peak_mem_reserved_gib']:.1f} reserved  "
+          f"{fsdp['peak_mem_allocated_gib']:6.1f} GiB allocated, {fsdp['peak_mem_reserved_gib']:.1f} reserved, "
+          f"{fsdp.get('mem_in_use_gib', float('nan')):.1f} in use on the device  "
           f"loss {fsdp['loss']:.3f}")
 else:
     print("fsdp2    no figures")
@@ -148,7 +150,7 @@ if trainer:
     print(f"trainer  {shape:9s} {prec:11s} {trainer['tokens_per_s']:12.0f} tok/s  "
           f"{trainer['tokens_per_s'] / ngpu:10.0f} tok/s/GPU  MFU {100 * trainer['mfu']:5.1f}%  "
           f"{trainer['ms_per_step']:8.1f} ms/step  peak mem "
-          f"{'n/a' if mem is None else f'{mem:6.1f} GiB'} (after each step)  loss {trainer['loss']:.3f}")
+          f"{'n/a' if mem is None else f'{mem:6.1f} GiB'} in use on the device  loss {trainer['loss']:.3f}")
 else:
     print("trainer  no figures")
 ratio = trainer["tokens_per_s"] / fsdp["tokens_per_s"] if fsdp and trainer else None

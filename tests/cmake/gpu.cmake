@@ -53,6 +53,11 @@ if(TRAINER_HAVE_CUDA)
                          "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};${pg_env}")
   endforeach()
 
+  # parallel.shard=weights: the update beside the next forward against the update before it, bitwise.
+  add_test(NAME gpu_update_overlap COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_update_overlap.sh)
+  set_tests_properties(gpu_update_overlap PROPERTIES LABELS gpu ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
+
   # int8 DP gradients against 1 GPU uncompressed, 5e-2 as in scripts/validate/test_gpu.sh.
   set(PARITY_ENV "TRAINER_PARITY_RTOL=5e-2" "TRAINER_TEST_ARGS=train.device=cuda train.steps=20 train.warmup_steps=4")
   trainer_add_parity(dp2_int8_reduce 2 parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05)

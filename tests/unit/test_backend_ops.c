@@ -313,7 +313,8 @@ static void test_memory(void) {
 // Host memory the device addresses (host_alloc) and the copy stream, as the offloaded optimizer
 // uses them: zero-filled, copies both ways with tickets and joins, and the multi-tensor AdamW
 // with the master weights and moments in host memory and the gradient in backend memory giving
-// the same bits as with everything in backend memory (the same kernel reads them in place).
+// the same bits as with everything in backend memory (the same kernel reads them in place),
+// run on the side stream (side_begin ... side_join_ticket) as the sharded optimizer runs it.
 static void test_host_memory(void) {
   const int64_t n = 3000;
   float *h = G->host_alloc(G, n * sizeof(float)), *src = malloc(n * sizeof(float));
@@ -345,6 +346,16 @@ static void test_host_memory(void) {
   EXPECT(twice, "[%s] copy_async host -> device, after copy_join_ticket", LABEL);
   G->copy_join(G);  // the later copy is done before h is freed
   free(back);
+  // The side stream: a copy there, after the compute stream's work before it (d2's upload), and
+  // the compute stream's read (to_host) after side_join_ticket(-1).
+  G->zero(G, d2, n * sizeof(float));
+  G->side_begin(G);
+  G->copy(G, d2, d, n * sizeof(float));
+  G->side_end(G);
+  G->side_join_ticket(G, -1);
+  back = dev_getf(d2, n);
+  EXPECT(memcmp(back, src, n * sizeof(float)) == 0, "[%s] copy on the side stream, after side_join_ticket", LABEL);
+  free(back);
   // AdamW over two ranges: p, m, v in host memory against the same in backend memory.
   float *hp = G->host_alloc(G, n * sizeof(float)), *hm = G->host_alloc(G, n * sizeof(float));
   float *hv = G->host_alloc(G, n * sizeof(float));
@@ -356,7 +367,9 @@ static void test_host_memory(void) {
   const k_range r[2] = {{0, 1000, 1, 500}, {1000, 1500, 0, 1500}};
   void *pc_d = G->alloc(G, n * k_dtype_bytes(G->act)), *pc_h = G->alloc(G, n * k_dtype_bytes(G->act));
   G->adamw_ranges(G, dp, pc_d, G->act, dg, dm, dv, r, 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f);
+  G->side_begin(G);  // and on the side stream: the same bits
   G->adamw_ranges(G, hp, pc_h, G->act, dg, hm, hv, r, 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 0.5f);
+  G->side_join_ticket(G, G->side_end(G));
   G->sync(G);
   float *ep = dev_getf(dp, n), *em = dev_getf(dm, n), *ev = dev_getf(dv, n);
   float *cd = dev_get_typed(pc_d, n, G->act), *ch = dev_get_typed(pc_h, n, G->act);

@@ -97,8 +97,9 @@ static void timeline_start(void) {
   const char *path = getenv("TRAINER_TIMELINE_OUT");
   char name[4096];
   snprintf(name, sizeof name, "%s", path && *path ? path : "timeline.csv");
-  if (getenv("OMPI_COMM_WORLD_RANK"))  // several processes: one file each
-    snprintf(name + strlen(name), sizeof name - strlen(name), ".%d", (int)getpid());
+  const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+  if (rank)  // several processes: one file each, named by rank
+    snprintf(name + strlen(name), sizeof name - strlen(name), ".rank%s", rank);
   timeline_out = fopen(name, "w");
   if (!timeline_out) {
     fprintf(stderr, "cupti_timeline: cannot write %s\n", name);

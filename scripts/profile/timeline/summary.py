@@ -8,7 +8,8 @@ once per piece of the distributed optimizer's update). Per step: the GPU's busy 
 copies and memsets over every stream), its idle time, and the idle gaps longer than --gap-us,
 each named by the work before and after it and by the host's CUDA calls running during it
 (a host-side wait, or a slow launch, shows there). Then the kernels' time per step as they ran,
-to set beside Nsight Compute's isolated replays (scripts/profile/profile_kernels.sh).
+to set beside Nsight Compute's isolated replays (scripts/profile/profile_kernels.sh). Where the
+timeline has collectives (a rank of a multi-GPU run), how much of their time ran beside other work.
   summary.py TIMELINE.csv [--marker sumsq_ranges_total] [--skip 1] [--gap-us 10] [--top 15]
 """
 import argparse
@@ -20,6 +21,48 @@ import sys
 def short(name, n=60):
     name = name.split("(")[0]
     return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def merged(intervals):
+    """The union of (start, end) intervals as sorted disjoint ones."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def overlap(a, b):
+    """Length of the intersection of two unions from merged()."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        total += max(0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def comm_beside_compute(gpu, t0, t1, n_steps):
+    """Collectives (NCCL's kernels) against the rest of the GPU's work, per step: how long each ran,
+    how much of the collectives' time had computation beside it, and how long the GPU ran
+    collectives only (communication the step waited for)."""
+    comm, comp = [], []
+    for s, e, n, k in gpu:
+        if e > t0 and s < t1:
+            (comm if "ncclDevKernel" in n or "ncclKernel" in n else comp).append((max(s, t0), min(e, t1)))
+    if not comm:
+        return
+    comm, comp = merged(comm), merged(comp)
+    c_len, p_len = sum(e - s for s, e in comm), sum(e - s for s, e in comp)
+    both = overlap(comm, comp)
+    ms = lambda v: v / n_steps / 1e6  # noqa: E731
+    print(f"\ncollectives (NCCL kernels) beside the rest, ms per step: collectives running {ms(c_len):.2f}, of "
+          f"which beside other work {ms(both):.2f} ({100 * both / c_len:.1f}%) and alone {ms(c_len - both):.2f}; "
+          f"other work running {ms(p_len):.2f}")
 
 
 def main():
@@ -89,6 +132,8 @@ def main():
     print(f"\n{'ms/step':>8s} {'gaps/step':>9s}  {'after':40s}  {'before':40s}  host call during the gap")
     for (b, nxt, cause), (cnt, tot) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])[: a.top]:
         print(f"{tot / n_steps / 1e6:8.3f} {cnt / n_steps:9.1f}  {b:40s}  {nxt:40s}  {cause}")
+
+    comm_beside_compute(gpu, t0, t1, n_steps)
 
     per = collections.defaultdict(float)
     calls = collections.Counter()
