@@ -196,8 +196,8 @@ static void cuda_release(k_backend *b) {
   k_cuda_lt_free(&c->lt);
   k_cudnn_attn_free(&c->cudnn);
   k_cuda_optim_free(&c->optim);
-  k_cuda_copy_free(&c->copy);
-  k_cuda_side_free(&c->side);
+  k_cuda_lane_free(&c->copy);
+  k_cuda_lane_free(&c->side);
   CUBLAS_CHECK(cublasDestroy(c->cublas));
   CUDA_CHECK(cudaFree(c->cublas_ws));
   CUDA_CHECK(cudaFree(c->scratch));

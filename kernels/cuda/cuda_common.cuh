@@ -21,8 +21,7 @@ typedef __nv_bfloat16 k_bf16;
 // the backend's release.
 struct k_cuda_lt;     // kernels/cuda/gemm_lt.cu: the cuBLASLt handle and plan cache
 struct k_cuda_optim;  // kernels/cuda/optim_cuda.cu: device range tables, partial sums
-struct k_cuda_copy;   // kernels/cuda/host_cuda.cu: the copy stream and its events
-struct k_cuda_side;   // kernels/cuda/host_cuda.cu: the side stream and its events
+struct k_cuda_lane;   // kernels/cuda/host_cuda.cu: a stream beside the compute stream and its events
 
 struct k_cuda_ctx {
   int device;
@@ -38,8 +37,8 @@ struct k_cuda_ctx {
   k_cuda_lt *lt;         // NULL until the first linear_residual
   k_cudnn_attn *cudnn;   // NULL until the first attention cuDNN may run
   k_cuda_optim *optim;   // NULL until the first optimizer op
-  k_cuda_copy *copy;     // NULL until the first copy_async (host_cuda.cu)
-  k_cuda_side *side;     // NULL until the first side_begin (host_cuda.cu)
+  k_cuda_lane *copy;     // the copy stream: NULL until the first copy_async (host_cuda.cu)
+  k_cuda_lane *side;     // the side stream: NULL until the first side_begin (host_cuda.cu)
 };
 
 // The context of a CUDA backend (aborts on another kind of backend).
@@ -56,8 +55,7 @@ void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes);
 // them once its stream is idle.
 void k_cuda_lt_free(k_cuda_lt **lt);
 void k_cuda_optim_free(k_cuda_optim **o);
-void k_cuda_copy_free(k_cuda_copy **k);
-void k_cuda_side_free(k_cuda_side **k);
+void k_cuda_lane_free(k_cuda_lane **k);
 
 // Element types of act tensors: loads widen to fp32, where all math is done; stores round to
 // nearest even (NaN stays NaN, overflow goes to Inf).
