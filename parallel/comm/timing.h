@@ -19,7 +19,9 @@
 //              optimizer.offload_layer_wait also the host's time in the host update that the
 //              next forward runs before its layers (not in compute). The GPU runs the forward
 //              already queued meanwhile, so that part is an upper bound of the time the update
-//              exposes, and compute a lower bound of the forward's (exact on CPU ranks)
+//              exposes, and compute a lower bound of the forward's (exact on CPU ranks). With
+//              optimizer.update_overlap (parallel.shard=weights) the update of all but the norms
+//              runs beside the next forward: its time, and its slowing of that forward, are in compute
 #ifndef TRAINER_TIMING_H
 #define TRAINER_TIMING_H
 

@@ -4,7 +4,8 @@
 # op of the backend table against the CPU reference, optimizer ops included),
 # the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
 # compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), FP8 block
-# scaling's parity, FP8 weights all-gathered as codes against the bf16 gather (bitwise), killing
+# scaling's parity, FP8 weights all-gathered as codes against the bf16 gather (bitwise), the
+# sharded weights' update beside the next forward against the update before it (bitwise), killing
 # a rank of a dp2 run, the optimizer state in host memory (both engines
 # against the on-GPU optimizer, resume), sampling on the GPU against the CPU, and the
 # default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
