@@ -124,6 +124,11 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, shard_prefetch, 1, 8, 1,
           "parallel.shard=weights: groups (layers) gathered ahead of the one computing, each in a slot of its own "
           "and on a communicator of its own; 1 = the next one; no effect in the other modes"),
+  CFG_BOOL(parallel, gather_copy_engine, 0,
+           "parallel.shard=weights on GPUs of one node: the layers' all-gathers run on the GPUs' copy engines "
+           "(NCCL's zero-CTA policy, slots in registered symmetric memory, a communicator per slot), leaving "
+           "every SM to the compute beside them; false = NCCL's kernels; no effect in the other modes or on "
+           "CPU ranks"),
   CFG_INT(parallel, shard_group, 0, 1048576, 0,
           "dp ranks that share out what parallel.shard shards (hybrid sharding): 0 = all of dp; a divisor of dp "
           "shards inside groups of that many consecutive dp ranks (a node's) and keeps a replica in each group, "

@@ -25,6 +25,7 @@ void cfg_resolve_shard(cfg *c) {
                                      [CFG_SHARD_GRADS] = OPT_SHARD_GRADS, [CFG_SHARD_WEIGHTS] = OPT_SHARD_WEIGHTS};
   c->optim.shard = shards[c->parallel.shard];
   c->optim.shard_prefetch = c->parallel.shard_prefetch;
+  c->optim.gather_copy_engine = c->parallel.gather_copy_engine;
 }
 
 // The optimizer's state: what is sharded over dp and where it lives (the optimizer section's

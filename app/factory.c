@@ -102,9 +102,12 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   // run on this one: a wait for one does not wait for the other.
   if ((p->dp_overlap_ctas > 0 || p->shard == CFG_SHARD_WEIGHTS) && p->dp > 1)
     grid_add_dp_overlap(&f->g, &f->comms, p->dp_overlap_ctas);
-  // Each gather of parallel.shard=weights in flight has a communicator: the shard group's, then these.
-  if (p->shard == CFG_SHARD_WEIGHTS && p->dp > 1 && p->shard_prefetch > 1)
-    grid_add_gathers(&f->g, &f->comms, p->shard_prefetch - 1);
+  // Each gather of parallel.shard=weights in flight has a communicator: the shard group's, then these;
+  // on the copy engines, one of these per slot (the slots are registered with it).
+  if (p->shard == CFG_SHARD_WEIGHTS && p->dp > 1 && p->gather_copy_engine)
+    grid_add_gathers(&f->g, &f->comms, p->shard_prefetch + 1, 1);
+  else if (p->shard == CFG_SHARD_WEIGHTS && p->dp > 1 && p->shard_prefetch > 1)
+    grid_add_gathers(&f->g, &f->comms, p->shard_prefetch - 1, 0);
   return 0;
 }
 

@@ -483,7 +483,18 @@ static const comm_ops comm_mpi_ops = {
     .xfer_mark = comm_mpi_xfer_mark,
     .xfer_wait = comm_mpi_xfer_wait,
     .xfer_reset = comm_mpi_xfer_reset,
+    .buffer_alloc = comm_no_buffer_alloc,
+    .buffer_free = comm_no_buffer_free,
 };
+
+void *comm_no_buffer_alloc(comm *c, size_t n_bytes) {
+  (void)c, (void)n_bytes;
+  return NULL;
+}
+
+void comm_no_buffer_free(comm *c, void *buf) {
+  CHECK(!buf, "comm %s: buffer_free of a buffer it never allocated (it has no copy-engine memory)", c->name);
+}
 
 comm *comm_mpi_create(MPI_Comm mpi, const char *name, const comm_opts *opts) {
   const comm_opts o = opts ? *opts : comm_opts_default();

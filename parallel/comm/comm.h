@@ -74,6 +74,14 @@ typedef struct comm_ops {
   int (*xfer_mark)(comm *c);
   void (*xfer_wait)(comm *c, int ticket);
   void (*xfer_reset)(comm *c);
+  // Memory this communicator's all-gathers move through the copy engines, using no SMs (NCCL
+  // with comm_opts.zero_cta on one node: ncclMemAlloc memory registered as a symmetric window;
+  // an in-place gather whose region lies in it runs so). buffer_alloc is collective: every rank
+  // asks for the same size, in the same order; zero-filled. NULL where the communicator has no
+  // such memory (MPI, staged, NCCL without zero_cta): the caller then takes its backend's.
+  // buffer_free deregisters and frees one (collective too), before the communicator is freed.
+  void *(*buffer_alloc)(comm *c, size_t n_bytes);
+  void (*buffer_free)(comm *c, void *buf);
 } comm_ops;
 
 struct comm {
@@ -96,6 +104,8 @@ typedef struct comm_opts {
                             // the chunked paths on small buffers
   void *stream;             // NCCL, staged: the cudaStream_t every operation is ordered on (the
                             // backend's compute stream); NULL = the legacy default stream
+  int zero_cta;             // NCCL: the zero-CTA policy: collectives on buffer_alloc memory that the
+                            // copy engines can run (all-gathers) run there (parallel.gather_copy_engine)
 } comm_opts;
 
 #define COMM_TIMEOUT_S_DEFAULT 600.0
@@ -138,6 +148,9 @@ comm *comm_mpi_create(MPI_Comm mpi, const char *name, const comm_opts *opts);
 comm_factory comm_mpi_factory(const comm_opts *opts);
 // Safe with NULL and twice (sets *c to NULL).
 void comm_free(comm **c);
+// buffer_alloc and buffer_free of a communicator without copy-engine memory (MPI, staged).
+void *comm_no_buffer_alloc(comm *c, size_t n_bytes);
+void comm_no_buffer_free(comm *c, void *buf);
 int comm_dtype_bytes(comm_dtype t);
 // Makes room for need entries of elem bytes in the array *p of capacity *cap (doubling; new
 // entries zeroed), for the lists a communicator implementation keeps; what names it in errors.

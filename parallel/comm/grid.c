@@ -81,14 +81,16 @@ void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas) {
   g->dp_overlap = grid_shard_split(g, "dp-overlap", f, &o);
 }
 
-void grid_add_gathers(grid *g, const comm_factory *f, int n) {
+void grid_add_gathers(grid *g, const comm_factory *f, int n, int zero_cta) {
   CHECK(f && f->create, "grid_add_gathers: no communicator factory given");
   CHECK(!g->gather_c && n >= 1, "grid_add_gathers: once per grid, n = %d >= 1", n);
+  comm_opts o = f->opts;
+  o.zero_cta = zero_cta;
   g->gather_c = XCALLOC((size_t)n, sizeof(comm *));
   for (int i = 0; i < n; i++) {
     char name[24];
     snprintf(name, sizeof name, "gather-%d", i + 1);
-    g->gather_c[i] = grid_shard_split(g, name, f, &f->opts);
+    g->gather_c[i] = grid_shard_split(g, name, f, &o);
   }
   g->n_gather = n;
 }

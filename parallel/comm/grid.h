@@ -42,10 +42,11 @@ static inline comm *grid_shard_comm(const grid *g) { return g->shard_c ? g->shar
 // CTAs per operation (0: NCCL's choice; only NCCL uses it): the DP reductions that run beside
 // backward slow it less with fewer SMs. Collective over the world; once per grid.
 void grid_add_dp_overlap(grid *g, const comm_factory *f, int max_ctas);
-// Adds n communicators over the ranks of grid_shard_comm, made by f with f->opts: parallel.shard=
-// weights gathers the layers it prefetches beyond the next one on them. Collective over the
-// world; once per grid, after grid_set_shard_group.
-void grid_add_gathers(grid *g, const comm_factory *f, int n);
+// Adds n communicators over the ranks of grid_shard_comm, made by f with f->opts (and
+// comm_opts.zero_cta as given): parallel.shard=weights gathers layers on them, with
+// parallel.gather_copy_engine one per slot, else those it prefetches beyond the next one.
+// Collective over the world; once per grid, after grid_set_shard_group.
+void grid_add_gathers(grid *g, const comm_factory *f, int n, int zero_cta);
 // Safe twice.
 void grid_free(grid *g);
 // World rank of the given coordinates.

@@ -49,12 +49,21 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch) {
     }
   }
   ws->n_slots = prefetch + 1;
+  ws->copy_engine = o->cfg.gather_copy_engine;
+  CHECK(!ws->copy_engine || o->g->n_gather == ws->n_slots, "parallel.gather_copy_engine: %d slots need as many "
+        "gather communicators (grid_add_gathers), the grid has %d", ws->n_slots, o->g->n_gather);
   ws->pc = be->alloc(be, (size_t)(o->shard_n ? o->shard_n : 1) * m->act_bytes);
-  for (int s = 0; s < ws->n_slots; s++) ws->slot[s] = be->alloc(be, (size_t)ws->slot_elem * m->act_bytes);
+  const size_t slot_bytes = (size_t)ws->slot_elem * m->act_bytes;
+  for (int s = 0; s < ws->n_slots; s++) {
+    comm *c = ws->copy_engine ? o->g->gather_c[s] : NULL;
+    ws->slot[s] = c ? c->ops->buffer_alloc(c, slot_bytes) : NULL;
+    ws->slot_owner[s] = ws->slot[s] ? c : NULL;
+    if (!ws->slot[s]) ws->slot[s] = be->alloc(be, slot_bytes);
+  }
   ws->n_bytes = (int64_t)(o->shard_n + ws->n_slots * ws->slot_elem) * (int64_t)m->act_bytes;
-  ws->n_comms = prefetch;
-  ws->comms[0] = grid_shard_comm(o->g);
-  for (int c = 1; c < prefetch; c++) ws->comms[c] = o->g->gather_c[c - 1];
+  ws->n_comms = ws->copy_engine ? ws->n_slots : prefetch;
+  for (int c = 0; c < ws->n_comms; c++)
+    ws->comms[c] = ws->copy_engine ? o->g->gather_c[c] : c == 0 ? grid_shard_comm(o->g) : o->g->gather_c[c - 1];
   o->ws = ws;
   invalidate(o);
   return ws;
@@ -66,7 +75,10 @@ void weight_shard_free(weight_shard **p, k_backend *be) {
   for (int s = 0; s < ws->n_slots; s++)  // the next step's first gather, started after the last update
     if (ws->slot_comm[s]) ws->slot_comm[s]->ops->wait(ws->slot_comm[s]);
   be->free(be, ws->pc);
-  for (int s = 0; s < ws->n_slots; s++) be->free(be, ws->slot[s]);
+  for (int s = 0; s < ws->n_slots; s++) {
+    if (ws->slot_owner[s]) ws->slot_owner[s]->ops->buffer_free(ws->slot_owner[s], ws->slot[s]);
+    else be->free(be, ws->slot[s]);
+  }
   free(ws);
   *p = NULL;
 }
@@ -94,7 +106,7 @@ static void gather_start(opt_state *o, int b, int s) {
   const int64_t ab = (int64_t)o->m->act_bytes, at = 0, len = k->len;
   slot_wait(o, s);  // a gather still writing slot s (a prefetch never used): this rank's part goes in after it
   opt_update_wait(o, b);  // optimizer.update_overlap: the part's update, on the side stream
-  comm *c = ws->comms[ws->next_comm];
+  comm *c = ws->copy_engine ? ws->comms[s] : ws->comms[ws->next_comm];
   ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
   trace_push_range("dp weights all-gather");
   be->copy(be, (char *)ws->slot[s] + o->part_rank * len * ab, weight_shard_part(o, k), (size_t)(len * ab));

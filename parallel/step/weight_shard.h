@@ -8,8 +8,9 @@
 // first. A group still in a slot is not gathered again: the head, last in forward, is first in
 // backward, and the embedding, last in backward, first in the next forward. A communicator's wait
 // covers every collective started on it, so each gather in flight has a communicator of its own
-// (the shard group's, then grid_add_gathers's, in turn), and the gradients' reduce-scatters run on
-// dp-overlap: waiting for one never waits for another. An update (or any change of the weights)
+// (the shard group's, then grid_add_gathers's, in turn; with parallel.gather_copy_engine each slot
+// has one, which allocated the slot in memory its copy engines gather into), and the gradients'
+// reduce-scatters run on dp-overlap: waiting for one never waits for another. An update (or any change of the weights)
 // empties the slots and starts the gather of the next forward's first group. The norms' fp32 copy
 // stays whole (m->norm_copy, opt_share_norms). In FP8 a group's FP8 copies live in the bank of its
 // slot (model_fp8_place), cast from the gathered weights.
@@ -31,8 +32,11 @@ typedef struct weight_shard {
   int64_t slot_used[WEIGHT_SHARD_MAX_PREFETCH + 1];  // when it was last gathered into or computed from
   int64_t tick;
   int current;          // the slot of the group being computed; -1 none
-  comm *comms[WEIGHT_SHARD_MAX_PREFETCH];  // (prefetch) the gathers' communicators, taken in turn
+  comm *comms[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the gathers' communicators: (prefetch) taken in turn, or
+                                               // with gather_copy_engine (n_slots) slot s's gathers on comms[s]
   int n_comms, next_comm;
+  int copy_engine;      // parallel.gather_copy_engine: each slot from its communicator's buffer_alloc where it has one
+  comm *slot_owner[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the communicator whose buffer_alloc made slot s; NULL: the backend
   int tied_head;        // the bucket of a head tied to the embedding (its weights are the embedding's), or -1
   int tied_embed;       // and the embedding's bucket
   int64_t n_bytes;      // backend memory of pc and the slots

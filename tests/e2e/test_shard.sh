@@ -6,7 +6,8 @@
 # - dp2 shard=grads and shard=weights with one micro-batch a step: the same losses and final
 #   checkpoint as shard=optimizer bit for bit (each reduce-scatter sums the same two blocks), and
 #   weights so in FP8 with the head in FP8 too (the FP8 copies cast from the gathered layer), and
-#   weights with three layers gathered ahead as with one;
+#   weights with three layers gathered ahead, or with a communicator per slot
+#   (parallel.gather_copy_engine: the copy engines on GPUs), as with one;
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
 #   report's exposed dp comm;
 # - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
@@ -24,11 +25,13 @@ for mode in optimizer grads weights; do
 done
 run weights_p3 2 parallel.dp=2 parallel.shard=weights parallel.shard_prefetch=3 train.micro_batch=4 \
   || fail "shard=weights prefetch 3: $(tail -3 "$WORK/weights_p3/log")"
+run weights_ce 2 parallel.dp=2 parallel.shard=weights parallel.gather_copy_engine=true train.micro_batch=4 \
+  || fail "shard=weights on the copy engines: $(tail -3 "$WORK/weights_ce/log")"
 for mode in optimizer weights; do  # FP8: the weights' copies cast from the gathered layer
   run "fp8_$mode" 2 parallel.dp=2 "parallel.shard=$mode" train.micro_batch=4 train.precision=fp8 fp8.head=true \
     || fail "FP8 shard=$mode on dp2: $(tail -3 "$WORK/fp8_$mode/log")"
 done
-for pair in "optimizer grads" "optimizer weights" "weights weights_p3" "fp8_optimizer fp8_weights"; do
+for pair in "optimizer grads" "optimizer weights" "weights weights_p3" "weights weights_ce" "fp8_optimizer fp8_weights"; do
   set -- $pair
   same_losses "$1" "$2" 0 && pass "$2: losses bitwise those of $1" || fail "$2: losses differ from $1"
   if "$BUILD/ckpt_compare" "$WORK/$1/ckpt/ckpt_00000006.h5" "$WORK/$2/ckpt/ckpt_00000006.h5" --rtol 0 \

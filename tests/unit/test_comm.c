@@ -686,6 +686,10 @@ static void run_mpi(void) {
              comm_dtype_bytes(COMM_I32) == 4 && comm_dtype_bytes(COMM_I64) == 8, "comm_dtype_bytes");
   suite s = {.kind = KIND_MPI, .label = "mpi", .f = comm_mpi_factory(&o)};
   run_suite(&s);
+  comm *c = suite_comm(&s, "buffers");
+  EXPECT(c->ops->buffer_alloc(c, 64) == NULL, "mpi: no copy-engine memory (buffer_alloc gives NULL)");
+  c->ops->buffer_free(c, NULL);
+  comm_free(&c);
   comm_factory_free(&s.f);
   comm_factory_free(&s.f);  // safe twice
 
@@ -699,6 +703,32 @@ static void run_mpi(void) {
 #ifdef TRAINER_HAVE_CUDA
 // NCCL: one GPU per rank (comm_nccl_set_device), the kind and stream of its communicators, the
 // NVLS default, comm_nccl_wait on a host communicator.
+// comm_opts.zero_cta: buffer_alloc gives memory (registered as a symmetric window), and an
+// in-place all-gather inside it, as parallel.gather_copy_engine runs them (the copy engines on one
+// node), gathers every rank's block; twice, as a slot is reused. Then freed before the communicator.
+static void test_copy_engine_gather(const suite *s, comm *c) {
+  const int n = c->size, r = c->rank;
+  const int64_t N = 1 << 20;
+  float *buf = c->ops->buffer_alloc(c, (size_t)(n * N) * sizeof(float));
+  EXPECT(buf != NULL, "%s: buffer_alloc of a zero-CTA communicator gives memory", s->label);
+  if (!buf) return;
+  float *h = XMALLOC((size_t)(n * N) * sizeof *h);
+  for (int round = 0; round < 2; round++) {
+    for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? (float)(10 * round + r + (i % N) % 7) : -1.0f;
+    buf_put(s, buf, h, (size_t)(n * N) * sizeof *h);
+    const int64_t at = 0, len = N;
+    c->ops->all_gather_regions_start(c, buf, &at, &len, 1, COMM_F32);
+    c->ops->wait(c);
+    buf_get(s, h, buf, (size_t)(n * N) * sizeof *h);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n * N; i++) bad += h[i] != (float)(10 * round + i / N + (i % N) % 7);
+    EXPECT(bad == 0, "%s: in-place all-gather in buffer_alloc memory, round %d: %lld wrong of %lld", s->label, round,
+           (long long)bad, (long long)(n * N));
+  }
+  free(h);
+  c->ops->buffer_free(c, buf);
+}
+
 static void run_nccl(void) {
   int dev = comm_nccl_set_device(), local = comm_nccl_local_rank(), n_dev = comm_nccl_device_count();
   EXPECT(dev == local % n_dev, "device %d for local rank %d", dev, local);
@@ -726,6 +756,14 @@ static void run_nccl(void) {
   comm_free(&m);
 
   run_suite(&s);
+  comm *plain = suite_comm(&s, "plain");
+  EXPECT(plain->ops->buffer_alloc(plain, 64) == NULL, "buffer_alloc without zero_cta gives no memory");
+  comm_free(&plain);
+  comm_opts z = o;
+  z.zero_cta = 1;
+  comm *zc = s.f.create(s.f.ctx, MPI_COMM_WORLD, "zero-cta", &z);
+  test_copy_engine_gather(&s, zc);
+  comm_free(&zc);
   comm_factory_free(&s.f);
   CUDA_CHECK(cudaStreamDestroy(S));
 }

@@ -32,6 +32,8 @@ typedef struct comm_nccl_world {
   int group_ops;            // send/recv calls in the open group, for the failure message
 } comm_nccl_world;
 
+enum { COMM_NCCL_MAX_WINDOWS = 16 };
+
 typedef struct comm_nccl {
   comm_nccl_world *world;   // of the factory that made it
   comm_opts opts;           // as made; the transfer links (xfer_open) are made with them too
@@ -50,6 +52,9 @@ typedef struct comm_nccl {
   cudaEvent_t *tickets;
   char *in_flight;          // (cap_tickets) a transfer's ticket not yet waited for (marks: 0)
   int n_tickets, cap_tickets;
+  // buffer_alloc's buffers, each registered as a symmetric window of this communicator.
+  struct { void *buf; ncclWindow_t win; } windows[COMM_NCCL_MAX_WINDOWS];
+  int n_windows;
 } comm_nccl;
 
 static const comm_ops comm_nccl_ops;
@@ -613,10 +618,43 @@ static void comm_nccl_unlink(comm *c) {
   }
 }
 
+// comm_opts.zero_cta: memory from ncclMemAlloc (cuMem, which windows need), registered as a
+// symmetric window (every rank the same size, in the same order), so that an all-gather inside it
+// runs on the copy engines. Without zero_cta: none (the caller takes its backend's).
+static void *comm_nccl_buffer_alloc(comm *c, size_t n_bytes) {
+  comm_nccl *m = comm_nccl_live_impl(c, "buffer_alloc");
+  if (!m->opts.zero_cta) return NULL;
+  CHECK(m->n_windows < COMM_NCCL_MAX_WINDOWS, "comm %s: more than %d copy-engine buffers", c->name,
+        COMM_NCCL_MAX_WINDOWS);
+  void *buf = NULL;
+  COMM_NCCL_CALL(c, ncclMemAlloc(&buf, n_bytes ? n_bytes : 1));
+  CUDA_CHECK(cudaMemset(buf, 0, n_bytes));
+  ncclWindow_t win;
+  comm_nccl_note(c, "window registration of %zu bytes (ncclCommWindowRegister)", n_bytes);
+  COMM_NCCL_CALL(c, ncclCommWindowRegister(m->nccl, buf, n_bytes ? n_bytes : 1, &win, NCCL_WIN_COLL_SYMMETRIC));
+  m->windows[m->n_windows].buf = buf;
+  m->windows[m->n_windows].win = win;
+  m->n_windows++;
+  return buf;
+}
+
+static void comm_nccl_buffer_free(comm *c, void *buf) {
+  if (!buf) return;
+  comm_nccl *m = comm_nccl_live_impl(c, "buffer_free");
+  int k = 0;
+  while (k < m->n_windows && m->windows[k].buf != buf) k++;
+  CHECK(k < m->n_windows, "comm %s: buffer_free of a buffer it did not allocate", c->name);
+  if (m->side) CUDA_CHECK(cudaStreamSynchronize(m->side));  // no gather in flight reads it
+  COMM_NCCL_CALL(c, ncclCommWindowDeregister(m->nccl, m->windows[k].win));
+  NCCL_CHECK(ncclMemFree(buf));
+  m->windows[k] = m->windows[--m->n_windows];
+}
+
 static void comm_nccl_free(comm *c) {
   if (!c) return;
   comm_nccl *m = c->impl;
   if (m) {
+    while (m->nccl && m->n_windows > 0) comm_nccl_buffer_free(c, m->windows[m->n_windows - 1].buf);
     if (m->nccl) {
       // Finalize first: it flushes this rank's outstanding operations and lets us wait for
       // them with the timeout, where a bare ncclCommDestroy could block without a bound.
@@ -674,6 +712,8 @@ static const comm_ops comm_nccl_ops = {
     .xfer_mark = comm_nccl_xfer_mark,
     .xfer_wait = comm_nccl_xfer_wait,
     .xfer_reset = comm_nccl_xfer_reset,
+    .buffer_alloc = comm_nccl_buffer_alloc,
+    .buffer_free = comm_nccl_buffer_free,
 };
 
 static comm *comm_nccl_create(comm_nccl_world *w, MPI_Comm mpi, const char *name, const comm_opts *opts) {
@@ -706,6 +746,7 @@ static comm *comm_nccl_create(comm_nccl_world *w, MPI_Comm mpi, const char *name
   cfg.blocking = 0;  // every call returns; hangs are caught by our polling with a deadline
   cfg.commName = c->name;
   if (opts->max_ctas > 0) cfg.maxCTAs = opts->max_ctas;
+  if (opts->zero_cta) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
   // The usual cause of a failed set-up on one host is two ranks on one GPU: say what to do.
   comm_nccl_note(c, "set-up (ncclCommInitRankConfig over %d ranks; one GPU each, else parallel.gpu_comm=mpi)",
                  c->size);

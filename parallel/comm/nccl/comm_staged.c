@@ -404,6 +404,8 @@ static const comm_ops comm_staged_ops = {
     .xfer_mark = staged_xfer_mark,
     .xfer_wait = staged_xfer_wait,
     .xfer_reset = staged_xfer_reset,
+    .buffer_alloc = comm_no_buffer_alloc,
+    .buffer_free = comm_no_buffer_free,
 };
 
 comm *comm_staged_create(MPI_Comm mpi, const char *name, const comm_opts *opts) {
