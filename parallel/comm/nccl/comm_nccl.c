@@ -620,7 +620,9 @@ static void comm_nccl_unlink(comm *c) {
 
 // comm_opts.zero_cta: memory from ncclMemAlloc (cuMem, which windows need), registered as a
 // symmetric window (every rank the same size, in the same order), so that an all-gather inside it
-// runs on the copy engines. Without zero_cta: none (the caller takes its backend's).
+// runs on the copy engines. Where NCCL has no symmetric memory (several nodes, no peer access) the
+// registration does nothing and the gathers run NCCL's kernels as without it. Without zero_cta:
+// none (the caller takes its backend's).
 static void *comm_nccl_buffer_alloc(comm *c, size_t n_bytes) {
   comm_nccl *m = comm_nccl_live_impl(c, "buffer_alloc");
   if (!m->opts.zero_cta) return NULL;
@@ -629,7 +631,7 @@ static void *comm_nccl_buffer_alloc(comm *c, size_t n_bytes) {
   void *buf = NULL;
   COMM_NCCL_CALL(c, ncclMemAlloc(&buf, n_bytes ? n_bytes : 1));
   CUDA_CHECK(cudaMemset(buf, 0, n_bytes));
-  ncclWindow_t win;
+  ncclWindow_t win = NULL;  // stays NULL where NCCL cannot register (no symmetric support): plain memory
   comm_nccl_note(c, "window registration of %zu bytes (ncclCommWindowRegister)", n_bytes);
   COMM_NCCL_CALL(c, ncclCommWindowRegister(m->nccl, buf, n_bytes ? n_bytes : 1, &win, NCCL_WIN_COLL_SYMMETRIC));
   m->windows[m->n_windows].buf = buf;
