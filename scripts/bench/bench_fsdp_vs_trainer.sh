@@ -7,7 +7,7 @@
 #       [BATCH per GPU (2)] [STEPS (10)] [NGPU (4)] [trainer overrides key=value ...]
 # Paths are relative to the repository root. CONFIG "" or "auto" takes the shape's config:
 # 124m -> configs/124m.yaml, 1b -> configs/1b.yaml, 7b-layers -> configs/7b_layers.yaml,
-# 7b -> configs/7b_dp4_sharded.yaml (parallel.shard=weights). The trainer runs data parallel over the NGPU ranks
+# 7b -> configs/7b_dp4_sharded.yaml (parallel.shard=weights, gathers on the copy engines). The trainer runs data parallel over the NGPU ranks
 # (parallel.dp=0 unless the overrides set it) with train.global_batch = BATCH x NGPU and
 # train.micro_batch = BATCH, WARMUP + STEPS steps; the overrides come last and win.
 # Environment:
@@ -31,9 +31,9 @@
 # device memory in use after the timed steps (torch.cuda.mem_get_info): the last counts what the
 # trainer's does (CUDA context, NCCL, every pool).
 # Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 58.7 GiB per rank in the trainer
-# with its config's parallel.shard=weights and train.recompute=selective (65.0 GiB in use on an
+# with its config's parallel.shard=weights and train.recompute=selective (65.5 GiB in use on an
 # H100, docs/sharding.md), which fits 80 GB GPUs, and 99.8 GiB with parallel.shard=optimizer and
-# recompute none (the plan is printed first). The baseline takes 57 GiB there (68 reserved), 29 GiB
+# recompute none (the plan is printed first). The baseline takes 57 GiB there (68 reserved, 69.5 in use), 29 GiB
 # with --ac full.
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full
