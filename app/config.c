@@ -124,6 +124,11 @@ static const cfg_key cfg_keys[] = {
   CFG_INT(parallel, shard_prefetch, 1, 8, 1,
           "parallel.shard=weights: groups (layers) gathered ahead of the one computing, each in a slot of its own "
           "and on a communicator of its own; 1 = the next one; no effect in the other modes"),
+  CFG_BOOL(parallel, reshard_after_forward, 1,
+           "parallel.shard=weights: true frees each layer's gathered weights after its forward (at most "
+           "shard_prefetch + 1 layers gathered at a time) and gathers them again for its backward; false keeps "
+           "every layer gathered from its forward to its backward (the whole compute copy on every rank, as FSDP's "
+           "reshard_after_forward=False), so backward gathers nothing; not with FP8 or gather_copy_engine"),
   CFG_BOOL(parallel, gather_copy_engine, 0,
            "parallel.shard=weights on GPUs of one node: the layers' all-gathers run on the GPUs' copy engines "
            "(NCCL's zero-CTA policy, slots in registered symmetric memory, a communicator per slot), leaving "

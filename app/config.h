@@ -75,6 +75,7 @@ typedef struct cfg_parallel {
   int shard_group;            // dp ranks sharing out the sharded state, a replica per group; 0 = all of dp
   int shard_prefetch;         // parallel.shard=weights: groups gathered ahead of the one computing
   int gather_copy_engine;     // bool: parallel.shard=weights gathers on the copy engines (NCCL zero-CTA)
+  int reshard_after_forward;  // bool: parallel.shard=weights frees a layer's gathered weights after its forward
   cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message

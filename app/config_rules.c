@@ -26,6 +26,7 @@ void cfg_resolve_shard(cfg *c) {
   c->optim.shard = shards[c->parallel.shard];
   c->optim.shard_prefetch = c->parallel.shard_prefetch;
   c->optim.gather_copy_engine = c->parallel.gather_copy_engine;
+  c->optim.reshard_after_forward = c->parallel.reshard_after_forward;
 }
 
 // The optimizer's state: what is sharded over dp and where it lives (the optimizer section's
@@ -64,14 +65,26 @@ static int cfg_validate_param_gather(const cfg *c, char *err, size_t n_err) {
 // it; weights gathers each group's compute copy, in the act dtype, into a slot.
 static int cfg_validate_shard(const cfg *c, char *err, size_t n_err) {
   const char *mode = cfg_shard_names[c->parallel.shard];
-  if (c->optim.shard >= OPT_SHARD_GRADS && c->optim.grad_compress != COMM_COMPRESS_NONE)
-    return check_errf(err, n_err, "parallel.shard = %s reduces each layer's fp32 gradients as backward finishes "
-                      "them and cannot compress them yet (parallel.grad_compress = %s): set parallel.shard=optimizer "
-                      "or parallel.grad_compress=none", mode, cfg_grad_compress_names[c->parallel.grad_compress]);
+  const comm_compress_mode gc = c->optim.grad_compress;
+  if (c->optim.shard >= OPT_SHARD_GRADS && gc != COMM_COMPRESS_NONE && gc != COMM_COMPRESS_BF16)
+    return check_errf(err, n_err, "parallel.shard = %s reduces each layer's gradients as backward finishes them, in "
+                      "fp32 or bf16, not in parallel.grad_compress = %s: set parallel.grad_compress=bf16 or none, or "
+                      "parallel.shard=optimizer", mode, cfg_grad_compress_names[c->parallel.grad_compress]);
+  if (c->optim.shard >= OPT_SHARD_GRADS && gc == COMM_COMPRESS_BF16 && c->optim.grad_error_feedback)
+    return check_errf(err, n_err, "parallel.shard = %s reduces each layer's gradients in bf16 without error feedback "
+                      "(it keeps no whole gradient to carry it in): set parallel.grad_error_feedback=auto or off, or "
+                      "parallel.shard=optimizer", mode);
   const int group = c->parallel.shard_group;
   if (group > 0 && c->optim.shard == OPT_SHARD_NONE)
     return check_errf(err, n_err, "parallel.shard_group = %d shares out sharded state, but parallel.shard = none: set "
                       "parallel.shard (optimizer, grads or weights), or parallel.shard_group=0", group);
+  if (c->optim.shard >= OPT_SHARD_WEIGHTS && !c->parallel.reshard_after_forward &&
+      (c->train.precision == CFG_PRECISION_FP8 || c->parallel.gather_copy_engine))
+    return check_errf(err, n_err, "parallel.reshard_after_forward = false keeps a slot per layer, which %s does not "
+                      "serve yet: set parallel.reshard_after_forward=true, or %s",
+                      c->parallel.gather_copy_engine ? "parallel.gather_copy_engine (a communicator per slot)"
+                                                     : "FP8 (a bank of copies per slot)",
+                      c->parallel.gather_copy_engine ? "parallel.gather_copy_engine=false" : "train.precision=bf16");
   if (c->optim.shard >= OPT_SHARD_WEIGHTS && c->optim.fp8_param_gather)
     return check_errf(err, n_err, "parallel.shard = weights gathers each layer's bf16 weights when it computes and "
                       "casts them to FP8 there, so fp8.param_gather has no all-gather to replace: set "

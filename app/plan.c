@@ -165,12 +165,13 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   model_dims *dm = &r.dm;
   model_dims_compute(dm, mc, ml.micro_batch, tp, tr, sp);
   int64_t act = 0, n_proj = 0;  // n_proj: parameters of the block projections (FP8), and the head's
-  int has_fp8_head = 0, len = 0, has_embed = pr == 0, has_head = 0;
+  int has_fp8_head = 0, len = 0, has_embed = pr == 0, has_head = 0, n_layers_here = 0;
   for (int ci = 0; ci < vpp; ci++) {
     int vs = ci * pp + pr, l0, per_chunk, last = vs == pp * vpp - 1;
     model_stage_layers(mc, &ml, vs, &l0, &per_chunk);
     len += snprintf(r.layers + len, sizeof r.layers - len, "%s%d-%d", ci ? "," : "", l0, l0 + per_chunk - 1);
     r.n += plan_chunk_params(c, &ml, vs);
+    n_layers_here += per_chunk;
     for (int l = l0; l < l0 + per_chunk; l++)
       if (ml.fp8.enabled && !(ml.fp8.edge_layers_bf16 && (l == 0 || l == mc->n_layers - 1)))
         for (int k = MODEL_WQ; k <= MODEL_W_DOWN; k++)
@@ -193,9 +194,13 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   double ef = gcm != COMM_COMPRESS_NONE && c->optim.grad_error_feedback ? 4.0 : 0.0;
   r.gr = 4.0 * n * (zero ? 1.0 + 1.0 / parts : 1.0) + (wire + ef) * n;
   // parallel.shard=grads: the reduced part only, and the staging of the groups backward writes
-  // (two slots, a tied embedding's own, a bucket part).
+  // (two slots, a tied embedding's own, a bucket part); reduced in bf16, each slot's bf16 copy
+  // and received part too (grad_shard.h).
   int64_t tied = 0, group = ml.grads_in_optimizer ? plan_largest_group(c, has_embed, has_head, &tied) : 0;
-  if (ml.grads_in_optimizer) r.gr = 4.0 * n / parts + 4.0 * (2.0 * group + (double)tied + (double)group / parts);
+  const double staged = 2.0 * group + (double)tied, n_slots = tied ? 3.0 : 2.0;
+  if (ml.grads_in_optimizer)
+    r.gr = 4.0 * n / parts + 4.0 * (staged + (double)group / parts) +
+           (gcm == COMM_COMPRESS_BF16 ? 2.0 * (staged + n_slots * (double)group / parts) : 0.0);
   // optimizer.offload=host: the master weights and the host share of the moments move to pinned
   // host memory (plan_host_bytes); the compute copy is then separate even in fp32. Where the
   // optimizer holds the masters, the device share keeps them beside its moments, sharded like
@@ -205,8 +210,9 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   double dev_share = ml.master_in_optimizer ? dev_frac * n / parts : 0.0;
   r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
   // parallel.shard=weights: this rank's part of the compute copy, and parallel.shard_prefetch + 1
-  // groups gathered.
-  const double slots = pc->shard_prefetch + 1.0;
+  // groups gathered, or with reshard_after_forward=false every group (its layers, the embedding's
+  // and the head's).
+  const double slots = pc->reshard_after_forward ? pc->shard_prefetch + 1.0 : (double)(n_layers_here + has_embed + has_head);
   if (ml.weights_in_optimizer) r.w = act_bytes * (n / parts + slots * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
   r.adam = 8.0 * n / parts * dev_frac;
   r.host = plan_host_bytes(c, r.n);

@@ -41,6 +41,15 @@ grad_shard *grad_shard_init(opt_state *o) {
   }
   gs->part = be->alloc(be, (size_t)part * sizeof(float));
   gs->staging_bytes = (int64_t)(2 * gs->slot_elem + tied + part) * (int64_t)sizeof(float);
+  gs->bf16 = o->cfg.grad_compress == COMM_COMPRESS_BF16;
+  CHECK(!gs->bf16 || !o->cfg.grad_error_feedback, "parallel.shard=grads: bf16 reduce-scatters without error feedback");
+  for (int s = 0; gs->bf16 && s < 3; s++) {
+    const int64_t n = s < 2 ? gs->slot_elem : tied;
+    if (n == 0) continue;
+    gs->wire[s] = be->alloc(be, (size_t)n * 2);
+    gs->recv[s] = be->alloc(be, (size_t)part * 2);
+    gs->staging_bytes += (n + part) * 2;
+  }
   gs->c = o->g->dp_overlap ? o->g->dp_overlap : grid_shard_comm(o->g);
   return gs;
 }
@@ -48,8 +57,11 @@ grad_shard *grad_shard_init(opt_state *o) {
 void grad_shard_free(grad_shard **p, k_backend *be) {
   grad_shard *gs = *p;
   if (!gs) return;
-  for (int s = 0; s < 3; s++)
-    if (gs->slot[s]) be->free(be, gs->slot[s]);
+  for (int s = 0; s < 3; s++) {
+    void *own[] = {gs->slot[s], gs->wire[s], gs->recv[s]};
+    for (int i = 0; i < 3; i++)
+      if (own[i]) be->free(be, own[i]);
+  }
   be->free(be, gs->part);
   free(gs->slot_of);
   free(gs->count);
@@ -64,6 +76,8 @@ static void flush(opt_state *o) {
   if (!gs->busy[0] && !gs->busy[1] && !gs->busy[2]) return;
   k_backend *be = o->m->be;
   opt_comm_wait(o, gs->c);
+  for (int s = 0; gs->bf16 && s < 3; s++)  // the bf16 parts widened where the fp32 ones would be
+    if (gs->busy[s]) be->cast(be, gs->dst[s], K_F32, gs->recv[s], K_BF16, gs->dst_len[s]);
   if (gs->add_bucket >= 0) {
     const opt_bucket *k = &o->buckets[gs->add_bucket];
     be->add(be, o->grad_shard + k->shard_off, gs->part, k->len);
@@ -119,7 +133,13 @@ void grad_shard_ready(opt_state *o, int grp) {
   float *dst = gs->count[b] == 0 ? o->grad_shard + k->shard_off : gs->part;
   if (dst == gs->part) gs->add_bucket = b;
   gs->last_bucket = b;
-  gs->c->ops->reduce_scatter_start(gs->c, gs->slot[s], dst, k->len, COMM_F32, COMM_SUM);
+  if (gs->bf16) {
+    o->m->be->cast(o->m->be, gs->wire[s], K_BF16, gs->slot[s], K_F32, k->hi - k->lo);
+    gs->c->ops->reduce_scatter_start(gs->c, gs->wire[s], gs->recv[s], k->len, COMM_BF16, COMM_SUM);
+    gs->dst[s] = dst, gs->dst_len[s] = k->len;
+  } else {
+    gs->c->ops->reduce_scatter_start(gs->c, gs->slot[s], dst, k->len, COMM_F32, COMM_SUM);
+  }
   gs->busy[s] = 1;
   gs->count[b]++;
   trace_pop_range();

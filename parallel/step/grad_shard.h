@@ -10,6 +10,9 @@
 // the head's backward and by the embedding's, so it has a slot of its own for the micro-batch.
 // With parallel.shard_group the parts are the group's, and each bucket's part, once its last
 // micro-batch is in, is all-reduced over the replicas on their own communicator, beside backward.
+// With parallel.grad_compress=bf16 a slot is rounded to bf16 (wire) before its reduce-scatter,
+// which sums in bf16 into recv; the wait's flush widens the part back to fp32 where the fp32
+// reduce-scatter would have put it.
 #ifndef TRAINER_GRAD_SHARD_H
 #define TRAINER_GRAD_SHARD_H
 
@@ -28,7 +31,12 @@ typedef struct grad_shard {
   int *slot_of;         // (n_buckets) the slot holding the bucket's gradients this micro-batch
   int *count;           // (n_buckets) micro-batches reduced this step
   comm *c;              // the communicator of the reduce-scatters (dp-overlap where there is one)
-  int64_t staging_bytes;  // backend memory of the slots and the part buffer
+  int bf16;             // parallel.grad_compress=bf16: the reduce-scatters in bf16
+  void *wire[3];        // bf16: slot s rounded (as slot[s]); NULL without
+  void *recv[3];        // bf16: slot s's reduced part (longest bucket part)
+  float *dst[3];        // bf16: where slot s's part goes in fp32 at the flush
+  int64_t dst_len[3];
+  int64_t staging_bytes;  // backend memory of the slots, the part buffer and the bf16 buffers
 } grad_shard;
 
 // After opt_layout_build (one bucket per group): allocates the slots.

@@ -22,6 +22,8 @@ typedef struct opt_config {
   float grad_clip;            // global gradient-norm clip; 0 = off
   opt_shard shard;            // parallel.shard: what is sharded over dp (with dp 1 nothing is)
   int shard_prefetch;         // parallel.shard=weights: groups gathered ahead (weight_shard.h)
+  int reshard_after_forward;  // bool, parallel.reshard_after_forward: 0 keeps every gathered group from forward to
+                              // backward (a slot per group)
   int gather_copy_engine;     // bool, parallel.gather_copy_engine: those gathers on the copy engines, a
                               // communicator (grid_add_gathers, zero-CTA) and a registered slot each
   int update_overlap;         // bool, optimizer.update_overlap: parallel.shard=weights updates each group beside the

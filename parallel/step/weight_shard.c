@@ -4,7 +4,7 @@
 #include "kernels/base/trace.h"
 #include "model/fp8.h"
 
-_Static_assert(WEIGHT_SHARD_MAX_PREFETCH + 1 <= FP8_MAX_BANKS, "an FP8 bank for every slot");
+_Static_assert(WEIGHT_SHARD_MAX_PREFETCH + 1 <= FP8_MAX_BANKS, "an FP8 bank for every slot of the prefetch");
 
 static int bucket_chunk(const opt_state *o, int b) { return o->m->tensors[o->buckets[b].t_lo].chunk; }
 
@@ -27,7 +27,7 @@ static void invalidate(opt_state *o) {
   ws->current = -1;
 }
 
-weight_shard *weight_shard_init(opt_state *o, int prefetch) {
+weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard) {
   model *m = o->m;
   k_backend *be = m->be;
   CHECK(o->gs && !m->params_c, "parallel.shard=weights needs the gradients sharded and a model without a compute "
@@ -48,7 +48,15 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch) {
       ws->tied_embed = opt_bucket_of_group(o, opt_group(bucket_chunk(o, b), MODEL_GRADS_EMBED));
     }
   }
-  ws->n_slots = prefetch + 1;
+  ws->prefetch = prefetch;
+  ws->n_slots = reshard ? prefetch + 1 : o->n_buckets;
+  CHECK(reshard || !m->fp8, "parallel.reshard_after_forward=false keeps a slot per layer, and FP8 has a bank of "
+        "copies for %d slots at most: set parallel.reshard_after_forward=true or train.precision=bf16", FP8_MAX_BANKS);
+  ws->slot = XCALLOC(ws->n_slots, sizeof *ws->slot);
+  ws->slot_bucket = XCALLOC(ws->n_slots, sizeof *ws->slot_bucket);
+  ws->slot_comm = XCALLOC(ws->n_slots, sizeof *ws->slot_comm);
+  ws->slot_used = XCALLOC(ws->n_slots, sizeof *ws->slot_used);
+  ws->slot_owner = XCALLOC(ws->n_slots, sizeof *ws->slot_owner);
   ws->copy_engine = o->cfg.gather_copy_engine;
   CHECK(!ws->copy_engine || o->g->n_gather == ws->n_slots, "parallel.gather_copy_engine: %d slots need as many "
         "gather communicators (grid_add_gathers), the grid has %d", ws->n_slots, o->g->n_gather);
@@ -79,6 +87,11 @@ void weight_shard_free(weight_shard **p, k_backend *be) {
     if (ws->slot_owner[s]) ws->slot_owner[s]->ops->buffer_free(ws->slot_owner[s], ws->slot[s]);
     else be->free(be, ws->slot[s]);
   }
+  free(ws->slot);
+  free(ws->slot_bucket);
+  free(ws->slot_comm);
+  free(ws->slot_used);
+  free(ws->slot_owner);
   free(ws);
   *p = NULL;
 }
@@ -157,7 +170,7 @@ void weight_shard_needed(opt_state *o, int grp, int backward) {
   // The groups this pass reads next, as far as the prefetch goes (w's weights first).
   int keep[WEIGHT_SHARD_MAX_PREFETCH + 1], n_keep = 0;
   keep[n_keep++] = w;
-  for (int nb = next_in_pass(o, b, backward); nb >= 0 && n_keep < ws->n_slots; nb = next_in_pass(o, nb, backward))
+  for (int nb = next_in_pass(o, b, backward); nb >= 0 && n_keep <= ws->prefetch; nb = next_in_pass(o, nb, backward))
     keep[n_keep++] = weights_of(o, nb);
   // The group computed before is queued already: its slot may take a gather (which follows it on
   // the compute stream).

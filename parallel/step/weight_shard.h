@@ -11,7 +11,10 @@
 // (the shard group's, then grid_add_gathers's, in turn; with parallel.gather_copy_engine each slot
 // has one, which allocated the slot in memory its copy engines gather into), and the gradients'
 // reduce-scatters run on dp-overlap: waiting for one never waits for another. An update (or any change of the weights)
-// empties the slots and starts the gather of the next forward's first group. The norms' fp32 copy
+// empties the slots and starts the gather of the next forward's first group. With
+// parallel.reshard_after_forward=false there is a slot per group, so backward finds every group
+// forward gathered (FSDP's reshard_after_forward=False: the whole compute copy between forward
+// and backward, no gathers in backward). The norms' fp32 copy
 // stays whole (m->norm_copy, opt_share_norms). In FP8 a group's FP8 copies live in the bank of its
 // slot (model_fp8_place), cast from the gathered weights.
 #ifndef TRAINER_WEIGHT_SHARD_H
@@ -24,26 +27,29 @@ enum { WEIGHT_SHARD_MAX_PREFETCH = 8 };
 
 typedef struct weight_shard {
   void *pc;             // (shard_n) this rank's part of every bucket, in shard order, in the act dtype
-  int n_slots;          // parallel.shard_prefetch + 1
-  void *slot[WEIGHT_SHARD_MAX_PREFETCH + 1];  // (slot_elem) gathered groups
+  int prefetch;         // parallel.shard_prefetch
+  int n_slots;          // prefetch + 1; with parallel.reshard_after_forward=false one per bucket
+  void **slot;          // (n_slots, slot_elem each) gathered groups
   int64_t slot_elem;    // the longest bucket
-  int slot_bucket[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the bucket slot s holds or is gathering; -1 none
-  comm *slot_comm[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the communicator of its gather in flight; NULL none
-  int64_t slot_used[WEIGHT_SHARD_MAX_PREFETCH + 1];  // when it was last gathered into or computed from
+  int *slot_bucket;     // (n_slots) the bucket slot s holds or is gathering; -1 none
+  comm **slot_comm;     // (n_slots) the communicator of its gather in flight; NULL none
+  int64_t *slot_used;   // (n_slots) when it was last gathered into or computed from
   int64_t tick;
   int current;          // the slot of the group being computed; -1 none
   comm *comms[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the gathers' communicators: (prefetch) taken in turn, or
                                                // with gather_copy_engine (n_slots) slot s's gathers on comms[s]
   int n_comms, next_comm;
   int copy_engine;      // parallel.gather_copy_engine: each slot from its communicator's buffer_alloc where it has one
-  comm *slot_owner[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the communicator whose buffer_alloc made slot s; NULL: the backend
+  comm **slot_owner;    // (n_slots) the communicator whose buffer_alloc made slot s; NULL: the backend
   int tied_head;        // the bucket of a head tied to the embedding (its weights are the embedding's), or -1
   int tied_embed;       // and the embedding's bucket
   int64_t n_bytes;      // backend memory of pc and the slots
 } weight_shard;
 
-// After opt_layout_build (one bucket per group): allocates the part and prefetch + 1 slots.
-weight_shard *weight_shard_init(opt_state *o, int prefetch);
+// After opt_layout_build (one bucket per group): allocates the part and prefetch + 1 slots, or
+// with reshard 0 (parallel.reshard_after_forward=false) a slot per bucket, so that every group
+// gathered for forward stays for backward.
+weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard);
 void weight_shard_free(weight_shard **ws, k_backend *be);
 // Forward (backward 0) or backward (1) is about to read group grp (optim.h's opt_group): its
 // weights gathered and pointed at, and the gathers of the pass's next groups started.

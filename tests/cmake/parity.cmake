@@ -37,6 +37,12 @@ trainer_add_parity(dp2_shard_weights_micro_tied 2 parallel.dp=2 parallel.shard=w
                    model.tie_embeddings=true)
 trainer_add_parity(dp4_shard_weights_recompute 4 parallel.dp=4 parallel.shard=weights train.micro_batch=1
                    train.recompute=full)
+# Every layer kept gathered from its forward to its backward (reshard_after_forward=false), with
+# two micro-batches a step and a pipeline's chunks.
+trainer_add_parity(dp2_shard_weights_no_reshard_micro 2 parallel.dp=2 parallel.shard=weights
+                   parallel.reshard_after_forward=false train.micro_batch=1)
+trainer_add_parity(pp2_vpp2_dp2_shard_weights_no_reshard 4 parallel.pp=2 parallel.vpp=2 parallel.dp=2
+                   parallel.shard=weights parallel.reshard_after_forward=false model.n_layers=8 train.micro_batch=1)
 # Three layers gathered ahead, each on a communicator of its own; a pipeline's chunks.
 trainer_add_parity(dp2_shard_weights_prefetch3_tied 2 parallel.dp=2 parallel.shard=weights parallel.shard_prefetch=3
                    train.micro_batch=1 model.tie_embeddings=true)
@@ -58,6 +64,11 @@ set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-2;TRAINER_TEST_ARGS=train.steps=20")
 trainer_add_parity(dp2_bf16_reduce 2 parallel.dp=2 parallel.grad_compress=bf16)
 trainer_add_parity(dp2_distopt_bf16_reduce 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01
                    parallel.grad_compress=bf16)
+# The same with the gradients (and the weights) sharded: each layer reduce-scattered in bf16 from its
+# slot, two micro-batches a step.
+trainer_add_parity(dp2_shard_grads_bf16_reduce 2 parallel.dp=2 parallel.shard=grads parallel.grad_compress=bf16
+                   train.micro_batch=1)
+trainer_add_parity(dp2_shard_weights_bf16_reduce 2 parallel.dp=2 parallel.shard=weights parallel.grad_compress=bf16)
 set(PARITY_ENV "TRAINER_PARITY_RTOL=1e-3;TRAINER_TEST_ARGS=train.steps=20")
 trainer_add_parity(dp2_fp16_reduce 2 parallel.dp=2 parallel.grad_compress=fp16 parallel.bucket_mb=0.05)
 trainer_add_parity(dp2_distopt_fp16_ef 2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01

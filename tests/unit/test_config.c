@@ -323,9 +323,15 @@ static void test_validate(void) {
           "fp8.head", "= 1000 is not a multiple of 16", "nearest legal value is 1008");
   char *fp8_no_head[] = {"train.precision=fp8", "model.vocab_size=1000"};
   EXPECT(validates(1, 2, fp8_no_head, &c), "fp8 without fp8.head takes a vocabulary of 1000");
-  // parallel.shard=grads reduces fp32 gradients layer by layer: no compressed reduction yet.
-  INVALID(0, OV("parallel.shard=grads", "parallel.grad_compress=bf16"), "parallel.shard = grads",
-          "parallel.grad_compress = bf16", "set parallel.shard=optimizer or parallel.grad_compress=none");
+  // parallel.shard=grads reduces each layer in fp32 or bf16 (no error feedback): int8 and fp16 refused.
+  INVALID(0, OV("parallel.shard=grads", "parallel.grad_compress=int8"), "parallel.shard = grads",
+          "parallel.grad_compress = int8", "set parallel.grad_compress=bf16 or none, or parallel.shard=optimizer");
+  INVALID(0, OV("parallel.shard=weights", "parallel.grad_compress=fp16"), "parallel.shard = weights",
+          "parallel.grad_compress = fp16", "set parallel.grad_compress=bf16 or none");
+  INVALID(0, OV("parallel.shard=weights", "parallel.reshard_after_forward=false", "train.precision=fp8"),
+          "parallel.reshard_after_forward = false", "set parallel.reshard_after_forward=true, or train.precision=bf16");
+  INVALID(0, OV("parallel.shard=grads", "parallel.grad_compress=bf16", "parallel.grad_error_feedback=on"),
+          "parallel.shard = grads", "in bf16 without error feedback", "parallel.grad_error_feedback=auto or off");
   char *sgrads[] = {"parallel.shard=grads", "parallel.dp=2"};
   EXPECT(validates(2, 2, sgrads, &c) && c.optim.shard == OPT_SHARD_GRADS && cfg_model_layout(&c).grads_in_optimizer,
          "parallel.shard=grads on dp 2: the optimizer holds the gradients");
