@@ -124,7 +124,7 @@ typedef struct report_step {
   double loss, lr, grad_norm;  // loss and grad_norm NaN or Inf on a skipped step
   double tokens_per_s, ms_per_step, tflops_per_rank, mem_gib;
   double mfu;                  // NaN: no peak known
-  double ms_compute, ms_tp_comm, ms_pp_comm, ms_dp_comm, ms_optimizer, ms_data;
+  double ms_compute, ms_tp_comm, ms_pp_comm, ms_dp_comm, ms_dp_gather, ms_optimizer, ms_data;
   double val_loss;             // NaN: no evaluation at this step
 } report_step;
 
@@ -137,7 +137,7 @@ static report_step report_gather_step(const trainer *t, const trainer_step_resul
       .ms_per_step = r->seconds * 1e3, .tflops_per_rank = tflops, .mem_gib = r->mem_bytes / 1073741824.0,
       .mfu = t->be->peak_tflops > 0 ? tflops / t->be->peak_tflops : NAN, .ms_compute = tm->compute * 1e3,
       .ms_tp_comm = tm->tp_comm * 1e3, .ms_pp_comm = tm->pp_comm * 1e3, .ms_dp_comm = tm->dp_comm * 1e3,
-      .ms_optimizer = tm->optimizer * 1e3, .ms_data = tm->data * 1e3, .val_loss = val_loss};
+      .ms_dp_gather = tm->dp_gather * 1e3, .ms_optimizer = tm->optimizer * 1e3, .ms_data = tm->data * 1e3, .val_loss = val_loss};
 }
 
 static void report_print_step(const trainer *t, const report_step *v) {
@@ -166,8 +166,8 @@ static void report_json_step(FILE *f, const report_step *v) {
   if (!isfinite(v->grad_norm)) fprintf(f, ", \"skipped\": true");
   if (!isnan(v->mfu)) fprintf(f, ", \"mfu\": %.4f", v->mfu);
   fprintf(f, ", \"ms_compute\": %.3f, \"ms_tp_comm\": %.3f, \"ms_pp_comm\": %.3f, \"ms_dp_comm\": %.3f, "
-             "\"ms_optimizer\": %.3f, \"ms_data\": %.3f",
-          v->ms_compute, v->ms_tp_comm, v->ms_pp_comm, v->ms_dp_comm, v->ms_optimizer, v->ms_data);
+             "\"ms_dp_gather\": %.3f, \"ms_optimizer\": %.3f, \"ms_data\": %.3f",
+          v->ms_compute, v->ms_tp_comm, v->ms_pp_comm, v->ms_dp_comm, v->ms_dp_gather, v->ms_optimizer, v->ms_data);
   if (!isnan(v->val_loss)) fprintf(f, ", \"val_loss\": %.9g", v->val_loss);
   fprintf(f, "}\n");
   fflush(f);
@@ -190,6 +190,7 @@ static void report_events_step(trainer *t, const report_step *v) {
   s[n++] = (tb_scalar){"step_ms/tp_comm", v->ms_tp_comm};
   s[n++] = (tb_scalar){"step_ms/pp_comm", v->ms_pp_comm};
   s[n++] = (tb_scalar){"step_ms/dp_comm", v->ms_dp_comm};
+  s[n++] = (tb_scalar){"step_ms/dp_gather", v->ms_dp_gather};
   s[n++] = (tb_scalar){"step_ms/optimizer", v->ms_optimizer};
   if (tb_write_scalars(&t->tb, v->step, s, n) != 0) {
     fprintf(stderr, "warning: cannot write to log.tensorboard '%s' (%s); no more TensorBoard events this run\n",
@@ -277,11 +278,13 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
   if (s->n_timed == 0) return;
   // The step split (what each figure is: parallel/comm/timing.h; dp comm is the exposed part only).
   double k = f->ms_per;
+  char gather_s[64] = "";  // the weights' all-gathers waited for, where they are timed
+  if (t->o.ws && t->c->log.time_dp) snprintf(gather_s, sizeof gather_s, " (weights' gathers %.2f)", tt->dp_gather * k);
   printf("step time on rank 0 (ms, mean of %lld steps): compute %.2f | tp comm %.2f%s | pipeline comm and bubble %.2f "
-         "| exposed dp comm %.2f | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
+         "| exposed dp comm %.2f%s | optimizer %.2f | data %.2f; exposed communication %.1f%% of the step",
          (long long)s->n_timed, tt->compute * k, tt->tp_comm * k,
          t->g->tp > 1 && !t->c->log.time_tp ? " (in compute; log.time_tp=true measures it)" : "", tt->pp_comm * k,
-         tt->dp_comm * k, tt->optimizer * k, tt->data * k, f->exposed_pct);
+         tt->dp_comm * k, gather_s, tt->optimizer * k, tt->data * k, f->exposed_pct);
   if (t->g->pp > 1)
     printf("; pipeline bubble %.1f%% measured (mean over ranks; busiest stage %.1f%%, rank 0 %.1f%%), %.1f%% in "
            "theory ((p-1)/(v*m+p-1))",
@@ -306,12 +309,12 @@ static void report_record(const trainer *t, const report_figures *f, double mem_
           "\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, \"tflops_per_rank\": %.3f, \"mfu\": %.4f, "
           "\"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
           "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
-          "\"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
+          "\"dp_gather\": %.3f, \"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
           "\"bubble_busiest_pct\": %s, \"bubble_theory_pct\": %s}\n",
           (long long)t->step, (long long)s->tokens_seen, f->wall, t->g->world_size, f->mean_tps,
           f->mean_tps / t->g->world_size, f->mean_tflops, f->mfu, mem_peak / 1073741824.0, s->last_loss, val_s,
-          tt->compute * k, tt->tp_comm * k, tt->pp_comm * k, tt->dp_comm * k, tt->optimizer * k, tt->data * k,
-          f->exposed_pct, bubble_s, busiest_s, theory_s);
+          tt->compute * k, tt->tp_comm * k, tt->pp_comm * k, tt->dp_comm * k, tt->dp_gather * k, tt->optimizer * k,
+          tt->data * k, f->exposed_pct, bubble_s, busiest_s, theory_s);
 }
 
 void trainer_report(trainer *t) {

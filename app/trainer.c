@@ -229,6 +229,7 @@ static void trainer_add_timing(trainer_stats *s, double dt) {
   s->tm_total.tp_comm += s->tm.tp_comm;
   s->tm_total.pp_comm += s->tm.pp_comm;
   s->tm_total.dp_comm += s->tm.dp_comm;
+  s->tm_total.dp_gather += s->tm.dp_gather;
   s->tm_total.optimizer += s->tm.optimizer;
   s->t_steady += dt;
   s->n_timed++;

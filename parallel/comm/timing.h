@@ -15,6 +15,8 @@
 //              parallel.shard=grads or weights and log.time_dp=true also what forward and backward
 //              wait for (the weights' all-gathers, the reduce-scatter before the next group's),
 //              measured with a sync around each wait; else that is in compute
+//   dp_gather  of dp_comm, the weights' all-gathers that forward and backward waited for
+//              (parallel.shard=weights with log.time_dp=true; else 0)
 //   optimizer  gradient norm, clipping, AdamW, compute-copy refresh, ZeRO all-gather; with
 //              optimizer.offload_layer_wait also the host's time in the host update that the
 //              next forward runs before its layers (not in compute). The GPU runs the forward
@@ -34,6 +36,7 @@ typedef struct step_timing {
   double tp_comm;    // tensor/sequence-parallel collectives (when measured, see above)
   double pp_comm;    // pipeline send/recv groups, including the wait for the peer (bubble)
   double dp_comm;    // exposed gradient reduction over dp (not hidden behind backward)
+  double dp_gather;  // of dp_comm: the weights' all-gathers waited for (parallel.shard=weights, log.time_dp)
   double optimizer;  // norm, clipping, AdamW, parameter all-gather (ZeRO-1)
 } step_timing;
 

@@ -75,7 +75,7 @@ static void flush(opt_state *o) {
   grad_shard *gs = o->gs;
   if (!gs->busy[0] && !gs->busy[1] && !gs->busy[2]) return;
   k_backend *be = o->m->be;
-  opt_comm_wait(o, gs->c);
+  opt_comm_wait(o, gs->c, 0);
   for (int s = 0; gs->bf16 && s < 3; s++)  // the bf16 parts widened where the fp32 ones would be
     if (gs->busy[s]) be->cast(be, gs->dst[s], K_F32, gs->recv[s], K_BF16, gs->dst_len[s]);
   if (gs->add_bucket >= 0) {
@@ -148,7 +148,7 @@ void grad_shard_ready(opt_state *o, int grp) {
 void grad_shard_step_end(opt_state *o) {
   grad_shard *gs = o->gs;
   flush(o);
-  if (o->replica) opt_comm_wait(o, o->replica);
+  if (o->replica) opt_comm_wait(o, o->replica, 0);
   for (int b = 0; b < o->n_buckets; b++) {
     CHECK(gs->count[b] == o->n_micro,
           "parallel.shard=grads: bucket %d (group %d) was reduced %d times this step, expected once per "

@@ -193,14 +193,16 @@ void opt_free(opt_state *o) {
   o->m = NULL;
 }
 
-void opt_comm_wait(opt_state *o, comm *c) {
+void opt_comm_wait(opt_state *o, comm *c, int gather) {
   if (!o->time_waits || !o->timing) {
     c->ops->wait(c);
     return;
   }
   const double t0 = timing_now(o->m->be);
   c->ops->wait(c);
-  o->timing->dp_comm += timing_now(o->m->be) - t0;
+  const double dt = timing_now(o->m->be) - t0;
+  o->timing->dp_comm += dt;
+  if (gather) o->timing->dp_gather += dt;
 }
 
 float opt_lr_at(const opt_config *hp, int64_t steps, int64_t step) {

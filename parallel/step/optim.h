@@ -146,7 +146,8 @@ void opt_update_part(opt_state *o, int b, const k_range *r, int n, const float *
                      float g_scale);
 // comm's wait (the compute stream waits for the collectives started on comm); with time_waits
 // timed into timing->dp_comm, with a sync before and after (parallel/comm/timing.h).
-void opt_comm_wait(opt_state *o, comm *c);
+// gather: the wait is for a weights' all-gather (also into timing->dp_gather).
+void opt_comm_wait(opt_state *o, comm *c, int gather);
 
 // The wire type of the compute copy's all-gather: the backend's activation dtype.
 static inline comm_dtype opt_act_comm(const opt_state *o) { return o->m->be->act == K_BF16 ? COMM_BF16 : COMM_F32; }

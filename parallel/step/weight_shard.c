@@ -12,7 +12,7 @@ static int bucket_chunk(const opt_state *o, int b) { return o->m->tensors[o->buc
 static void slot_wait(opt_state *o, int s) {
   weight_shard *ws = o->ws;
   if (!ws->slot_comm[s]) return;
-  opt_comm_wait(o, ws->slot_comm[s]);
+  opt_comm_wait(o, ws->slot_comm[s], 1);
   ws->slot_comm[s] = NULL;
 }
 

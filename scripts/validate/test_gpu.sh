@@ -68,6 +68,7 @@ pp2_vpp2 parallel.pp=2 parallel.vpp=2
 dp2_distopt parallel.dp=2 parallel.shard=optimizer
 dp2_shard_grads parallel.dp=2 parallel.shard=grads
 dp2_shard_weights parallel.dp=2 parallel.shard=weights
+dp2_shard_weights_copy_engine parallel.dp=2 parallel.shard=weights parallel.gather_copy_engine=true
 LAYOUTS
 blk="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 fp8.recipe=block fp8.head=true $comm_arg"
 step "FP8 block scaling parity tp2_sp on $on vs 1 GPU (20 steps, tile-aligned model)" bash -c "TRAINER_TEST_ARGS='$blk' sh tests/e2e/test_parity.sh fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2 model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2 > '$logs/parity_fp8_block_tp2_sp.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_block_tp2_sp.log'; exit \$r"

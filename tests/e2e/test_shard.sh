@@ -10,7 +10,7 @@
 #   (parallel.gather_copy_engine: the copy engines on GPUs), or every layer kept from forward to
 #   backward (parallel.reshard_after_forward=false), as with one;
 # - the start-up line names what each rank holds; log.time_dp=true puts the waits into the
-#   report's exposed dp comm;
+#   report's exposed dp comm, the weights' gathers also apart (ms_dp_gather);
 # - hybrid sharding (parallel.shard_group=2 of dp4): the start-up line names the groups;
 # - grads reducing in bf16 (parallel.grad_compress=bf16) bitwise as the sharded optimizer does;
 # - refused: grads with int8 or fp16 compression, or bf16 with error feedback, weights with
@@ -56,12 +56,18 @@ run group2 4 parallel.dp=4 parallel.shard=weights parallel.shard_group=2 \
   || fail "shard_group=2 on dp4: $(tail -3 "$WORK/group2/log")"
 grep -q "^parallel.shard=weights: each rank holds its part (1/2) .*; parallel.shard_group: 2 groups of 2 dp ranks" \
   "$WORK/group2/log" && pass "shard_group=2: the start-up line" || fail "shard_group: $(grep '^parallel.shard' "$WORK/group2/log")"
-# CPU ranks run a started collective at its wait: the timed waits take time.
-python3 - "$WORK/weights/log" <<'PY' && pass "log.time_dp: the waits are exposed dp comm" || fail "log.time_dp: no dp comm"
-import re, sys
-m = re.search(r"exposed dp comm ([0-9.]+)", open(sys.argv[1]).read())
-print("exposed dp comm", m and m.group(1))
-sys.exit(0 if m and float(m.group(1)) > 0 else 1)
+# CPU ranks run a started collective at its wait: the timed waits take time, and with weights
+# the gathers' part of them is reported apart (grads has no gathers).
+python3 - "$WORK/weights/log" "$WORK/weights/metrics.jsonl" "$WORK/grads/metrics.jsonl" <<'PY' \
+  && pass "log.time_dp: the waits are exposed dp comm, the weights' gathers apart" || fail "log.time_dp: no dp comm"
+import json, re, sys
+m = re.search(r"exposed dp comm ([0-9.]+) \(weights' gathers ([0-9.]+)\)", open(sys.argv[1]).read())
+print("exposed dp comm, of it gathers:", m and m.groups())
+def gathers(path):
+    return [o["ms_dp_gather"] for o in map(json.loads, open(path)) if "step" in o and o["step"] > 1]
+w, g = gathers(sys.argv[2]), gathers(sys.argv[3])
+print("ms_dp_gather weights", w, "grads", g)
+sys.exit(0 if m and float(m.group(1)) >= float(m.group(2)) > 0 and all(x > 0 for x in w) and not any(g) else 1)
 PY
 
 T="$SRC/configs/tiny.yaml data.train=$WORK/data/train_*.bin data.val= checkpoint.dir= log.metrics= train.steps=2"

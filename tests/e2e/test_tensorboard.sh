@@ -41,7 +41,8 @@ tags = {"loss": ("loss", None), "val_loss": ("val_loss", None), "lr": ("lr", Non
         "grad_norm": ("grad_norm", None), "tokens_per_s": ("tokens_per_s", 1), "mfu": ("mfu", 4),
         "mem_gib": ("mem_gib", 3), "step_ms/data": ("ms_data", 3), "step_ms/compute": ("ms_compute", 3),
         "step_ms/tp_comm": ("ms_tp_comm", 3), "step_ms/pp_comm": ("ms_pp_comm", 3),
-        "step_ms/dp_comm": ("ms_dp_comm", 3), "step_ms/optimizer": ("ms_optimizer", 3)}
+        "step_ms/dp_comm": ("ms_dp_comm", 3), "step_ms/dp_gather": ("ms_dp_gather", 3),
+        "step_ms/optimizer": ("ms_optimizer", 3)}
 n = 0
 if sorted(events) != sorted(rows):
     bad.append("event steps %s, metrics steps %s" % (sorted(events), sorted(rows)))
