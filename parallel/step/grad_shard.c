@@ -41,8 +41,11 @@ grad_shard *grad_shard_init(opt_state *o) {
   }
   gs->part = be->alloc(be, (size_t)part * sizeof(float));
   gs->staging_bytes = (int64_t)(2 * gs->slot_elem + tied + part) * (int64_t)sizeof(float);
-  gs->bf16 = o->cfg.grad_compress == COMM_COMPRESS_BF16;
-  CHECK(!gs->bf16 || !o->cfg.grad_error_feedback, "parallel.shard=grads: bf16 reduce-scatters without error feedback");
+  const comm_compress_mode mode = o->cfg.grad_compress;
+  CHECK(mode == COMM_COMPRESS_NONE || (mode == COMM_COMPRESS_BF16 && !o->cfg.grad_error_feedback),
+        "parallel.shard=grads reduces each layer's gradients from its staging slot in fp32, or bf16 without error "
+        "feedback: parallel.grad_compress int8 or fp16, or error feedback, needs parallel.shard=optimizer or none");
+  gs->bf16 = mode == COMM_COMPRESS_BF16;
   for (int s = 0; gs->bf16 && s < 3; s++) {
     const int64_t n = s < 2 ? gs->slot_elem : tied;
     if (n == 0) continue;

@@ -125,9 +125,6 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   }
   // grads and weights reduce each layer from its staging slot, in bf16 there (grad_shard.c).
   if (grad_compress_on(oc, m->dp) && !o->gs) o->gc = grad_compress_init(o);
-  CHECK(!o->gs || oc->grad_compress == COMM_COMPRESS_NONE || oc->grad_compress == COMM_COMPRESS_BF16,
-        "parallel.shard=grads reduces each layer's gradients from its staging slot in fp32 or bf16: "
-        "parallel.grad_compress int8 or fp16 needs parallel.shard=optimizer or none");
   opt_offload_init(o);  // the device share's moments: shard [0, dev_n)
   if (o->ws && oc->update_overlap && !oc->offload) opt_update_split_init(o);
   o->exp_avg = be->alloc(be, (size_t)o->dev_n * sizeof(float));

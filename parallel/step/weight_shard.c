@@ -69,9 +69,9 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard) {
     if (!ws->slot[s]) ws->slot[s] = be->alloc(be, slot_bytes);
   }
   ws->n_bytes = (int64_t)(o->shard_n + ws->n_slots * ws->slot_elem) * (int64_t)m->act_bytes;
-  ws->n_comms = ws->copy_engine ? ws->n_slots : prefetch;
-  for (int c = 0; c < ws->n_comms; c++)
-    ws->comms[c] = ws->copy_engine ? o->g->gather_c[c] : c == 0 ? grid_shard_comm(o->g) : o->g->gather_c[c - 1];
+  ws->n_comms = prefetch;  // without the copy engines; with them slot s gathers on gather_c[s]
+  ws->comms[0] = grid_shard_comm(o->g);
+  for (int c = 1; c < prefetch; c++) ws->comms[c] = o->g->gather_c[c - 1];
   o->ws = ws;
   invalidate(o);
   return ws;
@@ -119,8 +119,8 @@ static void gather_start(opt_state *o, int b, int s) {
   const int64_t ab = (int64_t)o->m->act_bytes, at = 0, len = k->len;
   slot_wait(o, s);  // a gather still writing slot s (a prefetch never used): this rank's part goes in after it
   opt_update_wait(o, b);  // optimizer.update_overlap: the part's update, on the side stream
-  comm *c = ws->copy_engine ? ws->comms[s] : ws->comms[ws->next_comm];
-  ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
+  comm *c = ws->copy_engine ? o->g->gather_c[s] : ws->comms[ws->next_comm];
+  if (!ws->copy_engine) ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
   trace_push_range("dp weights all-gather");
   be->copy(be, (char *)ws->slot[s] + o->part_rank * len * ab, weight_shard_part(o, k), (size_t)(len * ab));
   c->ops->all_gather_regions_start(c, ws->slot[s], &at, &len, 1, opt_act_comm(o));

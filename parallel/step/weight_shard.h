@@ -36,8 +36,8 @@ typedef struct weight_shard {
   int64_t *slot_used;   // (n_slots) when it was last gathered into or computed from
   int64_t tick;
   int current;          // the slot of the group being computed; -1 none
-  comm *comms[WEIGHT_SHARD_MAX_PREFETCH + 1];  // the gathers' communicators: (prefetch) taken in turn, or
-                                               // with gather_copy_engine (n_slots) slot s's gathers on comms[s]
+  comm *comms[WEIGHT_SHARD_MAX_PREFETCH];  // (prefetch) the gathers' communicators, taken in turn (with
+                                           // gather_copy_engine slot s's gathers run on the grid's gather_c[s])
   int n_comms, next_comm;
   int copy_engine;      // parallel.gather_copy_engine: each slot from its communicator's buffer_alloc where it has one
   comm **slot_owner;    // (n_slots) the communicator whose buffer_alloc made slot s; NULL: the backend
