@@ -209,11 +209,12 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   double dev_frac = oc->offload ? 1.0 - oc->offload_fraction : 1.0;
   double dev_share = ml.master_in_optimizer ? dev_frac * n / parts : 0.0;
   r.w = ml.master_in_optimizer ? (bf16_act ? 2.0 : 4.0) * n + 4.0 * dev_share : (bf16_act ? 6.0 : 4.0) * n;
-  // parallel.shard=weights: this rank's part of the compute copy, and parallel.shard_prefetch + 1
-  // groups gathered, or with reshard_after_forward=false every group (its layers, the embedding's
-  // and the head's).
+  // parallel.shard=weights: parallel.shard_prefetch + 1 groups gathered, or with
+  // reshard_after_forward=false every group (its layers, the embedding's and the head's); with
+  // offload also this rank's part of the compute copy (weight_shard.h).
   const double slots = pc->reshard_after_forward ? pc->shard_prefetch + 1.0 : (double)(n_layers_here + has_embed + has_head);
-  if (ml.weights_in_optimizer) r.w = act_bytes * (n / parts + slots * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
+  if (ml.weights_in_optimizer)
+    r.w = act_bytes * ((oc->offload ? n / parts : 0.0) + slots * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
   r.adam = 8.0 * n / parts * dev_frac;
   r.host = plan_host_bytes(c, r.n);
   // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
@@ -312,8 +313,10 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
   // The optimizer holds the fp32 masters (ml.master_in_optimizer): its part with parallel.shard, the
   // device share's with optimizer.offload; else the model holds them whole.
   const char *weights = ml.weights_in_optimizer
-                            ? (bf16_act ? "bf16 compute copy and fp32 masters of this rank's part + layers gathered"
-                                        : "fp32 compute copy and fp32 masters of this rank's part + layers gathered")
+                            ? (c->optim.offload
+                                   ? (bf16_act ? "bf16 compute copy and fp32 masters of this rank's part + layers gathered"
+                                               : "fp32 compute copy and fp32 masters of this rank's part + layers gathered")
+                                   : "fp32 masters of this rank's part + layers gathered")
                         : ml.master_in_optimizer
                             ? (c->optim.offload ? (bf16_act ? "bf16 compute copy + fp32 masters of the device share"
                                                             : "fp32 compute copy + fp32 masters of the device share")

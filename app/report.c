@@ -256,7 +256,7 @@ static report_figures report_compute(const trainer *t, report_bubble bubble) {
   return f;
 }
 
-static void report_print(const trainer *t, const report_figures *f, double mem_peak) {
+static void report_print(const trainer *t, const report_figures *f, double mem_peak, double held_peak) {
   const trainer_stats *s = &t->stats;
   const step_timing *tt = &s->tm_total;
   const k_backend *be = t->be;
@@ -269,7 +269,9 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
          f->mean_tps / n, f->mean_tflops);
   if (be->peak_tflops > 0)
     printf(", MFU %.1f%% of %.1f (%s)", 100 * f->mfu, be->peak_tflops, be->device_name);
-  printf(", peak memory %.2f GiB on the fullest rank, final train loss %.4f", mem_peak / 1073741824.0, s->last_loss);
+  printf(", peak memory %.2f GiB on the fullest rank (the trainer's own buffers at most %.2f GiB; the rest is the "
+         "runtime's: CUDA context, library workspaces, communicators), final train loss %.4f",
+         mem_peak / 1073741824.0, held_peak / 1073741824.0, s->last_loss);
   if (isnan(s->last_val)) printf(", no val loss\n");
   else printf(", final val loss %.4f\n", s->last_val);
   if (t->o.gc && t->c->optim.grad_compress == COMM_COMPRESS_FP16)
@@ -292,7 +294,7 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
   printf("\n");
 }
 
-static void report_record(const trainer *t, const report_figures *f, double mem_peak) {
+static void report_record(const trainer *t, const report_figures *f, double mem_peak, double held_peak) {
   const trainer_stats *s = &t->stats;
   const step_timing *tt = &s->tm_total;
   char val_s[32] = "null";  // JSON has no NaN: no evaluation ran
@@ -307,22 +309,24 @@ static void report_record(const trainer *t, const report_figures *f, double mem_
   fprintf(t->metrics,
           "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"ranks\": %d, "
           "\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, \"tflops_per_rank\": %.3f, \"mfu\": %.4f, "
-          "\"peak_mem_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
+          "\"peak_mem_gib\": %.3f, \"peak_held_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
           "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
           "\"dp_gather\": %.3f, \"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
           "\"bubble_busiest_pct\": %s, \"bubble_theory_pct\": %s}\n",
           (long long)t->step, (long long)s->tokens_seen, f->wall, t->g->world_size, f->mean_tps,
-          f->mean_tps / t->g->world_size, f->mean_tflops, f->mfu, mem_peak / 1073741824.0, s->last_loss, val_s,
+          f->mean_tps / t->g->world_size, f->mean_tflops, f->mfu, mem_peak / 1073741824.0, held_peak / 1073741824.0,
+          s->last_loss, val_s,
           tt->compute * k, tt->tp_comm * k, tt->pp_comm * k, tt->dp_comm * k, tt->dp_gather * k, tt->optimizer * k,
           tt->data * k, f->exposed_pct, bubble_s, busiest_s, theory_s);
 }
 
 void trainer_report(trainer *t) {
-  double mem_peak = t->stats.mem_peak;
-  t->g->world->ops->all_reduce(t->g->world, &mem_peak, 1, COMM_F64, COMM_MAX);
+  double peaks[2] = {t->stats.mem_peak, t->stats.held_peak};
+  t->g->world->ops->all_reduce(t->g->world, peaks, 2, COMM_F64, COMM_MAX);
+  const double mem_peak = peaks[0], held_peak = peaks[1];
   report_bubble bubble = report_pipeline_idle(t);
   if (t->g->world_rank != 0) return;
   report_figures f = report_compute(t, bubble);
-  report_print(t, &f, mem_peak);
-  if (t->metrics) report_record(t, &f, mem_peak);
+  report_print(t, &f, mem_peak, held_peak);
+  if (t->metrics) report_record(t, &f, mem_peak, held_peak);
 }

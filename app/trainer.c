@@ -265,6 +265,7 @@ trainer_step_result trainer_step(trainer *t) {
   s->t_steps += r.seconds;
   r.mem_bytes = (double)be->mem_used(be);
   if (r.mem_bytes > s->mem_peak) s->mem_peak = r.mem_bytes;
+  if ((double)be->mem_held(be) > s->held_peak) s->held_peak = (double)be->mem_held(be);
   if (t->step > s->first_step + 1) trainer_add_timing(s, r.seconds);  // the first step warms up caches
   if (isfinite(r.loss)) s->last_loss = r.loss;
   return r;

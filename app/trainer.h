@@ -53,6 +53,7 @@ typedef struct trainer_stats {
   int64_t first_step;       // the step this process started from (after a resume)
   int64_t tokens_seen;      // this process
   double mem_peak;          // bytes, this rank
+  double held_peak;         // bytes of the trainer's own buffers (k_backend.mem_held), this rank
   double last_loss, last_val;
   int64_t n_skipped;        // steps skipped for a non-finite gradient norm (train.skip_nonfinite)
 } trainer_stats;

@@ -72,6 +72,9 @@ typedef struct k_backend {
   void (*sync)(struct k_backend *b);
   // Bytes of memory in use now: device memory in use (whole device) on GPUs, resident set on CPU.
   int64_t (*mem_used)(struct k_backend *b);
+  // Bytes held now through alloc (the caller's own buffers; not the context, libraries' workspaces
+  // or communicators' buffers), so that mem_used can be split into the two.
+  int64_t (*mem_held)(struct k_backend *b);
   // Host memory the device also addresses (pinned and mapped on GPUs: its pointers are valid in
   // kernels, so ops may read and write it over the host link; plain memory on CPU ranks),
   // zero-filled; NULL when the system refuses it (the caller says how much and what to do).

@@ -8,15 +8,26 @@
 #include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/quant_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
+#include <malloc.h>
 #include <string.h>
 #include <unistd.h>
 
 typedef struct cpu_ctx {
   k_isa isa;  // the widest kernel the backend's GEMMs and AdamW may use
+  int64_t held_bytes;  // held through alloc, as malloc_usable_size counts them (at alloc and free alike)
 } cpu_ctx;
 
-static void *cpu_alloc(k_backend *b, size_t n_bytes) { (void)b; return XCALLOC(n_bytes, 1); }
-static void cpu_free(k_backend *b, void *p) { (void)b; free(p); }
+static void *cpu_alloc(k_backend *b, size_t n_bytes) {
+  void *p = XCALLOC(n_bytes, 1);
+  ((cpu_ctx *)b->ctx)->held_bytes += (int64_t)malloc_usable_size(p);
+  return p;
+}
+static void cpu_free(k_backend *b, void *p) {
+  if (p) ((cpu_ctx *)b->ctx)->held_bytes -= (int64_t)malloc_usable_size(p);
+  free(p);
+}
+static int64_t cpu_mem_held(k_backend *b) { return ((cpu_ctx *)b->ctx)->held_bytes; }
+static void cpu_host_free(k_backend *b, void *p) { (void)b; free(p); }
 static void cpu_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
   (void)b;
   if (n_bytes) memmove(dst, src, n_bytes);
@@ -259,8 +270,9 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->zero = cpu_zero;
   b->sync = cpu_sync;
   b->mem_used = cpu_mem_used;
+  b->mem_held = cpu_mem_held;
   b->host_alloc = cpu_host_alloc;
-  b->host_free = cpu_free;
+  b->host_free = cpu_host_free;
   b->copy_async = cpu_copy_async;
   b->copy_wait = cpu_copy_done;
   b->copy_join = cpu_sync;

@@ -72,10 +72,19 @@ typedef struct {
   char why[512];
 } attn_graph;
 
+// A problem's shape: B sequences of T rows, nh query and nkv kv heads of hd. A backward run in
+// pieces (bwd_piece) is a piece of a larger problem: rows of B_all sequences (row t of sequence b
+// is row t * B_all + b) and o, dO and the stats of nh_all heads, of which the piece's pointers
+// start at the piece's first sequence and head.
 typedef struct {
-  int used, dir, det_req, device;
   int B, T, nh, nkv, hd;
   int64_t ld;  // row stride of q, k, v and their gradients
+  int B_all, nh_all;
+} attn_shape;
+
+typedef struct {
+  int used, dir, det_req, device;
+  attn_shape sh;
   int status;  // 0 planned, -1 refused by cuDNN (kept so refusals stay cheap)
   uint64_t last_use;
   attn_graph g;
@@ -84,7 +93,7 @@ typedef struct {
   int64_t ws_cudnn;            // cuDNN's own workspace, at offset 0
   int64_t off_delta, off_dqacc, ws_total;
   int det_graph, nondet_note, padded;
-  int32_t *seq_len;            // (2, B) device: T for every batch, for the padding-mask workaround
+  int32_t *seq_len;            // (2, sh.B) device: T for every batch, for the padding-mask workaround
   float scale, neg, one;       // host values of the by-value scalars
 } attn_plan;
 
@@ -98,7 +107,12 @@ struct k_cudnn_attn {
   uint64_t clock;
   void *ws;
   size_t ws_bytes;
+  size_t bwd_cap;                       // the deterministic backward's workspace, at most (bwd_piece)
 };
+
+// The deterministic backward keeps dP, (B, nh, T, T), in its workspace: where its plan asks for
+// more than this, the backward runs in pieces of fewer sequences and heads (bwd_piece).
+enum { ATTN_BWD_CAP_MIB = 512 };
 
 // ---------------------------------------------------------------------------------------------
 // Graph building: thin checked wrappers over the backend descriptor calls
@@ -356,16 +370,20 @@ static void g_make_plan(attn_plan *p, cudnnHandle_t h) {
 
 // ---------------------------------------------------------------------------------------------
 // The two graphs. Dims are in cuDNN's order (b, h, s, d); our sequence-major rows (t, b) of L
-// elements (heads of D at the row start) give strides (L, D, B*L, 1): L = ld for q, k, v and
-// their gradients (column blocks of the fused QKV rows), H*D for o and dO. K^T and V^T are the
-// same memory with the last two dims swapped.
+// elements (heads of D at the row start) give strides (L, D, B_all*L, 1): L = ld for q, k, v and
+// their gradients (column blocks of the fused QKV rows), nh_all*D for o and dO. K^T and V^T are
+// the same memory with the last two dims swapped. The stats are (B_all, nh_all, T) packed.
 
-static shape4 sh_sbhd(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L) {
-  shape4 s = {{B, H, T, D}, {L, D, B * L, 1}};
+static shape4 sh_sbhd(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L, int64_t B_all) {
+  shape4 s = {{B, H, T, D}, {L, D, B_all * L, 1}};
   return s;
 }
-static shape4 sh_sbhd_t(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L) {
-  shape4 s = {{B, H, D, T}, {L, D, 1, B * L}};
+static shape4 sh_sbhd_t(int64_t B, int64_t H, int64_t T, int64_t D, int64_t L, int64_t B_all) {
+  shape4 s = {{B, H, D, T}, {L, D, 1, B_all * L}};
+  return s;
+}
+static shape4 sh_stats(int64_t B, int64_t H, int64_t T, int64_t H_all) {
+  shape4 s = {{B, H, T, 1}, {H_all * T, T, 1, 1}};
   return s;
 }
 static shape4 sh_packed(int64_t B, int64_t H, int64_t R, int64_t C) {
@@ -379,16 +397,17 @@ static shape4 sh_scalar(void) {
 
 static void build_fwd(attn_plan *p, cudnnHandle_t h) {
   attn_graph *g = &p->g;
-  const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
-  const int64_t L = p->ld;
-  const shape4 q_sh = sh_sbhd(B, H, T, D, L), kt_sh = sh_sbhd_t(B, Hk, T, D, L), kv_sh = sh_sbhd(B, Hk, T, D, L);
-  const shape4 o_sh = sh_sbhd(B, H, T, D, H * D);
+  const attn_shape *a = &p->sh;
+  const int64_t B = a->B, T = a->T, H = a->nh, Hk = a->nkv, D = a->hd, L = a->ld, Ba = a->B_all;
+  const shape4 q_sh = sh_sbhd(B, H, T, D, L, Ba), kt_sh = sh_sbhd_t(B, Hk, T, D, L, Ba);
+  const shape4 kv_sh = sh_sbhd(B, Hk, T, D, L, Ba), o_sh = sh_sbhd(B, H, T, D, a->nh_all * D, Ba);
   const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
+  const shape4 st_sh = sh_stats(B, H, T, a->nh_all);
   desc_t q = g_tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
   desc_t kt = g_tensor(g, UID_K, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
   desc_t v = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
   desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
-  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
+  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &st_sh, false, false);
   desc_t scale = g_tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, &one_sh, false, true);
   desc_t neg = g_tensor(g, UID_NEG, CUDNN_DATA_FLOAT, &one_sh, false, true);
 
@@ -428,11 +447,12 @@ static void g_grad_kv(attn_graph *g, desc_t x, desc_t y, desc_t out, int grouped
 // det: dQ from one matmul straight into dq; else through an fp32 accumulator (UID_DQ_ACC).
 static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   attn_graph *g = &p->g;
-  const int64_t B = p->B, T = p->T, H = p->nh, Hk = p->nkv, D = p->hd;
-  const int64_t L = p->ld;
-  const shape4 q_sh = sh_sbhd(B, H, T, D, L), kt_sh = sh_sbhd_t(B, Hk, T, D, L), kv_sh = sh_sbhd(B, Hk, T, D, L);
-  const shape4 o_sh = sh_sbhd(B, H, T, D, H * D);
+  const attn_shape *a = &p->sh;
+  const int64_t B = a->B, T = a->T, H = a->nh, Hk = a->nkv, D = a->hd, L = a->ld, Ba = a->B_all;
+  const shape4 q_sh = sh_sbhd(B, H, T, D, L, Ba), kt_sh = sh_sbhd_t(B, Hk, T, D, L, Ba);
+  const shape4 kv_sh = sh_sbhd(B, Hk, T, D, L, Ba), o_sh = sh_sbhd(B, H, T, D, a->nh_all * D, Ba);
   const shape4 s_sh = sh_packed(B, H, T, T), r_sh = sh_packed(B, H, T, 1), one_sh = sh_scalar();
+  const shape4 stats_sh = sh_stats(B, H, T, a->nh_all);
   const shape4 full_sh = sh_packed(B, H, T, D);
   const shape4 st_sh = {{B, H, T, T}, {H * T * T, T * T, 1, T}};  // (b, h, s_kv, s_q) view of (.., s_q, s_kv)
   const shape4 seq_sh = {{B, 1, 1, 1}, {1, 1, 1, 1}};
@@ -441,7 +461,7 @@ static void build_bwd(attn_plan *p, cudnnHandle_t h, int det) {
   desc_t vt = g_tensor(g, UID_V, CUDNN_DATA_BFLOAT16, &kt_sh, false, false);
   desc_t o = g_tensor(g, UID_O, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
   desc_t d_o = g_tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, &o_sh, false, false);
-  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &r_sh, false, false);
+  desc_t stats = g_tensor(g, UID_STATS, CUDNN_DATA_FLOAT, &stats_sh, false, false);
   desc_t dq = g_tensor(g, UID_DQ, CUDNN_DATA_BFLOAT16, &q_sh, false, false);
   desc_t dk = g_tensor(g, UID_DK, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
   desc_t dv = g_tensor(g, UID_DV, CUDNN_DATA_BFLOAT16, &kv_sh, false, false);
@@ -535,6 +555,7 @@ extern "C" k_cudnn_attn *k_cudnn_attn_create(void) {
   if (!a->version)
     fprintf(stderr, "attn_cudnn: cuDNN %zu found, 9.x needed; using the fallback kernels\n", cudnnGetVersion());
   a->det = 1;
+  a->bwd_cap = (size_t)ATTN_BWD_CAP_MIB << 20;
   return a;
 }
 
@@ -550,15 +571,41 @@ extern "C" void k_cudnn_attn_free(k_cudnn_attn **ap) {
 }
 
 extern "C" void k_cudnn_attn_set_deterministic(k_cudnn_attn *a, int on) { a->det = on ? 1 : 0; }
+extern "C" void k_cudnn_attn_set_bwd_cap(k_cudnn_attn *a, size_t n_bytes) {
+  a->bwd_cap = n_bytes ? n_bytes : (size_t)ATTN_BWD_CAP_MIB << 20;
+}
+
+// The piece of a backward problem (whole) one call computes, given the workspace the whole one's
+// plan asks for: the whole one where that fits a->bwd_cap, else the most heads (a divisor of nh,
+// whole kv groups) of all B sequences whose share of it fits, else of one sequence at a time (at
+// least one kv group's heads even where that does not fit). Each (sequence, head) is computed
+// alone, so the pieces change no value.
+static attn_shape bwd_piece(const k_cudnn_attn *a, const attn_shape *whole, int64_t ws_whole) {
+  attn_shape sh = *whole;
+  const int B = sh.B, nh = sh.nh, group = sh.nh / sh.nkv;
+  const double per_head = (double)ws_whole / ((double)B * nh);
+  if ((double)ws_whole <= (double)a->bwd_cap) return sh;
+  const int seqs[2] = {B, 1};  // all sequences a call, else one
+  for (int i = 0; i < 2; i++)
+    for (int hc = nh; hc >= group; hc -= group)
+      if (nh % hc == 0 && (double)seqs[i] * hc * per_head <= (double)a->bwd_cap) {
+        sh.B = seqs[i], sh.nh = hc, sh.nkv = hc / group;
+        return sh;
+      }
+  sh.B = 1, sh.nh = group, sh.nkv = 1;
+  return sh;
+}
+
+static int shape_eq(const attn_shape *x, const attn_shape *y) {
+  return x->B == y->B && x->T == y->T && x->nh == y->nh && x->nkv == y->nkv && x->hd == y->hd && x->ld == y->ld &&
+         x->B_all == y->B_all && x->nh_all == y->nh_all;
+}
 
 // The index in a->cache of the plan of a shape, or -1.
-static int cache_find(const k_cudnn_attn *a, int dir, int det, int dev, int B, int T, int nh, int nkv, int hd,
-                      int64_t ld) {
+static int cache_find(const k_cudnn_attn *a, int dir, int det, int dev, const attn_shape *sh) {
   for (int i = 0; i < ATTN_CACHE; i++) {
     const attn_plan *p = &a->cache[i];
-    if (p->used && p->dir == dir && p->det_req == det && p->device == dev && p->B == B && p->T == T &&
-        p->nh == nh && p->nkv == nkv && p->hd == hd && p->ld == ld)
-      return i;
+    if (p->used && p->dir == dir && p->det_req == det && p->device == dev && shape_eq(&p->sh, sh)) return i;
   }
   return -1;
 }
@@ -567,10 +614,10 @@ static size_t align_up(size_t n) { return (n + ATTN_ALIGN - 1) / ATTN_ALIGN * AT
 
 // Builds the plan of a shape (the deterministic backward first when det, the atomic one if that
 // cannot be planned). Refusals are cached too, with one line on stderr saying why.
-static attn_plan *plan_get(k_cudnn_attn *a, int dir, int dev, cudnnHandle_t h, int B, int T, int nh, int nkv, int hd,
-                           int64_t ld) {
+static attn_plan *plan_get(k_cudnn_attn *a, int dir, int dev, cudnnHandle_t h, const attn_shape *sh) {
   const int det = dir == 1 ? a->det : 0;
-  const int found = cache_find(a, dir, det, dev, B, T, nh, nkv, hd, ld);
+  const int found = cache_find(a, dir, det, dev, sh);
+  const int B = sh->B, T = sh->T, nh = sh->nh, nkv = sh->nkv, hd = sh->hd;
   attn_plan *p = found >= 0 ? &a->cache[found] : NULL;
   if (!p) {
     attn_plan *slot = NULL;
@@ -584,7 +631,7 @@ static attn_plan *plan_get(k_cudnn_attn *a, int dir, int dev, cudnnHandle_t h, i
     }
     p = slot;
     p->used = 1, p->dir = dir, p->det_req = det, p->device = dev;
-    p->B = B, p->T = T, p->nh = nh, p->nkv = nkv, p->hd = hd, p->ld = ld;
+    p->sh = *sh;
     p->scale = 1.0f / sqrtf((float)hd), p->neg = -FLT_MAX, p->one = 1.0f;
     // cuDNN up to 9.15 needs the padding-mask workaround in backward when T % 128 != 0.
     p->padded = dir == 1 && T % 128 != 0 && a->version < 91600;
@@ -688,13 +735,60 @@ extern "C" int k_cudnn_attn_fwd(k_cudnn_attn *a, const void *q, const void *k, c
   int dev = 0;
   cudnnHandle_t h = handle_for(a, cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(a, 0, dev, h, B, T, nh, nkv, hd, ld);
+  const attn_shape sh = {B, T, nh, nkv, hd, ld, B, nh};
+  attn_plan *p = plan_get(a, 0, dev, h, &sh);
   if (!p) return -1;
   void *ws = workspace(a, (size_t)p->ws_total);
   int64_t uids[7] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG};
   void *vals[7] = {(void *)q, (void *)k, (void *)v, o, lse, &p->scale, &p->neg};
   execute(p, h, 7, uids, vals, ws);
   return 0;
+}
+
+// The caller's tensors of a backward problem (attn_shape's layouts).
+typedef struct {
+  const void *dout, *q, *k, *v, *o;
+  const float *lse;
+  void *dq, *dk, *dv;
+} attn_bwd_io;
+
+// Plan p's backward over its piece of the problem io describes, from sequence b0 and head h0.
+static void bwd_run(attn_plan *p, cudnnHandle_t h, k_cudnn_attn *a, const attn_bwd_io *io, int b0, int h0,
+                    cudaStream_t stream) {
+  const attn_shape *sh = &p->sh;
+  const int64_t hd = sh->hd, row = (int64_t)b0 * sh->ld, kh = h0 / (sh->nh / sh->nkv);
+  const int64_t at_q = row + h0 * hd, at_kv = row + kh * hd, at_o = ((int64_t)b0 * sh->nh_all + h0) * hd;
+  const size_t eb = 2;  // bf16
+  char *ws = (char *)workspace(a, (size_t)p->ws_total);
+  int64_t uids[17] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV,
+                      UID_SCALE, UID_NEG, UID_ONE, UID_DELTA};
+  void *vals[17] = {(char *)io->q + at_q * eb, (char *)io->k + at_kv * eb, (char *)io->v + at_kv * eb,
+                    (char *)io->o + at_o * eb, (char *)io->dout + at_o * eb,
+                    (void *)(io->lse + ((int64_t)b0 * sh->nh_all + h0) * sh->T), (char *)io->dq + at_q * eb,
+                    (char *)io->dk + at_kv * eb, (char *)io->dv + at_kv * eb, &p->scale, &p->neg, &p->one,
+                    ws + p->off_delta};
+  int n = 13;
+  if (!p->det_graph) {
+    // NVIDIA's frontend stops clearing the accumulator from cuDNN 9.6 on (the engine does it);
+    // we clear it anyway: a stale one would silently corrupt dq, and the memset costs microseconds.
+    const size_t acc_bytes = sizeof(float) * (size_t)sh->B * sh->nh * sh->T * hd;
+    CUDA_CHECK(cudaMemsetAsync(ws + p->off_dqacc, 0, acc_bytes, stream));
+    uids[n] = UID_DQ_ACC, vals[n++] = ws + p->off_dqacc;
+  }
+  if (p->padded) {
+    uids[n] = UID_SEQ_Q, vals[n++] = p->seq_len;
+    uids[n] = UID_SEQ_KV, vals[n++] = p->seq_len + sh->B;
+  }
+  execute(p, h, n, uids, vals, ws);
+}
+
+// The plan of the piece a backward of the whole shape runs in (bwd_piece), or NULL if cuDNN
+// refuses the shape.
+static attn_plan *bwd_plan(k_cudnn_attn *a, int dev, cudnnHandle_t h, const attn_shape *whole) {
+  attn_plan *p = plan_get(a, 1, dev, h, whole);
+  if (!p || !p->det_graph) return p;
+  const attn_shape piece = bwd_piece(a, whole, p->ws_total);
+  return shape_eq(&piece, whole) ? p : plan_get(a, 1, dev, h, &piece);
 }
 
 extern "C" int k_cudnn_attn_bwd(k_cudnn_attn *a, const void *dout, const void *q, const void *k, const void *v,
@@ -705,26 +799,12 @@ extern "C" int k_cudnn_attn_bwd(k_cudnn_attn *a, const void *dout, const void *q
   int dev = 0;
   cudnnHandle_t h = handle_for(a, cuda_stream, &dev);
   if (!h) return -1;
-  attn_plan *p = plan_get(a, 1, dev, h, B, T, nh, nkv, hd, ld);
+  const attn_shape whole = {B, T, nh, nkv, hd, ld, B, nh};
+  attn_plan *p = bwd_plan(a, dev, h, &whole);
   if (!p) return -1;
-  char *ws = (char *)workspace(a, (size_t)p->ws_total);
-  int64_t uids[17] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV,
-                      UID_SCALE, UID_NEG, UID_ONE, UID_DELTA};
-  void *vals[17] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, (void *)lse, dq, dk, dv,
-                    &p->scale, &p->neg, &p->one, ws + p->off_delta};
-  int n = 13;
-  if (!p->det_graph) {
-    // NVIDIA's frontend stops clearing the accumulator from cuDNN 9.6 on (the engine does it);
-    // we clear it anyway: a stale one would silently corrupt dq, and the memset costs microseconds.
-    const size_t acc_bytes = sizeof(float) * (size_t)B * nh * T * hd;
-    CUDA_CHECK(cudaMemsetAsync(ws + p->off_dqacc, 0, acc_bytes, (cudaStream_t)cuda_stream));
-    uids[n] = UID_DQ_ACC, vals[n++] = ws + p->off_dqacc;
-  }
-  if (p->padded) {
-    uids[n] = UID_SEQ_Q, vals[n++] = p->seq_len;
-    uids[n] = UID_SEQ_KV, vals[n++] = p->seq_len + B;
-  }
-  execute(p, h, n, uids, vals, ws);
+  const attn_bwd_io io = {dout, q, k, v, o, lse, dq, dk, dv};
+  for (int b0 = 0; b0 < B; b0 += p->sh.B)
+    for (int h0 = 0; h0 < nh; h0 += p->sh.nh) bwd_run(p, h, a, &io, b0, h0, (cudaStream_t)cuda_stream);
   return 0;
 }
 
@@ -733,12 +813,20 @@ extern "C" int k_cudnn_attn_info_get(const k_cudnn_attn *a, int dir, int B, int 
   if (!a) return -1;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  const int found = cache_find(a, dir, dir == 1 ? a->det : 0, dev, B, T, nh, nkv, hd, ld);
+  const attn_shape whole = {B, T, nh, nkv, hd, ld, B, nh};
+  const int det = dir == 1 ? a->det : 0;
+  int found = cache_find(a, dir, det, dev, &whole);
   if (found < 0 || a->cache[found].status != 0) return -1;
+  if (dir == 1 && a->cache[found].det_graph) {  // the piece's plan, where the backward runs in pieces
+    const attn_shape piece = bwd_piece(a, &whole, a->cache[found].ws_total);
+    found = cache_find(a, dir, det, dev, &piece);
+    if (found < 0 || a->cache[found].status != 0) return -1;
+  }
   const attn_plan *p = &a->cache[found];
   info->engine = p->engine;
   info->workspace = p->ws_total;
   info->deterministic = dir == 1 && p->det_graph && !p->nondet_note;
   info->padded = p->padded;
+  info->pieces = (B / p->sh.B) * (nh / p->sh.nh);
   return 0;
 }

@@ -23,6 +23,7 @@
 #ifndef TRAINER_ATTN_CUDNN_H
 #define TRAINER_ATTN_CUDNN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -50,6 +51,11 @@ int k_cudnn_attn_bwd(k_cudnn_attn *a, const void *dout, const void *q, const voi
 // k_cudnn_attn_info reports it. 0: dq accumulates in an fp32 buffer with atomics (less
 // workspace, not bitwise reproducible).
 void k_cudnn_attn_set_deterministic(k_cudnn_attn *a, int on);
+// The deterministic backward's dP takes B*nh*T*T elements of workspace (2 GiB and more at T 4096):
+// where the plan of a shape asks for more than n_bytes (0: the default, 512 MiB), the backward runs in
+// pieces (fewer heads, then one sequence at a time), each with the workspace of its own plan. Every
+// (sequence, head) is computed alone, so the values are those of one call. From the next call on.
+void k_cudnn_attn_set_bwd_cap(k_cudnn_attn *a, size_t n_bytes);
 
 // What a's plan of a shape is, for logs and tests. dir: 0 forward, 1 backward. Returns 0 and
 // fills info if a plan for that shape exists (was built by an earlier call on a), else -1 (also
@@ -59,6 +65,7 @@ typedef struct {
   int64_t workspace;      // bytes this plan uses in the shared workspace (cuDNN's plus ours)
   int deterministic;      // backward: the deterministic graph was planned and cuDNN flags no nondeterminism
   int padded;             // backward: the T % 128 workaround (a padding mask) is in the graph
+  int pieces;             // backward: calls it runs in (k_cudnn_attn_set_bwd_cap); forward 1
 } k_cudnn_attn_info;
 int k_cudnn_attn_info_get(const k_cudnn_attn *a, int dir, int B, int T, int nh, int nkv, int hd, int64_t ld,
                           k_cudnn_attn_info *info);

@@ -393,7 +393,8 @@ void opt_offload_cast_master(opt_state *o) {
   model *m = o->m;
   for (int b = 0; b < o->n_buckets; b++) {
     const opt_bucket *k = &o->buckets[b];
-    m->be->cast(m->be, opt_part_pc(o, k), m->be->act, master_at(o, k->shard_off), K_F32, k->len);
+    void *pc = opt_part_pc(o, k);
+    if (pc) m->be->cast(m->be, pc, m->be->act, master_at(o, k->shard_off), K_F32, k->len);  // NULL: cast when gathered
   }
 }
 

@@ -1,8 +1,10 @@
 // parallel.shard=weights (ZeRO-3): no rank keeps the whole compute copy of the weights. Each DP
-// bucket is one group of tensors (as with sharded gradients, grad_shard.h); this rank holds its
-// part of every bucket of the compute copy in shard order (pc, the act dtype), which the update
-// writes. Before forward or backward reads a group (model->weights_needed, grads_needed) the parts
-// are all-gathered into a slot and the group's t->pc point there; the pass's next
+// bucket is one group of tensors (as with sharded gradients, grad_shard.h); this rank holds the
+// fp32 master weights of its part of every bucket and no compute copy of them: before forward or
+// backward reads a group (model->weights_needed, grads_needed) each rank casts its part into its
+// place in a slot (with optimizer.offload=host, where the host update writes the part in the act
+// dtype, pc, it is copied from there), the parts are all-gathered around it, and the group's
+// t->pc point there; the pass's next
 // parallel.shard_prefetch groups (forward: the next layers; backward: the ones before) are gathered
 // into other slots while this one computes: prefetch + 1 slots, the least recently used taken
 // first. A group still in a slot is not gathered again: the head, last in forward, is first in
@@ -26,7 +28,8 @@
 enum { WEIGHT_SHARD_MAX_PREFETCH = 8 };
 
 typedef struct weight_shard {
-  void *pc;             // (shard_n) this rank's part of every bucket, in shard order, in the act dtype
+  void *pc;             // (shard_n) with optimizer.offload: this rank's part of every bucket, in shard order, in
+                        // the act dtype; else NULL (a gather casts the part from the masters)
   int prefetch;         // parallel.shard_prefetch
   int n_slots;          // prefetch + 1; with parallel.reshard_after_forward=false one per bucket
   void **slot;          // (n_slots, slot_elem each) gathered groups
@@ -57,7 +60,8 @@ void weight_shard_needed(opt_state *o, int grp, int backward);
 // The weights changed (an update, a load): nothing in the slots is current any more, and the
 // gather of the first group the next forward reads (the lowest bucket) starts.
 void weight_shard_refresh(opt_state *o);
-// Where this rank's part of bucket k of the compute copy lives: in pc at its shard offset.
+// Where this rank's part of bucket k of the compute copy lives: in pc at its shard offset; NULL
+// without optimizer.offload (the update writes the masters only).
 void *weight_shard_part(const opt_state *o, const opt_bucket *k);
 
 #endif

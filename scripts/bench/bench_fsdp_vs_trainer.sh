@@ -133,7 +133,8 @@ try:
         trainer = {"tokens_per_s": tokens / ms * 1e3, "tokens_per_step": tokens / len(steps),
                    "mfu": sum(r.get("mfu", 0) * r["ms_per_step"] for r in steps) / ms,
                    "ms_per_step": ms / len(steps), "steps": len(steps),
-                   "peak_mem_gib": rep[-1]["peak_mem_gib"] if rep else None, "loss": steps[-1]["loss"]}
+                   "peak_mem_gib": rep[-1]["peak_mem_gib"] if rep else None,
+                   "peak_held_gib": rep[-1].get("peak_held_gib") if rep else None, "loss": steps[-1]["loss"]}
 except OSError:
     pass
 print()
@@ -146,11 +147,13 @@ if fsdp:
 else:
     print("fsdp2    no figures")
 if trainer:
-    mem = trainer["peak_mem_gib"]
+    mem, held = trainer["peak_mem_gib"], trainer["peak_held_gib"]
+    mem_s = "n/a" if mem is None else f"{mem:6.1f} GiB"
+    held_s = "n/a" if held is None else f"{held:.1f} GiB"
     print(f"trainer  {shape:9s} {prec:11s} {trainer['tokens_per_s']:12.0f} tok/s  "
           f"{trainer['tokens_per_s'] / ngpu:10.0f} tok/s/GPU  MFU {100 * trainer['mfu']:5.1f}%  "
-          f"{trainer['ms_per_step']:8.1f} ms/step  peak mem "
-          f"{'n/a' if mem is None else f'{mem:6.1f} GiB'} in use on the device  loss {trainer['loss']:.3f}")
+          f"{trainer['ms_per_step']:8.1f} ms/step  peak mem {mem_s} in use on the device ({held_s} its own buffers)  "
+          f"loss {trainer['loss']:.3f}")
 else:
     print("trainer  no figures")
 ratio = trainer["tokens_per_s"] / fsdp["tokens_per_s"] if fsdp and trainer else None

@@ -56,15 +56,15 @@ n = float(re.search(r"^  0 +0 .* ([0-9.]+)M ", t, re.M).group(1)) * 1e6
 most = max(float(v) for v in re.findall(r"^  \d+ +\d+ .* ([0-9.]+)G$", t, re.M))
 none, opt, grads, weights = (float(m.group(i)) for i in range(1, 5))
 # grads keeps 1/4 of the fp32 gradients instead of 5/4, plus two slots of a layer (202383360
-# elements, a multiple of 4 * 128) and a quarter of one; weights 1/4 of the bf16 compute copy
-# plus two layers gathered.
+# elements, a multiple of 4 * 128) and a quarter of one; weights no compute copy but two layers
+# gathered (each gather casts this rank's part from the fp32 masters).
 layer = 202383360 / 2**30
 staging = 4 * (2 + 1 / 4) * layer
 print("none %.2f, optimizer %.2f, grads %.2f, weights %.2f, table %.2f, 8 bytes a parameter %.2f, staging %.2f "
       "(GiB)" % (none, opt, grads, weights, most, 8 * n / 2**30, staging))
 sys.exit(0 if abs(opt - most) < 0.01 and abs(none - opt - 8 * n / 2**30) < 0.02 and
          abs(opt - grads - (4 * n / 2**30 - staging)) < 0.02 and
-         abs(grads - weights - (2 * n * 3 / 4 / 2**30 - 2 * 2 * layer)) < 0.02 else 1)
+         abs(grads - weights - (2 * n / 2**30 - 2 * 2 * layer)) < 0.02 else 1)
 PY
 # --gpu-mem: the full 7B on dp4 with selective recomputation does not fit 80 GB GPUs with the
 # optimizer's state sharded, and the plan names the least sharding that does; with weights it fits.

@@ -322,12 +322,27 @@ static void run_shape(const shape *c) {
     check("dv", c, sdv, rdv, skv);
 
     // The deterministic backward must repeat bitwise.
-    k_cudnn_attn_info inf = {0, 0, 0, 0};
+    k_cudnn_attn_info inf = {0, 0, 0, 0, 0};
     if (k_cudnn_attn_info_get(A, 1, B, T, nh, nkv, hd, ld, &inf) == 0 && inf.deterministic) {
       k_cudnn_attn_bwd(A, ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
       const int rep = same_bytes(g_x, g_x2, 2 * (size_t)nx);
       printf("    bwd repeat: %s\n", rep ? "bitwise identical" : "DIFFERS");
       EXPECT(rep, "deterministic backward B=%d T=%d nh=%d nkv=%d hd=%d differs between two runs", B, T, nh, nkv, hd);
+      // In pieces (a workspace cap below the plan's: half the heads or sequences, then one kv
+      // group of one sequence a call): the same bits.
+      const size_t caps[2] = {(size_t)inf.workspace / 2, 1};
+      for (int i = 0; i < 2; i++) {
+        k_cudnn_attn_set_bwd_cap(A, caps[i]);
+        CUDA_CHECK(cudaMemset(g_x2, 0, 2 * (size_t)nx));
+        k_cudnn_attn_bwd(A, ddo, dq_, dk_, dv_, ld, d_o, d_lse, g_dq2, g_dk2, g_dv2, B, T, nh, nkv, hd, NULL);
+        k_cudnn_attn_info pi = {0, 0, 0, 0, 0};
+        k_cudnn_attn_info_get(A, 1, B, T, nh, nkv, hd, ld, &pi);
+        const int same = same_bytes(g_x, g_x2, 2 * (size_t)nx);
+        printf("    bwd in %d pieces (cap %zu bytes): %s\n", pi.pieces, caps[i], same ? "bitwise identical" : "DIFFERS");
+        EXPECT(same && (pi.pieces > 1 || B * nh / (nh / nkv) == 1), "backward in %d pieces B=%d T=%d nh=%d nkv=%d "
+               "hd=%d: %s", pi.pieces, B, T, nh, nkv, hd, same ? "not in pieces" : "differs from one call");
+      }
+      k_cudnn_attn_set_bwd_cap(A, 0);
     }
 
     if (c->bench) {

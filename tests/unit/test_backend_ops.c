@@ -306,6 +306,13 @@ static void test_memory(void) {
   for (size_t i = 0; i < n_bytes; i++) ok &= h2[i] == (i >= 100 && i < 150 ? 0 : h[i]);
   EXPECT(ok, "[%s] zero clears exactly the range", LABEL);
   EXPECT(G->mem_used(G) >= 0, "[%s] mem_used is not negative", LABEL);
+  const int64_t held = G->mem_held(G);
+  void *d3 = G->alloc(G, 1 << 20);
+  EXPECT(G->mem_held(G) >= held + (1 << 20), "[%s] mem_held counts a new buffer (%lld -> %lld bytes)", LABEL,
+         (long long)held, (long long)G->mem_held(G));
+  G->free(G, d3);
+  EXPECT(G->mem_held(G) == held, "[%s] mem_held gives a freed buffer back (%lld, was %lld)", LABEL,
+         (long long)G->mem_held(G), (long long)held);
   dev_free(d);
   dev_free(d2);
 }
