@@ -243,6 +243,10 @@ static const cfg_key cfg_keys[] = {
   CFG_BOOL(checkpoint, at_start, 0,
            "also write the checkpoint of step 0 (the initial weights) before the first update; no effect without "
            "checkpoint.dir"),
+  CFG_BOOL(checkpoint, async, 0,
+           "write checkpoints in the background: the training thread copies the state to pinned host memory and "
+           "goes on while a thread writes the file (at most one write in flight); false = training waits for the "
+           "write"),
 
   CFG_INT(log, every, 1, 1000000000, 10, "steps between log lines"),
   CFG_STRING(log, metrics, "runs/default/metrics.jsonl", "JSON-lines metrics file; empty = none"),

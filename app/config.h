@@ -126,6 +126,7 @@ typedef struct cfg_checkpoint {
   int keep;              // newest checkpoints kept; 0 = all
   char init_from[CFG_STR];  // weights to start from: hf:DIR; empty = random init
   int at_start;          // bool: also checkpoint step 0, before the first update
+  int async;             // bool: write checkpoints in the background (checkpoint.async)
 } cfg_checkpoint;
 
 typedef struct cfg_log {

@@ -145,10 +145,10 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   const char *nan_ckpt_env = getenv("TRAINER_TEST_NAN_IN_CKPT");
   trainer_hooks hooks = {.ckpt = {.kill_after = kill_env ? atoi(kill_env) : -1,
                                   .fail_at = fail_env ? atoi(fail_env) : -1,
-                                  .nan_in = nan_ckpt_env ? atoi(nan_ckpt_env) : -1},
+                                  .nan_in = nan_ckpt_env ? atoi(nan_ckpt_env) : -1,
+                                  .delay_s = delay_env ? atof(delay_env) : 0},
                          .nan_at_step = nan_env ? atoll(nan_env) : 0,
                          .fp8_inf_at_step = inf_env ? atoll(inf_env) : 0,
-                         .ckpt_delay_s = delay_env ? atof(delay_env) : 0,
                          .huge_at_step = huge_env ? atoll(huge_env) : 0};
   int rc = trainer_run(&c, &f.g, f.be, &hooks);
   factory_free(&f);
@@ -156,7 +156,10 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  // Funneled: OpenMP threads and the background write of asynchronous checkpoints run beside the
+  // main thread, and only the main thread calls MPI.
+  int thread_level = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &thread_level);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -52,6 +52,9 @@ static void add_section(const model *m, const char *prefix, float *host, int per
   }
 }
 
+// Entries besides the weights and moments: the FP8 state of every chunk and of the head, the residual.
+static int extra_entries(const model *m) { return 3 * m->vpp + 3 + section_entries(&m->cfg); }
+
 // The weights and both moments from host[3], flat host buffers. Room for n_extra more entries is
 // left at the end. Order: all layers of one kind after another would scatter a layer; sort is not
 // needed for correctness, only identical order on every rank, which add_section gives.
@@ -155,40 +158,124 @@ static void alloc_host(const model *m, float *host[3]) {
   for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
 }
 
-int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
-                  const ckpt_faults *faults, char *err, size_t n_err) {
+// Everything a checkpoint of this rank holds, in host memory, with the tensor list over it: the
+// buffers of a synchronous save (malloc'd, freed after it) or of asynchronous ones (the backend's
+// pinned host memory, allocated at the first and reused, since the device copies into it at
+// full speed and the background write reads it while training goes on).
+struct run_ckpt_snapshot {
+  float *host[3];      // (n_params) this rank's weights, exp_avg, exp_avg_sq, flat
+  float *res;          // (n_params) error feedback's residual; NULL: the run keeps none
+  fp8_host h8;         // FP8 scaling state; scale NULL: not an FP8 run
+  ckpt_tensor *list;   // (cap) the tensors over the buffers above
+  int n, cap;
+  char *yaml;          // the resolved config
+  ckpt_meta meta;
+  k_backend *pinned;   // the backend whose host_alloc holds host[] and res; NULL: malloc'd
+};
+
+// n_bytes of host memory: the backend's pinned memory (be), else malloc'd; zero-filled. NULL only
+// when the backend refuses.
+static float *snapshot_buffer(k_backend *be, int64_t n_elem) {
+  size_t n_bytes = (size_t)n_elem * sizeof(float);
+  return be ? be->host_alloc(be, n_bytes) : XCALLOC((size_t)n_elem, sizeof(float));
+}
+
+static void snapshot_buffer_free(const run_ckpt_snapshot *s, float *p) {
+  if (p && s->pinned) s->pinned->host_free(s->pinned, p);
+  else free(p);
+}
+
+static void snapshot_free(run_ckpt_snapshot *s) {
+  for (int i = 0; i < 3; i++) snapshot_buffer_free(s, s->host[i]);
+  snapshot_buffer_free(s, s->res);
+  fp8_host_free(&s->h8);
+  free(s->list);
+  free(s->yaml);
+  free(s);
+}
+
+// The buffers for the checkpoints of this run. pinned: the backend's host_alloc (NULL: malloc).
+// NULL where the backend refuses pinned memory (the others are freed).
+static run_ckpt_snapshot *snapshot_alloc(const cfg *c, const model *m, const opt_state *o, k_backend *pinned) {
+  run_ckpt_snapshot *s = XCALLOC(1, sizeof *s);
+  s->pinned = pinned;
+  int ok = 1;
+  for (int i = 0; i < 3; i++) ok = ok && (s->host[i] = snapshot_buffer(pinned, m->n_params)) != NULL;
+  if (ok && residual_of(o)) ok = (s->res = snapshot_buffer(pinned, m->n_params)) != NULL;
+  if (!ok) {
+    snapshot_free(s);
+    return NULL;
+  }
+  if (m->fp8) fp8_host_alloc(m, &s->h8);
+  s->cap = 3 * section_entries(&m->cfg) + extra_entries(m);
+  s->list = XCALLOC((size_t)s->cap, sizeof(ckpt_tensor));
+  size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
+  s->yaml = XMALLOC(n_yaml);
+  cfg_to_yaml(c, s->yaml, n_yaml);
+  return s;
+}
+
+// Collective (the weights and moments are gathered over dp): copies everything the checkpoint of
+// step holds into s and lists it.
+static void snapshot_take(run_ckpt_snapshot *s, const cfg *c, model *m, opt_state *o, int64_t step,
+                          int64_t samples_seen) {
   opt_flush(o);  // offload_delay: the update in flight is part of the checkpoint's step
-  float *host[3];
-  alloc_host(m, host);
-  opt_get_params(o, host[0]);
-  opt_get_moments(o, host[1], host[2]);
-  int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + 3 + section_entries(&m->cfg), &n);
-  fp8_host h8 = {0};
+  opt_get_params(o, s->host[0]);
+  opt_get_moments(o, s->host[1], s->host[2]);
+  s->n = 0;
+  for (int i = 0; i < 3; i++) add_section(m, section_prefix[i], s->host[i], 0, s->list, &s->n);
   if (m->fp8) {
     model_fp8_settle(m);
-    fp8_host_alloc(m, &h8);
-    fp8_to_host(m, &h8);
-    fp8_list(m, &h8, list, &n);
-    if (m->fp8->cfg.head) fp8_head_list(m, &h8, list, &n);
+    fp8_to_host(m, &s->h8);
+    fp8_list(m, &s->h8, s->list, &s->n);
+    if (m->fp8->cfg.head) fp8_head_list(m, &s->h8, s->list, &s->n);
   }
-  float *res = NULL;
-  if (residual_of(o)) {
-    res = XCALLOC((size_t)m->n_params, sizeof(float));
-    m->be->to_host(m->be, res, residual_of(o), (size_t)m->n_params * sizeof(float));
-    add_section(m, residual_prefix, res, 1, list, &n);
+  if (s->res) {
+    m->be->to_host(m->be, s->res, residual_of(o), (size_t)m->n_params * sizeof(float));
+    add_section(m, residual_prefix, s->res, 1, s->list, &s->n);
   }
-  size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
-  char *yaml = XMALLOC(n_yaml);
-  cfg_to_yaml(c, yaml, n_yaml);
-  ckpt_meta meta = {.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = yaml};
-  int rc = ckpt_save(c->checkpoint.dir, o->g->world->mpi, list, n, &meta, c->checkpoint.keep, faults, err, n_err);
-  free(yaml);
-  free(list);
-  free(res);
-  fp8_host_free(&h8);
-  for (int s = 0; s < 3; s++) free(host[s]);
+  CHECK(s->n <= s->cap, "checkpoint list: %d entries, room for %d", s->n, s->cap);
+  s->meta = (ckpt_meta){.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = s->yaml};
+}
+
+int run_ckpt_save(const cfg *c, model *m, opt_state *o, int64_t step, int64_t samples_seen,
+                  const ckpt_faults *faults, char *err, size_t n_err) {
+  run_ckpt_snapshot *s = snapshot_alloc(c, m, o, NULL);
+  snapshot_take(s, c, m, o, step, samples_seen);
+  int rc = ckpt_save(c->checkpoint.dir, o->g->world->mpi, s->list, s->n, &s->meta, c->checkpoint.keep, faults, err,
+                     n_err);
+  snapshot_free(s);
   return rc;
+}
+
+// Collective: the pinned snapshot, allocated at the first asynchronous checkpoint. 0, or -1 with
+// a message on every rank where any rank's backend refused the memory.
+static int async_snapshot_alloc(run_ckpt_async *a, const cfg *c, model *m, opt_state *o, char *err, size_t n_err) {
+  if (a->snap) return 0;
+  a->snap = snapshot_alloc(c, m, o, m->be);
+  char msg[512] = "";
+  if (!a->snap)
+    snprintf(msg, sizeof msg, "cannot pin %.2f GiB of host memory for the snapshot of checkpoint.async: set "
+             "checkpoint.async=false, or run fewer ranks per node",
+             (3.0 + (residual_of(o) != NULL)) * (double)m->n_params * sizeof(float) / 1073741824.0);
+  int rc = ckpt_agree(o->g->world->mpi, a->snap ? 0 : -1, msg, (int)sizeof msg);
+  snprintf(err, n_err, "%s", msg);
+  return rc;
+}
+
+int run_ckpt_async_start(run_ckpt_async *a, const cfg *c, model *m, opt_state *o, int64_t step,
+                         int64_t samples_seen, const ckpt_faults *faults, char *err, size_t n_err) {
+  if (async_snapshot_alloc(a, c, m, o, err, n_err) != 0) return -1;
+  snapshot_take(a->snap, c, m, o, step, samples_seen);
+  return ckpt_async_start(&a->write, c->checkpoint.dir, o->g->world->mpi, a->snap->list, a->snap->n, &a->snap->meta,
+                          c->checkpoint.keep, faults, err, n_err);
+}
+
+void run_ckpt_async_free(run_ckpt_async *a) {
+  CHECK(!ckpt_async_pending(&a->write), "run_ckpt_async_free: the checkpoint of step %lld is still being written",
+        (long long)a->write.step);
+  if (a->snap) snapshot_free(a->snap);
+  a->snap = NULL;
 }
 
 // What extra state the checkpoint at path holds, from its stored config, read once: FP8
@@ -262,7 +349,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   float *host[3];
   alloc_host(m, host);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, 3 * m->vpp + 3 + section_entries(&m->cfg), &n);
+  ckpt_tensor *list = build_list(m, host, extra_entries(m), &n);
   fp8_host h8 = {0};
   if (m->fp8 && has_fp8) {
     fp8_host_alloc(m, &h8);

@@ -11,7 +11,6 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 // SIGTERM (a scheduler's notice before it kills a job) or SIGINT: finish the step in flight,
 // checkpoint it, and stop, so a preempted run loses nothing. The product's one file-scope
@@ -174,7 +173,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   t->c = c;
   t->g = g;
   t->be = be;
-  t->hooks = hooks ? *hooks : (trainer_hooks){.ckpt = {.kill_after = -1, .fail_at = -1, .nan_in = -1}};
+  t->hooks = hooks ? *hooks : (trainer_hooks){.ckpt = {.kill_after = -1, .fail_at = -1, .nan_in = -1, .delay_s = 0}};
   t->n_micro = cfg_n_micro(c);
   t->stats.last_loss = t->stats.last_val = NAN;
   if (trainer_open_data(t, err, n_err) != 0) return -1;
@@ -292,10 +291,48 @@ double trainer_evaluate(trainer *t) {
   return t->stats.last_val;
 }
 
+// Collective: completes the asynchronous write in flight, and says so on rank 0 with the time it
+// took: the background write of the slowest rank plus publishing it.
+static int trainer_checkpoint_finish(trainer *t, char *err, size_t n_err) {
+  ckpt_async *w = &t->ckpt_async.write;
+  const int64_t step = w->step;
+  const double n_bytes = (double)w->n_bytes, t0 = MPI_Wtime();
+  if (ckpt_async_finish(w, err, n_err) != 0) return -1;
+  const double seconds = w->write_s + MPI_Wtime() - t0;
+  if (t->g->world_rank == 0)
+    printf("checkpoint: step %lld saved to %s in %.2f s in the background (%.2f GB/s)\n", (long long)step,
+           t->c->checkpoint.dir, seconds, seconds > 0 ? n_bytes / seconds / 1e9 : 0.0);
+  return 0;
+}
+
+int trainer_checkpoint_poll(trainer *t, char *err, size_t n_err) {
+  if (!ckpt_async_pending(&t->ckpt_async.write) || !ckpt_async_ready(&t->ckpt_async.write)) return 0;
+  return trainer_checkpoint_finish(t, err, n_err);
+}
+
+int trainer_checkpoint_wait(trainer *t, char *err, size_t n_err) {
+  return ckpt_async_pending(&t->ckpt_async.write) ? trainer_checkpoint_finish(t, err, n_err) : 0;
+}
+
+// Collective. checkpoint.async: the previous write first (at most one in flight), then the
+// snapshot; the time the training thread spent on both is what the checkpoint cost it.
+static int trainer_checkpoint_async(trainer *t, char *err, size_t n_err) {
+  const double t0 = MPI_Wtime();
+  if (trainer_checkpoint_wait(t, err, n_err) != 0) return -1;
+  const double t_snap = MPI_Wtime();
+  if (run_ckpt_async_start(&t->ckpt_async, t->c, &t->m, &t->o, t->step, t->samples_seen, &t->hooks.ckpt, err,
+                           n_err) != 0)
+    return -1;
+  const double t1 = MPI_Wtime();
+  if (t->g->world_rank == 0)
+    printf("checkpoint: step %lld copied to host in %.2f s (training stalled %.2f s), writing to %s in the "
+           "background\n", (long long)t->step, t1 - t_snap, t1 - t0, t->c->checkpoint.dir);
+  return 0;
+}
+
 int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
+  if (t->c->checkpoint.async) return trainer_checkpoint_async(t, err, n_err);
   double t0 = MPI_Wtime();
-  // The test hook TRAINER_TEST_CKPT_DELAY_S: a slow write, which a signal does not cut short.
-  while (MPI_Wtime() - t0 < t->hooks.ckpt_delay_s) usleep(10000);
   if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, &t->hooks.ckpt, err, n_err) != 0) return -1;
   if (t->g->world_rank == 0)
     printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,
@@ -304,6 +341,7 @@ int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
 }
 
 void trainer_free(trainer *t) {
+  run_ckpt_async_free(&t->ckpt_async);
   report_close(t);
   free(t->batch.tokens_h);
   free(t->batch.targets_h);
@@ -393,11 +431,17 @@ int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks
     if (t.stop_signal && g->world_rank == 0)
       printf("signal %d: stopping after step %lld\n", t.stop_signal, (long long)t.step);
     int do_ckpt = trainer_due(t.step, c->checkpoint.every) || t.step == t.last_step || t.stop_signal;
-    if (c->checkpoint.dir[0] && do_ckpt && trainer_checkpoint(&t, err, sizeof err) != 0) {
+    // checkpoint.async: a write that ended during the step is published here, at the first step
+    // boundary after every rank's part is written; a failed one stops the run here.
+    if (trainer_checkpoint_poll(&t, err, sizeof err) != 0 ||
+        (c->checkpoint.dir[0] && do_ckpt && trainer_checkpoint(&t, err, sizeof err) != 0)) {
       rc = trainer_fail(&t, "checkpoint: ", err);
       break;
     }
   }
+  // The write in flight (checkpoint.async) is completed and published before the run ends, at a
+  // stop signal too; after an error as well, since it holds an earlier step.
+  if (trainer_checkpoint_wait(&t, err, sizeof err) != 0) rc = trainer_fail(&t, "checkpoint: ", err);
   if (rc == 0) {
     trainer_report(&t);
     if (t.stop_signal) rc = 128 + t.stop_signal;

@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include "app/config.h"
+#include "app/run_ckpt.h"
 #include "app/tensorboard.h"
 #include "data/data.h"
 #include "kernels/backend.h"
@@ -25,14 +26,13 @@
 // gradient of step nan_at_step (1-based) is NaN (TRAINER_TEST_NAN_AT_STEP); 0 = never. The
 // amax recorded for the first FP8 projection input of step fp8_inf_at_step is Inf
 // (TRAINER_TEST_FP8_INF_AT_STEP, train.precision=fp8); 0 = never. Every checkpoint write takes
-// ckpt_delay_s seconds longer, signals or not, as a slow file system would
+// ckpt.delay_s seconds longer, signals or not, as a slow file system would
 // (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay. The gradient of step huge_at_step is 1e30 times
 // larger, finite (TRAINER_TEST_HUGE_GRAD_AT_STEP); 0 = never.
 typedef struct trainer_hooks {
   ckpt_faults ckpt;
   int64_t nan_at_step;
   int64_t fp8_inf_at_step;
-  double ckpt_delay_s;
   int64_t huge_at_step;
 } trainer_hooks;
 
@@ -69,6 +69,7 @@ typedef struct trainer {
   tp_model_comm tpc;        // the model's collectives over g (m.comm points here)
   opt_state o;
   pp_exec e;
+  run_ckpt_async ckpt_async;  // checkpoint.async: the snapshot and the write in flight
   trainer_batch batch;
   FILE *metrics;            // rank 0, log.metrics; NULL = none
   tb_writer tb;             // rank 0, log.tensorboard; closed = none
@@ -102,11 +103,19 @@ double trainer_evaluate(trainer *t);
 // Rank 0: the progress line, the metrics record and the TensorBoard event of the step just done
 // (val_loss NaN: none).
 void trainer_log(trainer *t, const trainer_step_result *r, double val_loss);
-// Collective. Writes a checkpoint of the current step. 0, or -1 with a message.
+// Collective. Writes a checkpoint of the current step. 0, or -1 with a message. With
+// checkpoint.async it first completes the write in flight, then snapshots the step and starts
+// its write, which trainer_checkpoint_poll or trainer_checkpoint_wait completes.
 int trainer_checkpoint(trainer *t, char *err, size_t n_err);
+// Collective: completes the asynchronous write in flight once every rank's has finished
+// (trainer_checkpoint_poll, at a step boundary), or waiting for it (trainer_checkpoint_wait,
+// before the next one and at the end of the run). 0 (also with none in flight), or -1 with a
+// message: the write failed and its checkpoint is not published.
+int trainer_checkpoint_poll(trainer *t, char *err, size_t n_err);
+int trainer_checkpoint_wait(trainer *t, char *err, size_t n_err);
 // Collective. The run report (rank 0 prints it and appends it to the metrics file).
 void trainer_report(trainer *t);
-// Safe twice and after a failed init.
+// Safe twice and after a failed init; no asynchronous write in flight (checked).
 void trainer_free(trainer *t);
 
 // Collective. The whole run: init, steps with evaluation, logging and checkpoints, report.

@@ -1,7 +1,7 @@
 // Checkpoint I/O: one HDF5 file per checkpoint holding every tensor at its full logical shape,
-// written and read with collective MPI-IO (each rank its own hyperslab), so a run can resume
-// under another tp/pp/dp layout. Atomic: written as dir/.ckpt_<step>.h5.tmp, synced, renamed.
-// Layout and the reasons behind it: docs/checkpoint.md.
+// read with collective MPI-IO (each rank its own hyperslab), so a run can resume under another
+// tp/pp/dp layout; the helpers the save shares (ckpt_write.c writes, ckpt_async.c in the
+// background). Layout and the reasons behind it: docs/checkpoint.md.
 #include "model/format/ckpt.h"
 #include "model/format/ckpt_crc.h"
 #include "model/format/ckpt_internal.h"
@@ -14,7 +14,6 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,7 +29,7 @@ void ckpt_msgf(char *msg, const char *fmt, ...) {
   va_end(ap);
 }
 
-static void ckpt_copy_err(char *err, size_t n_err, const char *msg) {
+void ckpt_copy_err(char *err, size_t n_err, const char *msg) {
   if (err && n_err > 0) snprintf(err, n_err, "%s", msg);
 }
 
@@ -72,7 +71,7 @@ static void ckpt_fmt_shape(char *buf, size_t n_buf, int ndim, const int64_t *dim
   if (used < n_buf) snprintf(buf + used, n_buf - used, ")");
 }
 
-static int ckpt_block_empty(const ckpt_tensor *t) {
+int ckpt_block_empty(const ckpt_tensor *t) {
   for (int d = 0; d < t->ndim; d++)
     if (t->count[d] == 0) return 1;
   return 0;
@@ -80,7 +79,7 @@ static int ckpt_block_empty(const ckpt_tensor *t) {
 
 // Selects this rank's block in the file space and returns the matching dense memory space, or
 // empty selections on both sides: a rank with nothing to move still joins the collective call.
-static hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace) {
+hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace) {
   hsize_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
   for (int d = 0; d < t->ndim; d++) {
     start[d] = (hsize_t)t->start[d];
@@ -150,7 +149,7 @@ static uint64_t ckpt_fnv(uint64_t h, const void *p, size_t n_bytes) {
 // Dataset creation and opening are collective metadata operations: every rank must make the same
 // calls in the same order, or the file is corrupt or the job hangs. A hash of the list (names
 // and full shapes) compared across ranks turns that bug into an immediate, named abort.
-static void ckpt_check_list(MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, int saving, const char *fn) {
+void ckpt_check_list(MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, int saving, const char *fn) {
   CHECK(n_tensors >= 0 && (n_tensors == 0 || tensors != NULL), "%s: %d tensors but tensors is NULL", fn, n_tensors);
   uint64_t h = ckpt_fnv(1469598103934665603ull, &n_tensors, sizeof n_tensors);
   for (int i = 0; i < n_tensors; i++) {
@@ -175,36 +174,19 @@ static void ckpt_check_list(MPI_Comm comm, const ckpt_tensor *tensors, int n_ten
         fn);
 }
 
-static int ckpt_first_index(const ckpt_tensor *tensors, int i) {
+int ckpt_first_index(const ckpt_tensor *tensors, int i) {
   for (int j = 0; j < i; j++)
     if (strcmp(tensors[j].name, tensors[i].name) == 0) return j;
   return i;
 }
 
-
-static void ckpt_attr_write(hid_t loc, const char *name, hid_t file_type, hid_t mem_type, const void *value) {
-  hid_t space = H5Screate(H5S_SCALAR);
-  H5_CHECK(space);
-  hid_t a = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
-  H5_CHECK(a);
-  H5_CHECK(H5Awrite(a, mem_type, value));
-  H5_CHECK(H5Aclose(a));
-  H5_CHECK(H5Sclose(space));
+int64_t ckpt_n_elem(int ndim, const int64_t *dims) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= dims[d];
+  return n;
 }
 
-// Fixed-length rather than variable-length: variable-length data goes through the global heap,
-// which parallel HDF5 handles poorly; a fixed string is plain metadata and h5py reads it as bytes.
-static void ckpt_attr_write_string(hid_t loc, const char *name, const char *s) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  H5_CHECK(type);
-  H5_CHECK(H5Tset_size(type, strlen(s) + 1));
-  H5_CHECK(H5Tset_strpad(type, H5T_STR_NULLTERM));
-  H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
-  ckpt_attr_write(loc, name, type, type, s);
-  H5_CHECK(H5Tclose(type));
-}
-
-static hid_t ckpt_fapl(MPI_Comm comm) {
+hid_t ckpt_fapl(MPI_Comm comm) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5_CHECK(fapl);
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
@@ -215,239 +197,6 @@ static hid_t ckpt_fapl(MPI_Comm comm) {
   // Large tensors start on 1 MiB boundaries, which file-system stripes are multiples of.
   H5_CHECK(H5Pset_alignment(fapl, 1 << 20, 1 << 20));
   return fapl;
-}
-
-// Writes one entry's block (or nothing, collectively). Returns 0, or -1 with msg on an I/O error.
-// fail: the test hook's injected I/O error on this rank (the write still joins the collective).
-static int ckpt_write_tensor(hid_t file, const ckpt_tensor *tensors, int i, hid_t lcpl, hid_t dcpl, hid_t dxpl,
-                             int fail, const char *tmp, const char *dir, char *msg) {
-  const ckpt_tensor *t = &tensors[i];
-  hsize_t full[CKPT_MAX_DIMS];
-  for (int d = 0; d < t->ndim; d++) full[d] = (hsize_t)t->full[d];
-  hid_t dset;
-  if (ckpt_first_index(tensors, i) == i) {
-    hid_t space = H5Screate_simple(t->ndim, full, NULL);
-    H5_CHECK(space);
-    dset = H5Dcreate2(file, t->name, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
-    H5_CHECK(dset);
-    H5_CHECK(H5Sclose(space));
-  } else {
-    dset = H5Dopen2(file, t->name, H5P_DEFAULT);  // another block of a dataset created above
-    H5_CHECK(dset);
-  }
-  hid_t fspace = H5Dget_space(dset);
-  H5_CHECK(fspace);
-  int writes = t->write && !ckpt_block_empty(t);
-  hid_t mspace = ckpt_select(t, writes, fspace);
-  static const float dummy = 0.0f;  // HDF5 rejects a NULL buffer even for an empty selection
-  char reason[256] = "";
-  herr_t w = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, writes ? (const void *)t->data : &dummy);
-  if (w < 0) ckpt_h5_reason(reason);
-  if (fail) w = -1, snprintf(reason, sizeof reason, "injected write error (test hook)");
-  H5_CHECK(H5Sclose(mspace));
-  H5_CHECK(H5Sclose(fspace));
-  H5_CHECK(H5Dclose(dset));
-  if (w < 0) {
-    ckpt_msgf(msg,
-              "writing tensor '%s' to %s failed (HDF5: %s): the disk may be full or the file system unavailable; "
-              "free space in %s (or lower checkpoint.keep) and retry",
-              t->name, tmp, reason, dir);
-    return -1;
-  }
-  return 0;
-}
-
-static int64_t ckpt_n_elem(int ndim, const int64_t *dims) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= dims[d];
-  return n;
-}
-
-// An upper bound of the file's size: the tensors, their 1 MiB alignment, object headers and
-// attributes (4 KiB a tensor is several times what HDF5 needs), the config and slack.
-static int64_t ckpt_file_bytes(const ckpt_tensor *tensors, int n_tensors, long long n_yaml) {
-  int64_t n_bytes = (int64_t)n_yaml + (1 << 20);
-  for (int i = 0; i < n_tensors; i++) {
-    if (ckpt_first_index(tensors, i) != i) continue;
-    int64_t n_elem = ckpt_n_elem(tensors[i].ndim, tensors[i].full);
-    n_bytes += n_elem * (int64_t)sizeof(float) + (n_elem * 4 >= (1 << 20) ? (1 << 20) : 0) + 4096;
-  }
-  return n_bytes;
-}
-
-// Adds this rank's block of entry i to its dataset's checksum contribution (indexed by the
-// dataset's first entry), the elements it covers and the non-finite values among them.
-static void ckpt_crc_add(const ckpt_tensor *tensors, int i, uint32_t *crc, int64_t *covered, int64_t *nonfinite) {
-  const ckpt_tensor *t = &tensors[i];
-  if (!t->write || ckpt_block_empty(t)) return;
-  int first = ckpt_first_index(tensors, i);
-  int64_t nf = 0;
-  crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, &nf);
-  covered[first] += ckpt_n_elem(t->ndim, t->count);
-  nonfinite[first] += nf;
-}
-
-// Collective: combines every rank's contributions and writes each dataset's crc32c attribute.
-// A tensor holding a NaN or an infinity is never saved: -1 with msg naming the first such tensor
-// (the same on every rank), and nothing written.
-static int ckpt_write_checksums(hid_t file, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, uint32_t *crc,
-                                int64_t *covered, int64_t *nonfinite, int64_t step, char *msg) {
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, crc, n_tensors, MPI_UINT32_T, MPI_BXOR, comm));
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, covered, n_tensors, MPI_INT64_T, MPI_SUM, comm));
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, nonfinite, n_tensors, MPI_INT64_T, MPI_SUM, comm));
-  for (int i = 0; i < n_tensors; i++) {
-    if (nonfinite[i] == 0) continue;
-    ckpt_msgf(msg, "step %" PRId64 " not saved: tensor '%s' holds %" PRId64 " non-finite value%s (NaN or Inf) after "
-                   "that step's update; the previous checkpoint stays. The update overflowed: lower train.lr, set "
-                   "train.grad_clip, or resume from the previous checkpoint",
-              step, tensors[i].name, nonfinite[i], nonfinite[i] == 1 ? "" : "s");
-    return -1;
-  }
-  for (int i = 0; i < n_tensors; i++) {
-    const ckpt_tensor *t = &tensors[i];
-    if (ckpt_first_index(tensors, i) != i) continue;
-    int64_t n_elem = ckpt_n_elem(t->ndim, t->full);
-    CHECK(covered[i] == n_elem, "ckpt_save: the blocks written of '%s' cover %" PRId64 " of its %" PRId64
-          " elements; exactly one rank must write each element (write = 1)", t->name, covered[i], n_elem);
-    uint32_t value = ckpt_crc_finish(crc[i], (uint64_t)n_elem * sizeof(float));
-    hid_t dset = H5Dopen2(file, t->name, H5P_DEFAULT);
-    H5_CHECK(dset);
-    ckpt_attr_write(dset, "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
-    H5_CHECK(H5Dclose(dset));
-  }
-  return 0;
-}
-
-static int ckpt_save_quiet(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
-                           const ckpt_meta *meta, int keep, const ckpt_faults *faults, char *err, size_t n_err) {
-  CHECK(dir != NULL && dir[0] != '\0', "ckpt_save: dir is empty");
-  CHECK(meta != NULL, "ckpt_save: meta is NULL");
-  CHECK(meta->step >= 0, "ckpt_save: step is %" PRId64 ", expected >= 0", meta->step);
-  ckpt_check_list(comm, tensors, n_tensors, 1, "ckpt_save");
-  int rank = 0, n_ranks = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &n_ranks));
-  char msg[CKPT_MSG] = "";
-  ckpt_faults no_faults = {-1, -1, -1};
-  if (!faults) faults = &no_faults;
-
-  // Attributes are collective metadata that every rank writes with identical values, and the
-  // file name must agree: take both from rank 0 rather than trust every rank to match.
-  int64_t nums[3] = {meta->step, meta->samples_seen, (int64_t)meta->seed};
-  MPI_CHECK(MPI_Bcast(nums, 3, MPI_INT64_T, 0, comm));
-  long long n_yaml = rank == 0 && meta->config_yaml ? (long long)strlen(meta->config_yaml) : 0;
-  MPI_CHECK(MPI_Bcast(&n_yaml, 1, MPI_LONG_LONG, 0, comm));
-  CHECK(n_yaml < INT32_MAX, "ckpt_save: config_yaml is %lld bytes, expected under 2 GiB", n_yaml);
-  char *yaml = XMALLOC((size_t)n_yaml + 1);
-  if (rank == 0 && n_yaml) memcpy(yaml, meta->config_yaml, (size_t)n_yaml);
-  if (n_yaml) MPI_CHECK(MPI_Bcast(yaml, (int)n_yaml, MPI_CHAR, 0, comm));
-  yaml[n_yaml] = '\0';
-  int64_t step = nums[0];
-
-  char tmp[CKPT_PATH], final[CKPT_PATH];
-  int n1 = snprintf(tmp, sizeof tmp, "%s/.ckpt_%08" PRId64 ".h5.tmp", dir, step);
-  int n2 = snprintf(final, sizeof final, "%s/ckpt_%08" PRId64 ".h5", dir, step);
-  int rc = 0;
-  if (n1 >= (int)sizeof tmp || n2 >= (int)sizeof final) {
-    ckpt_msgf(msg, "checkpoint directory path %s is too long (at most about %d bytes): use a shorter "
-                   "checkpoint.dir",
-              dir, CKPT_PATH - 32);
-    rc = -1;
-  }
-  if (rc == 0 && rank == 0) rc = ckpt_prepare_dir(dir, tmp, ckpt_file_bytes(tensors, n_tensors, n_yaml), msg);
-  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
-
-  hid_t fapl = ckpt_fapl(comm);
-  char reason[256] = "";
-  hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  if (file < 0) ckpt_h5_reason(reason);
-  H5_CHECK(H5Pclose(fapl));
-  if (file < 0)
-    ckpt_msgf(msg, "cannot create checkpoint file %s (HDF5: %s): check that %s is writable and on a file system "
-                   "every rank shares",
-              tmp, reason, dir);
-  if ((rc = ckpt_agree(comm, file < 0 ? -1 : 0, msg, CKPT_MSG)) != 0) {
-    if (file >= 0) H5Fclose(file);
-    if (rank == 0) unlink(tmp);
-    goto out;
-  }
-
-  int32_t version = CKPT_FORMAT_VERSION;
-  ckpt_attr_write_string(file, "format", CKPT_MAGIC);
-  ckpt_attr_write(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT32, &version);
-  ckpt_attr_write(file, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[0]);
-  ckpt_attr_write(file, "samples_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &nums[1]);
-  uint64_t seed = (uint64_t)nums[2];
-  ckpt_attr_write(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &seed);
-  ckpt_attr_write_string(file, "config_yaml", yaml);
-
-  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE), dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5_CHECK(lcpl);
-  H5_CHECK(dcpl);
-  H5_CHECK(dxpl);
-  H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));  // "optim/exp_avg/x" makes optim, optim/exp_avg
-  // Parallel HDF5 allocates datasets at creation and would otherwise write fill values over the
-  // whole file first: a second full pass of I/O for data that is overwritten anyway.
-  H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
-  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
-  uint32_t *crc = XCALLOC((size_t)n_tensors, sizeof *crc);
-  int64_t *covered = XCALLOC((size_t)n_tensors, sizeof *covered), *nonfinite = XCALLOC((size_t)n_tensors, sizeof *nonfinite);
-  for (int i = 0; i < n_tensors && rc == 0; i++) {
-    if (i == faults->kill_after) raise(SIGKILL);
-    int fail = i == faults->fail_at && rank == n_ranks - 1;
-    int w = ckpt_write_tensor(file, tensors, i, lcpl, dcpl, dxpl, fail, tmp, dir, msg);
-    rc = ckpt_agree(comm, w, msg, CKPT_MSG);  // stop every rank at the first failed tensor, together
-    if (rc == 0) ckpt_crc_add(tensors, i, crc, covered, nonfinite);
-    if (rc == 0 && i == faults->nan_in && rank == n_ranks - 1) nonfinite[ckpt_first_index(tensors, i)]++;
-  }
-  if (rc == 0) rc = ckpt_write_checksums(file, comm, tensors, n_tensors, crc, covered, nonfinite, step, msg);
-  free(crc);
-  free(covered);
-  free(nonfinite);
-  H5_CHECK(H5Pclose(lcpl));
-  H5_CHECK(H5Pclose(dcpl));
-  H5_CHECK(H5Pclose(dxpl));
-  if (rc == 0) {
-    int32_t complete = 1;  // last, so a reader never sees complete == 1 on a file missing data
-    ckpt_attr_write(file, "complete", H5T_STD_I32LE, H5T_NATIVE_INT32, &complete);
-  }
-  // An explicit flush is where MPI_File_sync happens (HDF5 skips it inside close): it makes every
-  // rank's data durable, not only what rank 0's fsync below can reach.
-  herr_t f = rc == 0 ? H5Fflush(file, H5F_SCOPE_GLOBAL) : 0;
-  herr_t c = H5Fclose(file);
-  if (f < 0 || c < 0) ckpt_h5_reason(reason);
-  if (rc == 0 && (f < 0 || c < 0))
-    ckpt_msgf(msg, "finishing checkpoint %s failed (HDF5: %s): the disk may be full or the file system "
-                   "unavailable; free space in %s (or lower checkpoint.keep) and retry",
-              tmp, reason, dir);
-  if (rc == 0) rc = ckpt_agree(comm, f < 0 || c < 0 ? -1 : 0, msg, CKPT_MSG);
-  if (rc != 0) {
-    if (rank == 0) unlink(tmp);  // a partial file only wastes space; the previous checkpoint stays
-    goto out;
-  }
-
-  MPI_CHECK(MPI_Barrier(comm));  // every rank's close has returned before the file is published
-  if (rank == 0) {
-    rc = ckpt_publish(tmp, final, dir, msg);
-    if (rc != 0) unlink(tmp);
-  }
-  // Broadcasting rank 0's result is also the barrier: no rank returns before the rename is done.
-  if ((rc = ckpt_agree(comm, rc, msg, CKPT_MSG)) != 0) goto out;
-  if (rank == 0) ckpt_rotate(dir, keep, step);
-
-out:
-  free(yaml);
-  ckpt_copy_err(err, n_err, rc == 0 ? "" : msg);
-  return rc;
-}
-
-int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
-              int keep, const ckpt_faults *faults, char *err, size_t n_err) {
-  ckpt_quiet q;
-  ckpt_quiet_begin(&q);
-  int rc = ckpt_save_quiet(dir, comm, tensors, n_tensors, meta, keep, faults, err, n_err);
-  ckpt_quiet_end(&q);
-  return rc;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Checkpoints: one HDF5 file per checkpoint, every tensor at its full logical shape, each
-// rank writing and reading its own hyperslab with collective parallel I/O. Written to a
-// temporary name and renamed, so a crash mid-write leaves the previous checkpoint intact.
+// rank writing and reading its own hyperslab with collective parallel I/O (or, for an
+// asynchronous save, writing it from a background thread). Written to a temporary name and
+// renamed, so a crash mid-write leaves the previous checkpoint intact.
 // Layout: docs/checkpoint.md.
 #ifndef TRAINER_CKPT_H
 #define TRAINER_CKPT_H
@@ -38,15 +39,17 @@ typedef struct ckpt_tensor {
 // match, a non-finite value, root attributes out of range), so an older checkpoint should be used.
 #define CKPT_DAMAGED -2
 
-// Test hooks, {-1, -1, -1} in a run (or pass NULL): after writing kill_after tensors the process
-// SIGKILLs itself, mid-write; the write of tensor fail_at on the communicator's last rank reports
-// an I/O error, as a failing disk would, so a test can show every rank ends cleanly; the
+// Test hooks, {-1, -1, -1, 0} in a run (or pass NULL): after writing kill_after tensors the
+// process SIGKILLs itself, mid-write; the write of tensor fail_at on the communicator's last rank
+// reports an I/O error, as a failing disk would, so a test can show every rank ends cleanly; the
 // checksum pass over tensor nan_in on the last rank counts one non-finite value more, as an
-// overflowed update would leave, so a test can show no such checkpoint is published.
+// overflowed update would leave, so a test can show no such checkpoint is published; writing the
+// tensors takes delay_s seconds longer, signals or not, as on a slow file system.
 typedef struct ckpt_faults {
   int kill_after;
   int fail_at;
   int nan_in;
+  double delay_s;
 } ckpt_faults;
 
 // Everything but tensors. Stored as attributes of the root group.
@@ -76,6 +79,38 @@ typedef struct ckpt_meta {
 // a full disk is reported before HDF5 touches the file. faults: test hooks, NULL in a run.
 int ckpt_save(const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, const ckpt_meta *meta,
               int keep, const ckpt_faults *faults, char *err, size_t n_err);
+// An asynchronous save: ckpt_save's file, written while the caller goes on. ckpt_async_start
+// (collective) does what needs every rank before any data is written: the temporary file, its
+// attributes and every dataset (collective metadata, so the file's layout is fixed here). It then
+// starts a background thread that writes this rank's blocks straight into their datasets' bytes
+// with plain POSIX writes, fsyncs them and computes their checksum contributions: no MPI and no
+// HDF5 call, so the caller's MPI and NCCL collectives may run meanwhile (MPI need not be
+// initialised with MPI_THREAD_MULTIPLE, and HDF5 need not be thread-safe). ckpt_async_ready
+// (collective) says whether every rank's thread has finished; ckpt_async_finish (collective)
+// waits for this rank's and does the rest as ckpt_save: agree on the result over the ranks,
+// refuse a tensor holding NaN or Inf, write the checksums, close, publish by rename, rotate.
+// On a failure the temporary is removed and every rank returns the same message. The result is
+// the file ckpt_save writes from the same arguments.
+typedef struct ckpt_async {
+  struct ckpt_async_job *job;  // the write in flight; NULL: none
+  int64_t step;                // its step
+  int64_t n_bytes;             // its tensors' bytes in the file, every rank's together
+  double write_s;              // set by ckpt_async_finish: seconds the background write took, slowest rank
+} ckpt_async;
+
+// Collective; no write in flight (checked). As ckpt_save's arguments; the tensors (list and
+// data) must stay unchanged until ckpt_async_finish returns. 0: the write is in flight; -1 with a
+// message (the same on every rank): nothing is, and no temporary is left.
+int ckpt_async_start(ckpt_async *a, const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
+                     const ckpt_meta *meta, int keep, const ckpt_faults *faults, char *err, size_t n_err);
+// Collective over the start's communicator while a write is in flight: 1 once every rank's
+// background write has returned (ckpt_async_finish then does not wait), else 0. 1 with none.
+int ckpt_async_ready(const ckpt_async *a);
+// Collective. Completes the write in flight, waiting for this rank's background write: 0 (also
+// with none in flight), or -1 with a message, the same on every rank.
+int ckpt_async_finish(ckpt_async *a, char *err, size_t n_err);
+static inline int ckpt_async_pending(const ckpt_async *a) { return a->job != NULL; }
+
 // Collective. Reads into each tensor's block. A missing tensor, or a full shape different
 // from the file's, is an error naming the tensor and both shapes and saying what to do.
 // Same list precondition as ckpt_save (names and full shapes equal on every rank); a zero count

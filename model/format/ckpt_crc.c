@@ -149,17 +149,20 @@ uint32_t ckpt_crc_finish(uint32_t xor_of_blocks, uint64_t n_bytes) {
   return ~(ckpt_crc_shift(0xFFFFFFFFu, n_bytes) ^ xor_of_blocks);
 }
 
-// A block is a sequence of equal contiguous runs (the trailing dimensions it spans whole merge into
-// one run), at known offsets in the row-major tensor.
-typedef struct crc_runs {
-  const float *data;
-  int j;                        // runs span dimensions j.. (the outer ones 0..j-1 index them)
-  int64_t run, n_runs, n_total;  // floats per run, runs, floats in the whole tensor
-  int64_t stride[4];
-  const int64_t *start, *count;
-} crc_runs;
+int ckpt_runs_init(ckpt_runs *b, int ndim, const int64_t *full, const int64_t *start, const int64_t *count) {
+  *b = (ckpt_runs){.j = ndim - 1, .n_runs = 1, .n_total = 1, .start = start, .count = count};
+  for (int d = ndim - 1; d >= 0; d--) {
+    if (count[d] == 0) return 0;
+    b->stride[d] = b->n_total;
+    b->n_total *= full[d];
+  }
+  b->run = count[b->j];
+  while (b->j > 0 && count[b->j] == full[b->j]) b->run *= count[--b->j];
+  for (int d = 0; d < b->j; d++) b->n_runs *= count[d];
+  return 1;
+}
 
-static int64_t crc_run_offset(const crc_runs *b, int64_t r) {
+int64_t ckpt_run_offset(const ckpt_runs *b, int64_t r) {
   int64_t off = b->start[b->j] * b->stride[b->j];
   for (int d = b->j - 1; d >= 0; d--) {
     off += (b->start[d] + r % b->count[d]) * b->stride[d];
@@ -179,18 +182,18 @@ static int64_t count_nonfinite(const float *x, int64_t n) {
 // Contribution of runs [r0, r1): walking them in file order, acc = shift(acc, gap) ^ crc(run)
 // leaves the XOR of every run's CRC shifted to the last run's end; one more shift carries it to
 // the tensor's end. Each run's non-finite values are counted into *nonfinite while it is in cache.
-static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1, int64_t *nonfinite) {
+static uint32_t crc_run_range(const ckpt_runs *b, const float *data, int64_t r0, int64_t r1, int64_t *nonfinite) {
   int64_t prev_off = 0, cached_gap = -1;
   uint32_t acc = 0, gap_op = 0;
   for (int64_t r = r0; r < r1; r++) {
-    int64_t off = crc_run_offset(b, r);
+    int64_t off = ckpt_run_offset(b, r);
     if (r > r0) {
       int64_t gap = (off - prev_off) * (int64_t)sizeof(float);
       if (gap != cached_gap) gap_op = crc_zeros_op((uint64_t)gap), cached_gap = gap;
       acc = crc_mul(gap_op, acc);
     }
-    acc ^= ckpt_crc_raw(0, b->data + r * b->run, (size_t)b->run * sizeof(float));
-    *nonfinite += count_nonfinite(b->data + r * b->run, b->run);
+    acc ^= ckpt_crc_raw(0, data + r * b->run, (size_t)b->run * sizeof(float));
+    *nonfinite += count_nonfinite(data + r * b->run, b->run);
     prev_off = off;
   }
   return ckpt_crc_shift(acc, (uint64_t)(b->n_total - prev_off - b->run) * sizeof(float));
@@ -202,20 +205,13 @@ static uint32_t crc_run_range(const crc_runs *b, int64_t r0, int64_t r1, int64_t
 // into pieces, many runs into ranges of runs.
 uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const int64_t *start, const int64_t *count,
                         int64_t *n_nonfinite) {
-  crc_runs b = {.data = data, .j = ndim - 1, .n_runs = 1, .n_total = 1, .start = start, .count = count};
+  ckpt_runs b;
   int64_t nf = 0;
   if (n_nonfinite) *n_nonfinite = 0;
-  for (int d = ndim - 1; d >= 0; d--) {
-    if (count[d] == 0) return 0;
-    b.stride[d] = b.n_total;
-    b.n_total *= full[d];
-  }
-  b.run = count[b.j];
-  while (b.j > 0 && count[b.j] == full[b.j]) b.run *= count[--b.j];
-  for (int d = 0; d < b.j; d++) b.n_runs *= count[d];
+  if (!ckpt_runs_init(&b, ndim, full, start, count)) return 0;
   uint32_t x = 0;
   if (b.n_runs == 1) {
-    int64_t off = crc_run_offset(&b, 0), n_pieces = (b.run + CRC_PIECE - 1) / CRC_PIECE;
+    int64_t off = ckpt_run_offset(&b, 0), n_pieces = (b.run + CRC_PIECE - 1) / CRC_PIECE;
 #pragma omp parallel for reduction(^ : x) reduction(+ : nf) schedule(static)
     for (int64_t i = 0; i < n_pieces; i++) {
       int64_t lo = i * CRC_PIECE, n = b.run - lo < CRC_PIECE ? b.run - lo : CRC_PIECE;
@@ -228,7 +224,7 @@ uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const 
 #pragma omp parallel for reduction(^ : x) reduction(+ : nf) schedule(static)
     for (int64_t i = 0; i < n_ranges; i++) {
       int64_t k = 0;
-      x ^= crc_run_range(&b, i * per, (i + 1) * per < b.n_runs ? (i + 1) * per : b.n_runs, &k);
+      x ^= crc_run_range(&b, data, i * per, (i + 1) * per < b.n_runs ? (i + 1) * per : b.n_runs, &k);
       nf += k;
     }
   }

@@ -28,4 +28,18 @@ uint32_t ckpt_crc_block(const float *data, int ndim, const int64_t *full, const 
 // The CRC-32C of an n_bytes message from the XOR of its pieces' contributions.
 uint32_t ckpt_crc_finish(uint32_t xor_of_blocks, uint64_t n_bytes);
 
+// A dense block [start, start + count) of a row-major tensor of shape full is a sequence of equal
+// contiguous runs (the trailing dimensions it spans whole merge into one run), at known offsets in
+// the tensor: how the checksum walks a block, and how an asynchronous save writes it (ckpt_async.c).
+typedef struct ckpt_runs {
+  int j;                         // runs span dimensions j.. (the outer ones 0..j-1 index them)
+  int64_t run, n_runs, n_total;  // floats per run, runs, floats in the whole tensor
+  int64_t stride[4];
+  const int64_t *start, *count;  // the caller's, read by ckpt_run_offset
+} ckpt_runs;
+// 0 for an empty block (nothing to walk), else 1 with b set up (ndim <= 4).
+int ckpt_runs_init(ckpt_runs *b, int ndim, const int64_t *full, const int64_t *start, const int64_t *count);
+// Where run r (r * run floats into the dense block) starts in the tensor, in floats.
+int64_t ckpt_run_offset(const ckpt_runs *b, int64_t r);
+
 #endif

@@ -1,5 +1,7 @@
-// Checkpoint internals shared by model/format/ckpt.c (HDF5 I/O), model/format/ckpt_dir.c (listing, creating,
-// publishing and rotating checkpoint files) and model/format/ckpt_verify.c (the standalone check).
+// Checkpoint internals shared by model/format/ckpt.c (HDF5 I/O, reading), model/format/ckpt_write.c
+// (writing), model/format/ckpt_async.c (the background write), model/format/ckpt_dir.c (listing,
+// creating, publishing and rotating checkpoint files) and model/format/ckpt_verify.c (the
+// standalone check).
 #ifndef TRAINER_CKPT_INTERNAL_H
 #define TRAINER_CKPT_INTERNAL_H
 
@@ -35,6 +37,67 @@ void ckpt_quiet_end(const ckpt_quiet *q);
 
 // Formats into a CKPT_MSG buffer.
 void ckpt_msgf(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// msg into the caller's err (n_err bytes; err may be NULL).
+void ckpt_copy_err(char *err, size_t n_err, const char *msg);
+
+// Tensor lists, shared by the save and the load (ckpt.c). Whether t's block is empty; the first
+// entry of the list with entry i's name (the dataset's own entry: a name may repeat, one block
+// each); elements of a shape.
+int ckpt_block_empty(const ckpt_tensor *t);
+int ckpt_first_index(const ckpt_tensor *tensors, int i);
+int64_t ckpt_n_elem(int ndim, const int64_t *dims);
+// Collective: aborts, naming the bug, unless every rank passes the same names and full shapes in
+// the same order (creating or opening a dataset is a collective metadata operation).
+void ckpt_check_list(MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors, int saving, const char *fn);
+// Selects t's block in fspace (active) or nothing, and returns the matching memory space.
+hid_t ckpt_select(const ckpt_tensor *t, int active, hid_t fspace);
+// The file access properties of a collective open over comm (parallel HDF5, MPI-IO).
+hid_t ckpt_fapl(MPI_Comm comm);
+
+// One checkpoint being written (ckpt_write.c). ckpt_save runs the stages in a row:
+// ckpt_write_begin (collective: the temporary file, its root attributes and every dataset, so the
+// file's layout is fixed before any data), ckpt_write_blocks (collective HDF5 writes), then
+// ckpt_write_end (collective: agree, checksum attributes, close, publish, rotate). An asynchronous
+// save (ckpt_async.c) runs ckpt_write_blocks_posix in a background thread instead.
+typedef struct ckpt_writer {
+  MPI_Comm comm;
+  int rank, n_ranks, keep;
+  const ckpt_tensor *tensors;
+  int n_tensors;
+  ckpt_faults faults;
+  int64_t step;
+  char dir[CKPT_PATH], tmp[CKPT_PATH], final[CKPT_PATH];
+  hid_t file;          // the temporary, open on every rank from begin to end
+  int64_t *offset;     // (n_tensors) where each dataset's data starts in the file, bytes, at its first entry
+  uint32_t *crc;       // (n_tensors) this rank's checksum contributions, at each dataset's first entry
+  int64_t *covered;    // (n_tensors) elements this rank wrote, likewise
+  int64_t *nonfinite;  // (n_tensors) NaNs and infinities among them, likewise
+  int64_t n_bytes;     // the tensors' bytes in the file (every rank's blocks together)
+  char msg[CKPT_MSG];  // the failure's message
+} ckpt_writer;
+
+// Collective. 0, or -1 with w->msg (the same on every rank; nothing is left open and the
+// temporary is removed). The tensors must stay unchanged until ckpt_write_end.
+int ckpt_write_begin(ckpt_writer *w, const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
+                     const ckpt_meta *meta, int keep, const ckpt_faults *faults);
+// Collective: every rank's blocks with collective MPI-IO, stopping every rank at the first failed
+// tensor. 0, or -1 with w->msg (the same on every rank).
+int ckpt_write_blocks(ckpt_writer *w);
+// Not collective, no MPI and no HDF5 (ckpt_async.c): this rank's blocks by plain writes at their
+// datasets' offsets, then fsync. 0, or -1 with w->msg at this rank's first failure.
+int ckpt_write_blocks_posix(ckpt_writer *w);
+// Entry i's block, just written, into its dataset's checksum contribution and non-finite count.
+void ckpt_write_count(ckpt_writer *w, int i);
+// The test hooks (ckpt_faults) as the block writers apply them: the slow write (delay_s), the
+// kill before writing entry i, and whether the write of entry i fails on this rank.
+void ckpt_fault_delay(const ckpt_writer *w);
+void ckpt_fault_kill(const ckpt_writer *w, int i);
+int ckpt_fault_fails(const ckpt_writer *w, int i);
+// The message of entry i's failed write into w->msg; reason says what failed.
+void ckpt_write_failed(ckpt_writer *w, int i, const char *reason);
+// Collective. rc: this rank's result of the blocks. Agrees on it, then as ckpt_save; frees what
+// begin allocated. 0, or -1 with w->msg (the same on every rank).
+int ckpt_write_end(ckpt_writer *w, int rc);
 
 typedef struct ckpt_entry {
   int64_t step;

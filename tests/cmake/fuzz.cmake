@@ -41,7 +41,8 @@ if(TRAINER_FUZZ AND TRAINER_HAVE_SANITIZERS)
   # Open MPI and HDF5 are built without frame pointers: the leak report needs the slow unwinder
   # to name them (lsan.supp).
   trainer_add_fuzz(fuzz_ckpt_meta RUNS 1200 SECONDS 15 ENV ASAN_OPTIONS=fast_unwind_on_malloc=0
-                   SOURCES ${FUZZ_CKPT_SOURCES} ${FUZZ_CONFIG_SOURCES} LIBS ${YAML_LIBRARY} ${HDF5_C_LIBRARIES})
+                   SOURCES ${FUZZ_CKPT_SOURCES} ${FUZZ_CONFIG_SOURCES} LIBS ${YAML_LIBRARY} ${HDF5_C_LIBRARIES}
+                   Threads::Threads)
   target_include_directories(fuzz_ckpt_meta PRIVATE ${YAML_INCLUDE_DIR} ${HDF5_INCLUDE_DIRS})
   target_compile_definitions(fuzz_ckpt_meta PRIVATE ${HDF5_DEFINITIONS})
 endif()

@@ -1,7 +1,8 @@
 // Checkpoint round trip under 2 ranks: save under one split, load under another and compare
 // exactly; metadata; rotation (keep); newest-complete selection skipping junk and temporaries;
 // the clean errors (wrong shape, missing tensor, missing or non-HDF5 file, wrong version), and that a
-// version-1 file still loads.
+// version-1 file still loads. The asynchronous save writes the same checkpoint, and its failures
+// end like the synchronous save's.
 #include "model/format/ckpt.h"
 #include "tests/unit/test_util.h"
 
@@ -96,6 +97,60 @@ static int save_step(const char *dir, int64_t step, int keep, float bump, char *
   ckpt_meta m = {.step = step, .samples_seen = 1000 * step + 7, .seed = 0xDEADBEEFCAFEF00Dull,
                  .config_yaml = yaml_text};
   return ckpt_save(dir, MPI_COMM_WORLD, s.t, 4, &m, keep, NULL, err, n_err);
+}
+
+static void check_load(const char *path, int64_t step, float bump);
+
+// save_step through ckpt_async: the caller polls while the background write runs.
+static int save_step_async(const char *dir, int64_t step, int keep, float bump, const ckpt_faults *faults, char *err,
+                           size_t n_err) {
+  saved s;
+  make_saved(&s, bump);
+  ckpt_meta m = {.step = step, .samples_seen = 1000 * step + 7, .seed = 0xDEADBEEFCAFEF00Dull,
+                 .config_yaml = yaml_text};
+  ckpt_async a = {0};
+  int rc = ckpt_async_start(&a, dir, MPI_COMM_WORLD, s.t, 4, &m, keep, faults, err, n_err);
+  EXPECT(rc != 0 || ckpt_async_pending(&a), "a started write is in flight");
+  while (rc == 0 && !ckpt_async_ready(&a)) usleep(1000);
+  if (rc == 0) rc = ckpt_async_finish(&a, err, n_err);
+  EXPECT(!ckpt_async_pending(&a), "nothing in flight after ckpt_async_finish");
+  return rc;
+}
+
+// The asynchronous save: the checkpoint ckpt_save writes; a failed write on one rank
+// (an injected I/O error) and a non-finite value each end with the same message on every rank,
+// no temporary and no checkpoint of that step, the previous one intact.
+static void test_async(void) {
+  char sync_dir[512], async_dir[512], a[1200], b[1200], err[2048];
+  snprintf(sync_dir, sizeof sync_dir, "%s/sync", root);
+  snprintf(async_dir, sizeof async_dir, "%s/async", root);
+  EXPECT(save_step(sync_dir, 70, 0, 0.25f, err, sizeof err) == 0, "sync save 70: %s", err);
+  EXPECT(save_step_async(async_dir, 70, 0, 0.25f, NULL, err, sizeof err) == 0, "async save 70: %s", err);
+  snprintf(a, sizeof a, "%s/ckpt_00000070.h5", sync_dir);
+  snprintf(b, sizeof b, "%s/ckpt_00000070.h5", async_dir);
+  // Both hold every tensor, checksum and attribute of the step (the files' bytes differ only in
+  // the times HDF5 stamps its objects with; tests/e2e/test_ckpt_async.sh compares the two whole).
+  check_load(a, 70, 0.25f);
+  check_load(b, 70, 0.25f);
+
+  ckpt_faults fail = {-1, 0, -1, 0}, nan = {-1, -1, 1, 0};
+  const char *want_fail[] = {"writing tensor 'model/layers.wq'", "injected write error", ".ckpt_00000080.h5.tmp"};
+  const char *want_nan[] = {"step 80 not saved", "'optim/exp_avg/final_norm' holds 1 non-finite value"};
+  for (int k = 0; k < 2; k++) {
+    const char *const *want = k == 0 ? want_fail : want_nan;
+    err[0] = '\0';
+    int rc = save_step_async(async_dir, 80, 0, 0.5f, k == 0 ? &fail : &nan, err, sizeof err);
+    int named = 1;
+    for (int i = 0; i < (k == 0 ? 3 : 2); i++) named = named && strstr(err, want[i]);
+    EXPECT(rc == -1 && named, "async save with %s gave %d: %s", k == 0 ? "a write error" : "a NaN", rc, err);
+    EXPECT(same_everywhere(err), "ranks disagree on the async save error: '%s'", err);
+    MPI_Barrier(MPI_COMM_WORLD);
+    snprintf(a, sizeof a, "%s/.ckpt_00000080.h5.tmp", async_dir);
+    snprintf(b, sizeof b, "%s/ckpt_00000080.h5", async_dir);
+    EXPECT(!exists(a) && !exists(b), "a failed async save left %s", exists(a) ? a : b);
+  }
+  snprintf(b, sizeof b, "%s/ckpt_00000070.h5", async_dir);
+  check_load(b, 70, 0.25f);
 }
 
 // Loads A split on dim 0 (rows), B and C whole on each rank, verifying their checksums; compares
@@ -340,6 +395,8 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/ckpt_00000040.h5", dir);
   expect_damaged(path, 123.0f, "tensor 'model/layers.wq' fails its checksum");
   expect_damaged(path, NAN, "tensor 'model/layers.wq' holds NaN");
+
+  test_async();
 
   // Every path above, failures included, must have closed what it opened.
   ssize_t n_open = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
