@@ -43,7 +43,7 @@ typedef struct cfg_key {
                  #etype "_names: one word per enumerator of " #etype ", in order")
 CFG_WORDS(cfg_device, CFG_DEVICE_CUDA, "auto", "cpu", "cuda");
 CFG_WORDS(cfg_precision, CFG_PRECISION_FP8, "auto", "fp32", "tf32", "bf16", "fp8");
-CFG_WORDS(cfg_attention, CFG_ATTENTION_OWN, "cudnn", "own");
+CFG_WORDS(cfg_attention, CFG_ATTENTION_OWN, "cudnn", "cudnn_atomic", "own");
 CFG_WORDS(cfg_cpu_isa, CFG_CPU_ISA_SSE, "auto", "avx512", "avx2", "sse");
 CFG_WORDS(cfg_recompute, CFG_RECOMPUTE_FULL, "none", "selective", "full");
 CFG_WORDS(cfg_fp8_recipe, CFG_FP8_RECIPE_BLOCK, "delayed", "current", "block");
@@ -181,8 +181,11 @@ static const cfg_key cfg_keys[] = {
              "fp8 section), emulated exactly on CPU ranks); master weights, gradients and optimizer state are fp32 "
              "in every case"),
   CFG_CHOICE(train, attention, cfg_attention, CFG_ATTENTION_CUDNN,
-             "GPU attention kernel (cudnn: cuDNN's fused attention with bf16 activations, the own kernel for fp32 or "
-             "a shape cuDNN refuses; own: the project's own kernel always)"),
+             "GPU attention kernel (cudnn: cuDNN's fused attention with bf16 activations, its deterministic "
+             "backward, the own kernel for fp32 or a shape cuDNN refuses; cudnn_atomic: the same with cuDNN's "
+             "backward accumulating dq with fp32 atomics, faster and with less workspace, but the last bits of its "
+             "gradients vary from run to run, so runs and resumes are not bitwise reproducible; own: the project's "
+             "own kernel always)"),
   CFG_CHOICE(train, cpu_isa, cfg_cpu_isa, CFG_CPU_ISA_AUTO,
              "widest vector instruction set of the CPU GEMM and AdamW (auto: the widest the CPU has)"),
   CFG_CHOICE(train, recompute, cfg_recompute, CFG_RECOMPUTE_NONE, "activation recomputation"),

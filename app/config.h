@@ -24,7 +24,7 @@ typedef enum cfg_precision {
   CFG_PRECISION_BF16,
   CFG_PRECISION_FP8
 } cfg_precision;
-typedef enum cfg_attention { CFG_ATTENTION_CUDNN, CFG_ATTENTION_OWN } cfg_attention;
+typedef enum cfg_attention { CFG_ATTENTION_CUDNN, CFG_ATTENTION_CUDNN_ATOMIC, CFG_ATTENTION_OWN } cfg_attention;
 typedef enum cfg_cpu_isa { CFG_CPU_ISA_AUTO, CFG_CPU_ISA_AVX512, CFG_CPU_ISA_AVX2, CFG_CPU_ISA_SSE } cfg_cpu_isa;
 typedef enum cfg_recompute { CFG_RECOMPUTE_NONE, CFG_RECOMPUTE_SELECTIVE, CFG_RECOMPUTE_FULL } cfg_recompute;
 typedef enum cfg_fp8_recipe { CFG_FP8_RECIPE_DELAYED, CFG_FP8_RECIPE_CURRENT, CFG_FP8_RECIPE_BLOCK } cfg_fp8_recipe;

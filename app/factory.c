@@ -15,6 +15,7 @@ k_backend_opts factory_backend_opts(const cfg *c, int on_gpu) {
       .act = on_gpu && cfg_act_bf16(c) ? K_BF16 : K_F32,
       .tf32 = c->train.precision == CFG_PRECISION_TF32,
       .attn_own = c->train.attention == CFG_ATTENTION_OWN,
+      .attn_atomic = c->train.attention == CFG_ATTENTION_CUDNN_ATOMIC,
       .cpu_isa = isas[c->train.cpu_isa],
       .peak_tflops = c->log.peak_tflops,
   };

@@ -32,6 +32,8 @@ typedef struct k_backend_opts {
   k_dtype act;         // activation dtype: K_BF16 or K_F32 on GPUs; the CPU backend accepts K_F32 only
   int tf32;            // fp32 GEMMs may use TF32 (GPU, fp32 activations)
   int attn_own;        // the project's attention kernel instead of cuDNN's (GPU)
+  int attn_atomic;     // cuDNN's attention backward accumulates dq with fp32 atomics: faster, with less
+                       // workspace, but not bitwise reproducible (GPU); else its deterministic graph
   k_isa cpu_isa;       // widest vector instruction set of the CPU GEMM and AdamW (K_ISA_AUTO: the widest the CPU has)
   double peak_tflops;  // dense peak for MFU; 0: the device's known peak (989.4 for H100/H200), else none
   int device;          // GPU index (CUDA backend)

@@ -191,12 +191,15 @@ static int64_t cuda_mem_used(k_backend *b) {
   return (int64_t)(total_bytes - free_bytes);
 }
 
-// Attention: cuDNN's fused flash attention for bf16 activations (deterministic backward), the
-// own tiled kernel for fp32 activations, for shapes cuDNN refuses, or with opts.attn_own.
-// The cuDNN state (handle, plans, workspace) is made on the first call that may use it.
+// Attention: cuDNN's fused flash attention for bf16 activations (deterministic backward unless
+// opts.attn_atomic), the own tiled kernel for fp32 activations, for shapes cuDNN refuses, or with
+// opts.attn_own. The cuDNN state (handle, plans, workspace) is made on the first call that may use it.
 static k_cudnn_attn *cudnn_attn_of(k_cuda_ctx *c) {
   if (c->attn_own || c->act != K_BF16) return NULL;
-  if (!c->cudnn) c->cudnn = k_cudnn_attn_create();
+  if (!c->cudnn) {
+    c->cudnn = k_cudnn_attn_create();
+    k_cudnn_attn_set_deterministic(c->cudnn, !c->attn_atomic);
+  }
   return c->cudnn;
 }
 
@@ -253,6 +256,7 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   c->device = device;
   c->act = act;
   c->attn_own = o->attn_own != 0;
+  c->attn_atomic = o->attn_atomic != 0;
   // Non-blocking: the legacy default stream (used by stray library calls) must not serialise with it.
   CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&c->cublas));

@@ -27,6 +27,7 @@ struct k_cuda_ctx {
   int device;
   k_dtype act;          // the activation dtype: the element type of every act-typed op argument
   int attn_own;         // attention on the own kernel even where cuDNN's would run
+  int attn_atomic;      // cuDNN's attention backward with atomic dq accumulation (k_backend_opts)
   cudaStream_t stream;  // every op and copy of this backend runs here, in order
   cublasHandle_t cublas;
   cublasComputeType_t gemm_compute;  // fp32 activations: CUBLAS_COMPUTE_32F, or _FAST_TF32 (opts.tf32)

@@ -224,7 +224,7 @@ static void test_load_errors(void) {
       {"train.device=gpu", "train.device = 'gpu' is not one of: auto, cpu, cuda"},
       {"train.recompute=some", "train.recompute = 'some' is not one of: none, selective, full"},
       {"train.precision=fp16", "train.precision = 'fp16' is not one of: auto, fp32, tf32, bf16, fp8"},
-      {"train.attention=flash", "train.attention = 'flash' is not one of: cudnn, own"},
+      {"train.attention=flash", "train.attention = 'flash' is not one of: cudnn, cudnn_atomic, own"},
       {"train.cpu_isa=neon", "train.cpu_isa = 'neon' is not one of: auto, avx512, avx2, sse"},
       {"fp8.recipe=tensorwise", "fp8.recipe = 'tensorwise' is not one of: delayed, current, block"},
       {"fp8.amax_compute=mean", "fp8.amax_compute = 'mean' is not one of: max, most_recent"},
