@@ -30,11 +30,11 @@
 # the baseline's torch.cuda.max_memory_allocated (the peak within the step), reserved, and its
 # device memory in use after the timed steps (torch.cuda.mem_get_info): the last counts what the
 # trainer's does (CUDA context, NCCL, every pool).
-# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 58.7 GiB per rank in the trainer
-# with its config's parallel.shard=weights and train.recompute=selective (65.5 GiB in use on an
-# H100, docs/sharding.md), which fits 80 GB GPUs, and 99.8 GiB with parallel.shard=optimizer and
-# recompute none (the plan is printed first). The baseline takes 57 GiB there (68 reserved, 69.5 in use), 29 GiB
-# with --ac full.
+# Memory: the 7b shape with 2 sequences per GPU on 4 GPUs plans 55.6 GiB per rank in the trainer
+# with its config's parallel.shard=weights and train.recompute=selective (60.4 GiB in use on an
+# H200, docs/sharding.md), which fits 80 GB GPUs, and 99.8 GiB with parallel.shard=optimizer and
+# recompute none (the plan is printed first). The baseline takes 57 GiB there (68 reserved, 69.5
+# in use), 29 GiB with --ac full.
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4
 #   scripts/bench/bench_fsdp_vs_trainer.sh build "" 7b 2 10 4 train.recompute=full
 #       (the baseline then recomputes too, FSDP_ARGS="--ac none" keeps it from that)
