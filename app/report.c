@@ -256,6 +256,16 @@ static report_figures report_compute(const trainer *t, report_bubble bubble) {
   return f;
 }
 
+// Rank 0's own buffers by what they hold, after the step they peaked in, and the rest of its
+// device (or process) memory at its peak.
+static void report_print_held(const trainer_stats *s) {
+  printf("memory of rank 0 (GiB): its own buffers at their peak:");
+  for (int k = 1; k <= K_MEM_KINDS; k++)  // "other" last
+    printf(" %s %.2f%s", k_mem_kind_names[k % K_MEM_KINDS], s->held_peak_by_kind[k % K_MEM_KINDS] / 1073741824.0,
+           k < K_MEM_KINDS ? "," : ";");
+  printf(" the runtime's at the peak in use %.2f\n", (s->mem_peak - s->held_peak) / 1073741824.0);
+}
+
 static void report_print(const trainer *t, const report_figures *f, double mem_peak, double held_peak) {
   const trainer_stats *s = &t->stats;
   const step_timing *tt = &s->tm_total;
@@ -274,6 +284,7 @@ static void report_print(const trainer *t, const report_figures *f, double mem_p
          mem_peak / 1073741824.0, held_peak / 1073741824.0, s->last_loss);
   if (isnan(s->last_val)) printf(", no val loss\n");
   else printf(", final val loss %.4f\n", s->last_val);
+  report_print_held(s);
   if (t->o.gc && t->c->optim.grad_compress == COMM_COMPRESS_FP16)
     printf("gradient compression fp16: %lld gradient values of rank 0 rounded to zero over this run "
            "(docs/compression.md)\n", (long long)grad_compress_underflow(&t->o));
@@ -305,17 +316,24 @@ static void report_record(const trainer *t, const report_figures *f, double mem_
     snprintf(busiest_s, sizeof busiest_s, "%.3f", 100 * f->bubble.busiest);
     snprintf(theory_s, sizeof theory_s, "%.3f", f->theory_pct);
   }
+  char held_s[512];  // rank 0's own buffers by kind (report_print_held)
+  int n = snprintf(held_s, sizeof held_s, "{");
+  for (int i = 0; i < K_MEM_KINDS; i++)
+    n += snprintf(held_s + n, sizeof held_s - (size_t)n, "%s\"%s\": %.3f", i ? ", " : "", k_mem_kind_names[i],
+                  s->held_peak_by_kind[i] / 1073741824.0);
+  snprintf(held_s + n, sizeof held_s - (size_t)n, "}");
   double k = f->ms_per;
   fprintf(t->metrics,
           "{\"report\": true, \"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.3f, \"ranks\": %d, "
           "\"tokens_per_s\": %.1f, \"tokens_per_s_per_rank\": %.1f, \"tflops_per_rank\": %.3f, \"mfu\": %.4f, "
-          "\"peak_mem_gib\": %.3f, \"peak_held_gib\": %.3f, \"final_loss\": %.9g, \"final_val_loss\": %s, "
+          "\"peak_mem_gib\": %.3f, \"peak_held_gib\": %.3f, \"peak_held_by_kind_gib\": %s, \"final_loss\": %.9g, "
+          "\"final_val_loss\": %s, "
           "\"step_ms\": {\"compute\": %.3f, \"tp_comm\": %.3f, \"pp_comm\": %.3f, \"dp_comm\": %.3f, "
           "\"dp_gather\": %.3f, \"optimizer\": %.3f, \"data\": %.3f}, \"exposed_comm_pct\": %.3f, \"bubble_pct\": %s, "
           "\"bubble_busiest_pct\": %s, \"bubble_theory_pct\": %s}\n",
           (long long)t->step, (long long)s->tokens_seen, f->wall, t->g->world_size, f->mean_tps,
           f->mean_tps / t->g->world_size, f->mean_tflops, f->mfu, mem_peak / 1073741824.0, held_peak / 1073741824.0,
-          s->last_loss, val_s,
+          held_s, s->last_loss, val_s,
           tt->compute * k, tt->tp_comm * k, tt->pp_comm * k, tt->dp_comm * k, tt->dp_gather * k, tt->optimizer * k,
           tt->data * k, f->exposed_pct, bubble_s, busiest_s, theory_s);
 }

@@ -190,7 +190,9 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   tp_bind_model(&t->tpc, &t->m, g);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
   tp_set_timing(&t->tpc, c->log.time_tp ? &t->stats.tm : NULL);
+  const k_mem_kind kind_before = be->mem_kind(be, K_MEM_OPTIMIZER);  // its state and sharding buffers
   opt_init(&t->o, &t->m, g, &c->optim, t->n_micro);
+  be->mem_kind(be, kind_before);
   t->o.timing = &t->stats.tm;
   t->o.time_waits = c->log.time_dp;
   if (pp_exec_init(&t->e, &t->m, g, t->n_micro, err, n_err) != 0) return -1;
@@ -264,7 +266,10 @@ trainer_step_result trainer_step(trainer *t) {
   s->t_steps += r.seconds;
   r.mem_bytes = (double)be->mem_used(be);
   if (r.mem_bytes > s->mem_peak) s->mem_peak = r.mem_bytes;
-  if ((double)be->mem_held(be) > s->held_peak) s->held_peak = (double)be->mem_held(be);
+  if ((double)be->mem_held(be) > s->held_peak) {
+    s->held_peak = (double)be->mem_held(be);
+    be->mem_held_by_kind(be, s->held_peak_by_kind);
+  }
   if (t->step > s->first_step + 1) trainer_add_timing(s, r.seconds);  // the first step warms up caches
   if (isfinite(r.loss)) s->last_loss = r.loss;
   return r;

@@ -54,6 +54,7 @@ typedef struct trainer_stats {
   int64_t tokens_seen;      // this process
   double mem_peak;          // bytes, this rank
   double held_peak;         // bytes of the trainer's own buffers (k_backend.mem_held), this rank
+  int64_t held_peak_by_kind[K_MEM_KINDS];  // the same by what they hold, after the step of held_peak
   double last_loss, last_val;
   int64_t n_skipped;        // steps skipped for a non-finite gradient norm (train.skip_nonfinite)
 } trainer_stats;

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "kernels/base/held.h"
 
 // K_F16 (IEEE binary16) appears only as a wire type of the compressed DP reduction (quant16).
 typedef enum k_dtype { K_F32 = 0, K_BF16 = 1, K_F16 = 2 } k_dtype;
@@ -75,8 +76,11 @@ typedef struct k_backend {
   // Bytes of memory in use now: device memory in use (whole device) on GPUs, resident set on CPU.
   int64_t (*mem_used)(struct k_backend *b);
   // Bytes held now through alloc (the caller's own buffers; not the context, libraries' workspaces
-  // or communicators' buffers), so that mem_used can be split into the two.
+  // or communicators' buffers), so that mem_used can be split into the two; and by what they hold:
+  // mem_kind names the kind of the buffers alloc makes from now on (returning the kind before).
   int64_t (*mem_held)(struct k_backend *b);
+  void (*mem_held_by_kind)(struct k_backend *b, int64_t bytes[K_MEM_KINDS]);
+  k_mem_kind (*mem_kind)(struct k_backend *b, k_mem_kind kind);
   // Host memory the device also addresses (pinned and mapped on GPUs: its pointers are valid in
   // kernels, so ops may read and write it over the host link; plain memory on CPU ranks),
   // zero-filled; NULL when the system refuses it (the caller says how much and what to do).
@@ -255,6 +259,14 @@ typedef struct k_backend {
   // copy from its codes, the same bytes fp8_cast writes to out_t.
   void (*fp8_transpose)(struct k_backend *b, const uint8_t *codes, int64_t rows, int cols, uint8_t *codes_t);
 } k_backend;
+
+// alloc, the buffer counted under kind (mem_kind), the kind before left as it was.
+static inline void *k_alloc_as(k_backend *b, size_t n_bytes, k_mem_kind kind) {
+  const k_mem_kind before = b->mem_kind(b, kind);
+  void *p = b->alloc(b, n_bytes);
+  b->mem_kind(b, before);
+  return p;
+}
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,25 +8,33 @@
 #include "kernels/cpu/optim_cpu.h"
 #include "kernels/cpu/quant_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
-#include <malloc.h>
 #include <string.h>
 #include <unistd.h>
 
 typedef struct cpu_ctx {
   k_isa isa;  // the widest kernel the backend's GEMMs and AdamW may use
-  int64_t held_bytes;  // held through alloc, as malloc_usable_size counts them (at alloc and free alike)
+  k_held held;  // what alloc handed out and free has not taken back
 } cpu_ctx;
 
 static void *cpu_alloc(k_backend *b, size_t n_bytes) {
   void *p = XCALLOC(n_bytes, 1);
-  ((cpu_ctx *)b->ctx)->held_bytes += (int64_t)malloc_usable_size(p);
+  k_held_add(&((cpu_ctx *)b->ctx)->held, p, (int64_t)n_bytes);
   return p;
 }
 static void cpu_free(k_backend *b, void *p) {
-  if (p) ((cpu_ctx *)b->ctx)->held_bytes -= (int64_t)malloc_usable_size(p);
+  if (p) k_held_remove(&((cpu_ctx *)b->ctx)->held, p);
   free(p);
 }
-static int64_t cpu_mem_held(k_backend *b) { return ((cpu_ctx *)b->ctx)->held_bytes; }
+static int64_t cpu_mem_held(k_backend *b) { return ((cpu_ctx *)b->ctx)->held.total; }
+static void cpu_mem_held_by_kind(k_backend *b, int64_t bytes[K_MEM_KINDS]) {
+  for (int k = 0; k < K_MEM_KINDS; k++) bytes[k] = ((cpu_ctx *)b->ctx)->held.bytes[k];
+}
+static k_mem_kind cpu_mem_kind(k_backend *b, k_mem_kind kind) {
+  k_held *h = &((cpu_ctx *)b->ctx)->held;
+  const k_mem_kind before = h->current;
+  h->current = kind;
+  return before;
+}
 static void cpu_host_free(k_backend *b, void *p) { (void)b; free(p); }
 static void cpu_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
   (void)b;
@@ -225,6 +233,7 @@ static void cpu_fp8_scales(k_backend *b, float *amax_history, float *amax, float
 }
 
 static void cpu_release(k_backend *b) {
+  k_held_free(&((cpu_ctx *)b->ctx)->held);
   free(b->ctx);
   b->ctx = NULL;
 }
@@ -271,6 +280,8 @@ k_backend *k_backend_cpu_create(const k_backend_opts *o) {
   b->sync = cpu_sync;
   b->mem_used = cpu_mem_used;
   b->mem_held = cpu_mem_held;
+  b->mem_held_by_kind = cpu_mem_held_by_kind;
+  b->mem_kind = cpu_mem_kind;
   b->host_alloc = cpu_host_alloc;
   b->host_free = cpu_host_free;
   b->copy_async = cpu_copy_async;

@@ -97,7 +97,7 @@ void model_work_init(model *m) {
   struct model_work *w = XCALLOC(1, sizeof *w);
   carve c = {.act_bytes = m->act_bytes};
   carve_work(m, w, &c);
-  c.base = w->block = m->be->alloc(m->be, c.off);
+  c.base = w->block = k_alloc_as(m->be, c.off, K_MEM_WORKSPACE);
   c.off = 0;
   carve_work(m, w, &c);
   check_fused_layout(m);
@@ -154,7 +154,7 @@ model_acts *model_acts_create(model *m, int chunk) {
   int has_head = m->chunks[chunk].lm_head != NULL;
   carve c = {.act_bytes = m->act_bytes};
   carve_acts(&m->dims, has_head, m->recompute, a, &c);
-  a->block = m->be->alloc(m->be, c.off);
+  a->block = k_alloc_as(m->be, c.off, K_MEM_ACTIVATIONS);
   c.base = a->block;
   c.off = 0;
   carve_acts(&m->dims, has_head, m->recompute, a, &c);

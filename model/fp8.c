@@ -117,8 +117,8 @@ void model_fp8_place(model *m, int k, int t_lo, int t_hi) {
   CHECK(f->bank_elem > 0 && k >= 0 && k < FP8_MAX_BANKS, "model_fp8_place: bank %d of a model without FP8 banks "
         "(or past %d)", k, FP8_MAX_BANKS);
   if (!f->bank[k]) {
-    f->bank[k] = m->be->alloc(m->be, (size_t)f->bank_elem);
-    f->bank_t[k] = m->be->alloc(m->be, (size_t)f->bank_elem);
+    f->bank[k] = k_alloc_as(m->be, (size_t)f->bank_elem, K_MEM_FP8);
+    f->bank_t[k] = k_alloc_as(m->be, (size_t)f->bank_elem, K_MEM_FP8);
   }
   int64_t off = 0;
   for (int i = 0; i < f->n_weights; i++) {
@@ -135,6 +135,7 @@ void model_fp8_place(model *m, int k, int t_lo, int t_hi) {
 
 void model_fp8_init(model *m, const model_fp8_config *fc) {
   k_backend *be = m->be;
+  const k_mem_kind kind_before = be->mem_kind(be, K_MEM_FP8);  // every buffer below
   model_fp8 *f = XCALLOC(1, sizeof *f);
   m->fp8 = f;
   f->cfg = *fc;
@@ -181,6 +182,7 @@ void model_fp8_init(model *m, const model_fp8_config *fc) {
   if (fc->recipe == MODEL_FP8_BLOCK) fp8_block_init(m, k_max, n_max);
   f->w_stale = XMALLOC((size_t)(f->n_layers + 1));
   model_fp8_weights_changed(m);
+  be->mem_kind(be, kind_before);
 }
 
 void model_fp8_free(model *m) {
@@ -303,7 +305,7 @@ uint8_t *model_fp8_codes_flat(model *m, int64_t lo, int64_t hi) {
   model_fp8 *f = m->fp8;
   k_backend *be = m->be;
   CHECK(!f->codes && hi > lo, "FP8 codes: one flat buffer, once (elements %lld to %lld)", (long long)lo, (long long)hi);
-  f->codes = be->alloc(be, (size_t)(hi - lo));
+  f->codes = k_alloc_as(be, (size_t)(hi - lo), K_MEM_FP8);
   for (int i = 0; i < f->n_weights; i++) {
     const model_fp8_weight *w = &f->weights[i];
     CHECK(w->offset >= lo && w->offset + w->n_elem <= hi, "FP8 codes: weight slot %d outside elements %lld to %lld",

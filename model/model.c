@@ -119,7 +119,7 @@ static void model_place_norms(model *m) {
   if (!m->master_in_optimizer) return;
   int64_t n = 0;
   for (int i = 0; i < m->n_tensors; i++) n += m->tensors[i].tp_replicated ? m->tensors[i].n_elem : 0;
-  m->norm_copy = m->be->alloc(m->be, (size_t)(n ? n : 1) * sizeof(float));
+  m->norm_copy = k_alloc_as(m->be, (size_t)(n ? n : 1) * sizeof(float), K_MEM_WEIGHTS);
   n = 0;
   for (int i = 0; i < m->n_tensors; i++) {
     model_tensor *t = &m->tensors[i];
@@ -217,17 +217,17 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   // With the master weights in host memory the optimizer holds them, only its shard on each dp
   // rank (parallel/step/optim_offload.c): the model then has no fp32 flat buffer of weights.
   m->master_in_optimizer = ml->master_in_optimizer;
-  m->params = m->master_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->params = m->master_in_optimizer ? NULL : k_alloc_as(be, (size_t)m->n_params * sizeof(float), K_MEM_WEIGHTS);
   m->grads_in_optimizer = ml->grads_in_optimizer;
   m->weights_in_optimizer = ml->weights_in_optimizer;
   CHECK(!m->weights_in_optimizer || (m->grads_in_optimizer && m->master_in_optimizer),
         "a model whose compute copy the optimizer holds needs its gradients and master weights there too");
-  m->grads = m->grads_in_optimizer ? NULL : be->alloc(be, (size_t)m->n_params * sizeof(float));
+  m->grads = m->grads_in_optimizer ? NULL : k_alloc_as(be, (size_t)m->n_params * sizeof(float), K_MEM_GRADS);
   m->act_bytes = k_dtype_bytes(be->act);
   // Master weights in host memory: the compute copy stays in backend memory even in fp32.
   m->params_c = ml->weights_in_optimizer                       ? NULL
                 : be->act == K_F32 && !m->master_in_optimizer ? (void *)m->params
-                                                              : be->alloc(be, (size_t)m->n_params * m->act_bytes);
+                                                              : k_alloc_as(be, (size_t)m->n_params * m->act_bytes, K_MEM_WEIGHTS);
   model_place_norms(m);
   for (int i = 0; i < n; i++) {
     if (!m->tensors[i].p && m->params) m->tensors[i].p = m->params + m->tensors[i].offset;

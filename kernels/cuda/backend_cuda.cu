@@ -38,30 +38,16 @@ void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes) {
 // Backend memory may also be pinned host memory (host_alloc, e.g. offloaded master weights):
 // every copy is cudaMemcpyDefault, which finds the direction from the pointers.
 
-// mem_held's table: alloc adds a pointer, free removes it (a scan; frees are rare).
-static void held_add(k_cuda_ctx *c, void *p, size_t n_bytes) {
-  if (c->n_held == c->held_cap) {
-    c->held_cap = c->held_cap ? 2 * c->held_cap : 64;
-    c->held_ptr = (void **)realloc(c->held_ptr, (size_t)c->held_cap * sizeof *c->held_ptr);
-    c->held_size = (size_t *)realloc(c->held_size, (size_t)c->held_cap * sizeof *c->held_size);
-    CHECK(c->held_ptr && c->held_size, "out of host memory for the table of %d device buffers", c->held_cap);
-  }
-  c->held_ptr[c->n_held] = p;
-  c->held_size[c->n_held++] = n_bytes;
-  c->held_bytes += (int64_t)n_bytes;
+static int64_t cuda_mem_held(k_backend *b) { return k_cuda_ctx_of(b)->held.total; }
+static void cuda_mem_held_by_kind(k_backend *b, int64_t bytes[K_MEM_KINDS]) {
+  for (int k = 0; k < K_MEM_KINDS; k++) bytes[k] = k_cuda_ctx_of(b)->held.bytes[k];
 }
-
-static void held_remove(k_cuda_ctx *c, void *p) {
-  for (int i = 0; i < c->n_held; i++)
-    if (c->held_ptr[i] == p) {
-      c->held_bytes -= (int64_t)c->held_size[i];
-      c->held_ptr[i] = c->held_ptr[--c->n_held];
-      c->held_size[i] = c->held_size[c->n_held];
-      return;
-    }
+static k_mem_kind cuda_mem_kind(k_backend *b, k_mem_kind kind) {
+  k_held *h = &k_cuda_ctx_of(b)->held;
+  const k_mem_kind before = h->current;
+  h->current = kind;
+  return before;
 }
-
-static int64_t cuda_mem_held(k_backend *b) { return k_cuda_ctx_of(b)->held_bytes; }
 
 static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   void *p = NULL;
@@ -79,13 +65,13 @@ static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   CUDA_CHECK(rc);
   // Zero-filled is the contract (the CPU backend uses calloc); ordered before any op on the stream.
   if (n_bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, k_cuda_ctx_of(b)->stream));
-  held_add(k_cuda_ctx_of(b), p, n_bytes);
+  k_held_add(&k_cuda_ctx_of(b)->held, p, (int64_t)n_bytes);
   return p;
 }
 
 static void cuda_free(k_backend *b, void *p) {
   if (!p) return;
-  held_remove(k_cuda_ctx_of(b), p);
+  k_held_remove(&k_cuda_ctx_of(b)->held, p);
   CUDA_CHECK(cudaFree(p));  // cudaFree waits for work in flight that may use p
 }
 
@@ -232,8 +218,7 @@ static void cuda_release(k_backend *b) {
   CUDA_CHECK(cudaFree(c->cublas_ws));
   CUDA_CHECK(cudaFree(c->scratch));
   CUDA_CHECK(cudaStreamDestroy(c->stream));
-  free(c->held_ptr);
-  free(c->held_size);
+  k_held_free(&c->held);
   free(c);
   b->ctx = NULL;
 }
@@ -286,6 +271,8 @@ extern "C" k_backend *k_backend_cuda_create(const k_backend_opts *o) {
   b->sync = cuda_sync;
   b->mem_used = cuda_mem_used;
   b->mem_held = cuda_mem_held;
+  b->mem_held_by_kind = cuda_mem_held_by_kind;
+  b->mem_kind = cuda_mem_kind;
   b->host_alloc = k_cuda_host_alloc;
   b->host_free = k_cuda_host_free;
   b->copy_async = k_cuda_copy_async;

@@ -40,11 +40,7 @@ struct k_cuda_ctx {
   k_cuda_optim *optim;   // NULL until the first optimizer op
   k_cuda_lane *copy;     // the copy stream: NULL until the first copy_async (host_cuda.cu)
   k_cuda_lane *side;     // the side stream: NULL until the first side_begin (host_cuda.cu)
-  // What alloc handed out and free has not taken back (mem_held): their sizes, by pointer.
-  void **held_ptr;
-  size_t *held_size;
-  int n_held, held_cap;
-  int64_t held_bytes;
+  k_held held;  // what alloc handed out and free has not taken back (mem_held)
 };
 
 // The context of a CUDA backend (aborts on another kind of backend).

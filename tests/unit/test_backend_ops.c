@@ -307,12 +307,18 @@ static void test_memory(void) {
   EXPECT(ok, "[%s] zero clears exactly the range", LABEL);
   EXPECT(G->mem_used(G) >= 0, "[%s] mem_used is not negative", LABEL);
   const int64_t held = G->mem_held(G);
-  void *d3 = G->alloc(G, 1 << 20);
-  EXPECT(G->mem_held(G) >= held + (1 << 20), "[%s] mem_held counts a new buffer (%lld -> %lld bytes)", LABEL,
-         (long long)held, (long long)G->mem_held(G));
+  int64_t by_kind[K_MEM_KINDS], by_kind_with[K_MEM_KINDS];
+  G->mem_held_by_kind(G, by_kind);
+  void *d3 = k_alloc_as(G, 1 << 20, K_MEM_FP8);
+  G->mem_held_by_kind(G, by_kind_with);
+  EXPECT(G->mem_held(G) == held + (1 << 20) && by_kind_with[K_MEM_FP8] == by_kind[K_MEM_FP8] + (1 << 20) &&
+             by_kind_with[K_MEM_OTHER] == by_kind[K_MEM_OTHER],
+         "[%s] mem_held counts a new buffer under its kind (%lld -> %lld bytes)", LABEL, (long long)held,
+         (long long)G->mem_held(G));
   G->free(G, d3);
-  EXPECT(G->mem_held(G) == held, "[%s] mem_held gives a freed buffer back (%lld, was %lld)", LABEL,
-         (long long)G->mem_held(G), (long long)held);
+  G->mem_held_by_kind(G, by_kind_with);
+  EXPECT(G->mem_held(G) == held && by_kind_with[K_MEM_FP8] == by_kind[K_MEM_FP8],
+         "[%s] mem_held gives a freed buffer back (%lld, was %lld)", LABEL, (long long)G->mem_held(G), (long long)held);
   dev_free(d);
   dev_free(d2);
 }
