@@ -215,7 +215,7 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   m->n_params_used = off;
   m->n_params = (off + unit - 1) / unit * unit;
   // With the master weights in host memory the optimizer holds them, only its shard on each dp
-  // rank (parallel/step/optim_offload.c): the model then has no fp32 flat buffer of weights.
+  // rank (parallel/step/optim_core.h): the model then has no fp32 flat buffer of weights.
   m->master_in_optimizer = ml->master_in_optimizer;
   m->params = m->master_in_optimizer ? NULL : k_alloc_as(be, (size_t)m->n_params * sizeof(float), K_MEM_WEIGHTS);
   m->grads_in_optimizer = ml->grads_in_optimizer;

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 #include "parallel/comm/compress.h"
-#include "parallel/step/optim.h"
+#include "parallel/step/optim_core.h"
 
 typedef struct grad_compress {
   comm_compress_span *spans;  // (n_buckets) one per bucket, its wire buffers carved from wire

@@ -17,7 +17,7 @@
 #define TRAINER_GRAD_SHARD_H
 
 #include <stdint.h>
-#include "parallel/step/optim.h"
+#include "parallel/step/optim_core.h"
 
 typedef struct grad_shard {
   float *slot[3];       // ring slots 0 and 1 (slot_elem), and a tied embedding's own (2; NULL untied)
@@ -42,7 +42,7 @@ typedef struct grad_shard {
 // After opt_layout_build (one bucket per group): allocates the slots.
 grad_shard *grad_shard_init(opt_state *o);
 void grad_shard_free(grad_shard **gs, k_backend *be);
-// The model's grads_needed and grads_ready for group grp (optim.h's opt_group id), through optim.c.
+// The model's grads_needed and grads_ready for group grp (opt_group's id), through optim.c.
 void grad_shard_needed(opt_state *o, int grp);
 void grad_shard_ready(opt_state *o, int grp);
 // After backward: every reduced part is in grad_shard (queued); checks that every bucket was

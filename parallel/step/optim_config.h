@@ -27,7 +27,7 @@ typedef struct opt_config {
   int gather_copy_engine;     // bool, parallel.gather_copy_engine: those gathers on the copy engines, a
                               // communicator (grid_add_gathers, zero-CTA) and a registered slot each
   int update_overlap;         // bool, optimizer.update_overlap: parallel.shard=weights updates each group beside the
-                              // next forward (opt_state.update_beside)
+                              // next forward (optim_device.c)
   float bucket_mb;            // DP gradient bucket size in MiB
   comm_compress_mode grad_compress;  // DP gradient reduction's format (parallel/step/grad_compress.h)
   int grad_error_feedback;    // bool, resolved: quantisation error carried to the next step

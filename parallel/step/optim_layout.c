@@ -1,11 +1,10 @@
-// The distributed optimizer's layout (see optim.h): the DP buckets, each rank's part of each
-// bucket (its shard), the update and norm ranges and pieces, the gathers and scatters of
-// shards that checkpoints use, and the placing of weights into the master.
-#include <string.h>
+// The distributed optimizer's layout (optim_core.h): the DP buckets, each rank's part of each
+// bucket (its shard), the update and norm ranges and pieces, and each part's own ranges where the
+// optimizer holds the master weights.
+#include <stdlib.h>
 
 #include "kernels/base/check.h"
-#include "parallel/step/optim.h"
-#include "parallel/step/weight_shard.h"
+#include "parallel/step/optim_core.h"
 
 // Buckets of bucket_elem (a multiple of parts * 128) from the end of the flat buffer (backward
 // fills it from the end), each with the tensors it overlaps. Each bucket is cut into `parts`
@@ -74,8 +73,9 @@ int opt_bucket_of_group(const opt_state *o, int grp) {
 }
 
 void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
-  if (o->ws) return weight_shard_part(o, k);
-  return (char *)o->m->params_c + opt_part_lo(o, k) * (int64_t)o->m->act_bytes;
+  const int64_t act_bytes = (int64_t)o->m->act_bytes;
+  if (!o->m->weights_in_optimizer) return (char *)o->m->params_c + opt_part_lo(o, k) * act_bytes;
+  return o->part_pc ? (char *)o->part_pc + k->shard_off * act_bytes : NULL;
 }
 
 // Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
@@ -139,113 +139,48 @@ static void opt_build_ranges(opt_state *o) {
   free(pack_at);
 }
 
+
+// Every bucket's update ranges, bucket by bucket, with offset and p_offset counted from the
+// start of the bucket's part (the two agree: a part is contiguous in the shard and flat); and
+// the norm elements of every part: offset in the shard, p_offset in m->norm_copy (each norm
+// tensor's t->p points there).
+static void opt_build_part_ranges(opt_state *o) {
+  const model *m = o->m;
+  int cap = 1;
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  o->part_ranges = XCALLOC(cap, sizeof(k_range));
+  o->master_norms = XCALLOC(cap, sizeof(k_range));
+  o->part_first = XCALLOC(o->n_buckets + 1, sizeof(int));
+  int n = 0;
+  for (int b = 0; b < o->n_buckets; b++) {
+    const opt_bucket *k = &o->buckets[b];
+    const int64_t plo = opt_part_lo(o, k);
+    o->part_first[b] = n;
+    for (int i = 0; i < o->n_upd_ranges; i++) {
+      const k_range *r = &o->upd_ranges[i];
+      if (r->offset < k->shard_off || r->offset >= k->shard_off + k->len) continue;
+      o->part_ranges[n++] = (k_range){r->offset - k->shard_off, r->n_elem, r->decay, r->p_offset - plo};
+    }
+    for (int i = k->t_lo; i < k->t_hi; i++) {
+      const model_tensor *t = &m->tensors[i];
+      int64_t lo = t->offset > plo ? t->offset : plo, hi = t->offset + t->n_elem;
+      if (hi > plo + k->len) hi = plo + k->len;
+      if (t->tp_replicated && hi > lo)
+        o->master_norms[o->n_master_norms++] =
+            (k_range){k->shard_off + lo - plo, hi - lo, 0, (t->p - m->norm_copy) + lo - t->offset};
+    }
+  }
+  o->part_first[o->n_buckets] = n;
+}
+
 void opt_layout_build(opt_state *o) {
   opt_build_buckets(o);
   opt_build_ranges(o);
+  if (o->m->master_in_optimizer) opt_build_part_ranges(o);
 }
 
-// Every dp rank's shard (host memory, shard order) into the whole flat array on every rank.
-// Through host memory and MPI, so a checkpoint needs no device memory beyond training's.
-static void gather_host(opt_state *o, const float *mine, float *host) {
-  float *tmp = XMALLOC((size_t)o->m->n_params * sizeof(float));
-  comm *hc = comm_mpi_create(grid_shard_comm(o->g)->mpi, "shard-host", &o->g->opts);
-  hc->ops->all_gather(hc, mine, tmp, o->shard_n, COMM_F32);
-  comm_free(&hc);
-  for (int b = 0; b < o->n_buckets; b++) {
-    const opt_bucket *k = &o->buckets[b];
-    for (int r = 0; r < o->parts; r++)
-      memcpy(host + k->lo + r * k->len, tmp + r * o->shard_n + k->shard_off, (size_t)k->len * sizeof(float));
-  }
-  free(tmp);
-}
-
-// This rank's shard of a moment (opt_moment_to_host), whole into host memory in flat order.
-static void gather_moment(opt_state *o, int which, float *host) {
-  if (!o->zero) {
-    opt_moment_to_host(o, which, host);  // the shard is the flat buffer
-    return;
-  }
-  float *mine = XMALLOC((size_t)o->shard_n * sizeof(float));
-  opt_moment_to_host(o, which, mine);
-  gather_host(o, mine, host);
-  free(mine);
-}
-
-void opt_get_params(opt_state *o, float *params_host) {
-  opt_update_join(o);  // an update on the side stream is part of the state
-  model *m = o->m;
-  k_backend *be = m->be;
-  if (!o->zero && !m->master_in_optimizer) {
-    be->to_host(be, params_host, m->params, (size_t)m->n_params * sizeof(float));
-    return;
-  }
-  // This rank's part of every bucket; without ZeRO that is the whole flat buffer.
-  float *mine = o->zero ? XMALLOC((size_t)o->shard_n * sizeof(float)) : params_host;
-  if (m->master_in_optimizer) opt_offload_params_to_host(o, mine);
-  for (int b = 0; !m->master_in_optimizer && b < o->n_buckets; b++) {
-    const opt_bucket *k = &o->buckets[b];
-    be->to_host(be, mine + k->shard_off, m->params + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
-  }
-  if (!o->zero) return;
-  gather_host(o, mine, params_host);
-  free(mine);
-}
-
-void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host) {
-  opt_update_join(o);  // an update on the side stream is part of the state
-  gather_moment(o, 0, exp_avg_host);
-  gather_moment(o, 1, exp_avg_sq_host);
-}
-
-// This rank's shard of a whole flat host array of a moment, into the optimizer's state.
-static void scatter_moment(opt_state *o, int which, const float *host) {
-  if (!o->zero) {
-    opt_moment_from_host(o, which, host);
-    return;
-  }
-  float *tmp = XMALLOC((size_t)o->shard_n * sizeof(float));
-  for (int b = 0; b < o->n_buckets; b++) {
-    const opt_bucket *k = &o->buckets[b];
-    memcpy(tmp + k->shard_off, host + opt_part_lo(o, k), (size_t)k->len * sizeof(float));
-  }
-  opt_moment_from_host(o, which, tmp);
-  free(tmp);
-}
-
-void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host) {
-  opt_update_join(o);  // an update on the side stream is part of the state
-  scatter_moment(o, 0, exp_avg_host);
-  scatter_moment(o, 1, exp_avg_sq_host);
-}
-
-void opt_set_tensor(opt_state *o, int i, const float *block) {
-  opt_update_join(o);  // an update on the side stream is part of the state
-  model *m = o->m;
-  const model_tensor *t = &m->tensors[i];
-  if (!m->master_in_optimizer) {
-    m->be->from_host(m->be, m->params + t->offset, block, (size_t)t->n_elem * sizeof(float));
-    return;
-  }
-  // The tensor's pieces in this rank's parts (the update ranges: each lies in one tensor).
-  for (int k = 0; k < o->n_upd_ranges; k++) {
-    const k_range *r = &o->upd_ranges[k];
-    if (r->p_offset >= t->offset && r->p_offset < t->offset + t->n_elem)
-      opt_offload_set_master(o, r->offset, block + (r->p_offset - t->offset), r->n_elem);
-  }
-}
-
-void opt_set_params(opt_state *o, const float *params_host) {
-  for (int i = 0; i < o->m->n_tensors; i++) opt_set_tensor(o, i, params_host + o->m->tensors[i].offset);
-  opt_weights_set(o);
-}
-
-void opt_init_weights(opt_state *o, uint64_t seed) {
-  model *m = o->m;
-  for (int i = 0; i < m->n_tensors; i++) {
-    float *block = XMALLOC((size_t)m->tensors[i].n_elem * sizeof(float));
-    model_init_tensor(m, i, seed, block);
-    opt_set_tensor(o, i, block);
-    free(block);
-  }
-  opt_weights_set(o);
+void opt_layout_free(opt_state *o) {
+  void *arrays[] = {o->norm_ranges, o->upd_ranges, o->piece_first, o->piece_bucket, o->bucket_lo, o->bucket_len,
+                    o->norm_own, o->norm_all, o->part_ranges, o->part_first, o->master_norms, o->buckets};
+  for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) free(arrays[i]);
 }

@@ -18,7 +18,7 @@
 #define TRAINER_PARAM_GATHER_H
 
 #include <stdint.h>
-#include "parallel/step/optim.h"
+#include "parallel/step/optim_core.h"
 
 typedef struct param_gather {
   char *bucket_codes;         // (n_buckets) counted from the lowest, as bucket_lo: 1 = gathered as codes

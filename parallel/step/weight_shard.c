@@ -60,8 +60,6 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard) {
   ws->copy_engine = o->cfg.gather_copy_engine;
   CHECK(!ws->copy_engine || o->g->n_gather == ws->n_slots, "parallel.gather_copy_engine: %d slots need as many "
         "gather communicators (grid_add_gathers), the grid has %d", ws->n_slots, o->g->n_gather);
-  // The part in the act dtype only where the host update writes it; else each gather casts it.
-  if (o->cfg.offload) ws->pc = be->alloc(be, (size_t)(o->shard_n ? o->shard_n : 1) * m->act_bytes);
   const size_t slot_bytes = (size_t)ws->slot_elem * m->act_bytes;
   for (int s = 0; s < ws->n_slots; s++) {
     comm *c = ws->copy_engine ? o->g->gather_c[s] : NULL;
@@ -69,7 +67,7 @@ weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard) {
     ws->slot_owner[s] = ws->slot[s] ? c : NULL;
     if (!ws->slot[s]) ws->slot[s] = be->alloc(be, slot_bytes);
   }
-  ws->n_bytes = (int64_t)((ws->pc ? o->shard_n : 0) + ws->n_slots * ws->slot_elem) * (int64_t)m->act_bytes;
+  ws->n_bytes = (int64_t)((o->part_pc ? o->shard_n : 0) + ws->n_slots * ws->slot_elem) * (int64_t)m->act_bytes;
   ws->n_comms = prefetch;  // without the copy engines; with them slot s gathers on gather_c[s]
   ws->comms[0] = grid_shard_comm(o->g);
   for (int c = 1; c < prefetch; c++) ws->comms[c] = o->g->gather_c[c - 1];
@@ -83,7 +81,6 @@ void weight_shard_free(weight_shard **p, k_backend *be) {
   if (!ws) return;
   for (int s = 0; s < ws->n_slots; s++)  // the next step's first gather, started after the last update
     if (ws->slot_comm[s]) ws->slot_comm[s]->ops->wait(ws->slot_comm[s]);
-  if (ws->pc) be->free(be, ws->pc);
   for (int s = 0; s < ws->n_slots; s++) {
     if (ws->slot_owner[s]) ws->slot_owner[s]->ops->buffer_free(ws->slot_owner[s], ws->slot[s]);
     else be->free(be, ws->slot[s]);
@@ -97,19 +94,16 @@ void weight_shard_free(weight_shard **p, k_backend *be) {
   *p = NULL;
 }
 
-void *weight_shard_part(const opt_state *o, const opt_bucket *k) {
-  return o->ws->pc ? (char *)o->ws->pc + k->shard_off * (int64_t)o->m->act_bytes : NULL;
-}
-
 // This rank's part of bucket k into its place in slot s, on the compute stream: cast from the
 // fp32 master weights (the same rounding as the update's own write of the compute copy), or
-// copied from pc where the host update wrote it.
+// copied from opt_state.part_pc where the update wrote it.
 static void own_part_in(opt_state *o, const opt_bucket *k, int s) {
   k_backend *be = o->m->be;
   const int64_t ab = (int64_t)o->m->act_bytes;
   void *dst = (char *)o->ws->slot[s] + o->part_rank * k->len * ab;
-  if (o->ws->pc) be->copy(be, dst, weight_shard_part(o, k), (size_t)(k->len * ab));
-  else be->cast(be, dst, be->act, o->dev_master + k->shard_off, K_F32, k->len);
+  const void *part = opt_part_pc(o, k);
+  if (part) be->copy(be, dst, part, (size_t)(k->len * ab));
+  else be->cast(be, dst, be->act, opt_state_at(o, OPT_MASTER, k->shard_off), K_F32, k->len);
 }
 
 // The bucket whose weights group bucket b reads: a tied head reads the embedding's.
@@ -129,7 +123,7 @@ static void gather_start(opt_state *o, int b, int s) {
   const opt_bucket *k = &o->buckets[b];
   const int64_t at = 0, len = k->len;
   slot_wait(o, s);  // a gather still writing slot s (a prefetch never used): this rank's part goes in after it
-  opt_update_wait(o, b);  // optimizer.update_overlap: the part's update, on the side stream
+  opt_update_wait(o, b);  // optimizer.update_overlap: the part's update, on the side stream (the engine's)
   comm *c = ws->copy_engine ? o->g->gather_c[s] : ws->comms[ws->next_comm];
   if (!ws->copy_engine) ws->next_comm = (ws->next_comm + 1) % ws->n_comms;
   trace_push_range("dp weights all-gather");

@@ -2,9 +2,9 @@
 // bucket is one group of tensors (as with sharded gradients, grad_shard.h); this rank holds the
 // fp32 master weights of its part of every bucket and no compute copy of them: before forward or
 // backward reads a group (model->weights_needed, grads_needed) each rank casts its part into its
-// place in a slot (with optimizer.offload=host, where the host update writes the part in the act
-// dtype, pc, it is copied from there), the parts are all-gathered around it, and the group's
-// t->pc point there; the pass's next
+// place in a slot (with optimizer.offload=host, where the update writes the part in the act
+// dtype, opt_state.part_pc, it is copied from there), the parts are all-gathered around it, and
+// the group's t->pc point there; the pass's next
 // parallel.shard_prefetch groups (forward: the next layers; backward: the ones before) are gathered
 // into other slots while this one computes: prefetch + 1 slots, the least recently used taken
 // first. A group still in a slot is not gathered again: the head, last in forward, is first in
@@ -23,13 +23,11 @@
 #define TRAINER_WEIGHT_SHARD_H
 
 #include <stdint.h>
-#include "parallel/step/optim.h"
+#include "parallel/step/optim_core.h"
 
 enum { WEIGHT_SHARD_MAX_PREFETCH = 8 };
 
 typedef struct weight_shard {
-  void *pc;             // (shard_n) with optimizer.offload: this rank's part of every bucket, in shard order, in
-                        // the act dtype; else NULL (a gather casts the part from the masters)
   int prefetch;         // parallel.shard_prefetch
   int n_slots;          // prefetch + 1; with parallel.reshard_after_forward=false one per bucket
   void **slot;          // (n_slots, slot_elem each) gathered groups
@@ -46,22 +44,20 @@ typedef struct weight_shard {
   comm **slot_owner;    // (n_slots) the communicator whose buffer_alloc made slot s; NULL: the backend
   int tied_head;        // the bucket of a head tied to the embedding (its weights are the embedding's), or -1
   int tied_embed;       // and the embedding's bucket
-  int64_t n_bytes;      // backend memory of pc and the slots
+  int64_t n_bytes;      // backend memory of the slots and of opt_state.part_pc
 } weight_shard;
 
-// After opt_layout_build (one bucket per group): allocates the part and prefetch + 1 slots, or
+// After the engine's init (one bucket per group): allocates prefetch + 1 slots, or
 // with reshard 0 (parallel.reshard_after_forward=false) a slot per bucket, so that every group
 // gathered for forward stays for backward.
 weight_shard *weight_shard_init(opt_state *o, int prefetch, int reshard);
 void weight_shard_free(weight_shard **ws, k_backend *be);
-// Forward (backward 0) or backward (1) is about to read group grp (optim.h's opt_group): its
+// Forward (backward 0) or backward (1) is about to read group grp (opt_group): its
 // weights gathered and pointed at, and the gathers of the pass's next groups started.
 void weight_shard_needed(opt_state *o, int grp, int backward);
-// The weights changed (an update, a load): nothing in the slots is current any more, and the
-// gather of the first group the next forward reads (the lowest bucket) starts.
+// The weights changed (an update, a load; the optimizer's after-update hook): nothing in the
+// slots is current any more, and the gather of the first group the next forward reads (the lowest
+// bucket) starts.
 void weight_shard_refresh(opt_state *o);
-// Where this rank's part of bucket k of the compute copy lives: in pc at its shard offset; NULL
-// without optimizer.offload (the update writes the masters only).
-void *weight_shard_part(const opt_state *o, const opt_bucket *k);
 
 #endif
