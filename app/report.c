@@ -81,7 +81,9 @@ static void report_shard_line(trainer *t) {
   const double gib = 1073741824.0, n_bytes = (gs ? 16.0 : 12.0) * (double)t->o.shard_n + (ws ? (double)ws->n_bytes : 0);
   printf("parallel.shard=%s: each rank holds its part (1/%d) of the fp32 master weights, AdamW moments%s: %lld of "
          "%lld parameters, %.2f GiB", mode, t->o.parts,
-         ws ? ", gradients and compute copy (with its gathered layers' slots)" : gs ? " and gradients" : "",
+         !ws  ? (gs ? " and gradients" : "")
+         : t->o.part_pc ? ", gradients and compute copy (with its gathered layers' slots)"
+                        : ", gradients (and the compute copy's gathered layers' slots)",
          (long long)t->o.shard_n, (long long)t->m.n_params, n_bytes / gib);
   if (gs) printf(", and %.2f GiB of gradient staging (two layers' slots)", (double)gs->staging_bytes / gib);
   if (t->o.replica) printf("; parallel.shard_group: %d groups of %d dp ranks, each a replica", t->o.replica->size, t->o.parts);
@@ -259,11 +261,12 @@ static report_figures report_compute(const trainer *t, report_bubble bubble) {
 // Rank 0's own buffers by what they hold, after the step they peaked in, and the rest of its
 // device (or process) memory at its peak.
 static void report_print_held(const trainer_stats *s) {
+  const double gib = 1073741824.0;
   printf("memory of rank 0 (GiB): its own buffers at their peak:");
-  for (int k = 1; k <= K_MEM_KINDS; k++)  // "other" last
-    printf(" %s %.2f%s", k_mem_kind_names[k % K_MEM_KINDS], s->held_peak_by_kind[k % K_MEM_KINDS] / 1073741824.0,
-           k < K_MEM_KINDS ? "," : ";");
-  printf(" the runtime's at the peak in use %.2f\n", (s->mem_peak - s->held_peak) / 1073741824.0);
+  for (int k = K_MEM_OTHER + 1; k < K_MEM_KINDS; k++)
+    printf(" %s %.2f,", k_mem_kind_names[k], s->held_peak_by_kind[k] / gib);
+  printf(" %s %.2f; the runtime's at the peak in use %.2f\n", k_mem_kind_names[K_MEM_OTHER],
+         s->held_peak_by_kind[K_MEM_OTHER] / gib, (s->mem_peak - s->held_peak) / gib);
 }
 
 static void report_print(const trainer *t, const report_figures *f, double mem_peak, double held_peak) {

@@ -266,8 +266,9 @@ trainer_step_result trainer_step(trainer *t) {
   s->t_steps += r.seconds;
   r.mem_bytes = (double)be->mem_used(be);
   if (r.mem_bytes > s->mem_peak) s->mem_peak = r.mem_bytes;
-  if ((double)be->mem_held(be) > s->held_peak) {
-    s->held_peak = (double)be->mem_held(be);
+  const double held = (double)be->mem_held(be);
+  if (held > s->held_peak) {
+    s->held_peak = held;
     be->mem_held_by_kind(be, s->held_peak_by_kind);
   }
   if (t->step > s->first_step + 1) trainer_add_timing(s, r.seconds);  // the first step warms up caches

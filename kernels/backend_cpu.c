@@ -27,14 +27,9 @@ static void cpu_free(k_backend *b, void *p) {
 }
 static int64_t cpu_mem_held(k_backend *b) { return ((cpu_ctx *)b->ctx)->held.total; }
 static void cpu_mem_held_by_kind(k_backend *b, int64_t bytes[K_MEM_KINDS]) {
-  for (int k = 0; k < K_MEM_KINDS; k++) bytes[k] = ((cpu_ctx *)b->ctx)->held.bytes[k];
+  k_held_by_kind(&((cpu_ctx *)b->ctx)->held, bytes);
 }
-static k_mem_kind cpu_mem_kind(k_backend *b, k_mem_kind kind) {
-  k_held *h = &((cpu_ctx *)b->ctx)->held;
-  const k_mem_kind before = h->current;
-  h->current = kind;
-  return before;
-}
+static k_mem_kind cpu_mem_kind(k_backend *b, k_mem_kind kind) { return k_held_set_kind(&((cpu_ctx *)b->ctx)->held, kind); }
 static void cpu_host_free(k_backend *b, void *p) { (void)b; free(p); }
 static void cpu_copy(k_backend *b, void *dst, const void *src, size_t n_bytes) {
   (void)b;

@@ -30,6 +30,16 @@ void k_held_remove(k_held *h, void *p) {
     }
 }
 
+k_mem_kind k_held_set_kind(k_held *h, k_mem_kind kind) {
+  const k_mem_kind before = h->current;
+  h->current = kind;
+  return before;
+}
+
+void k_held_by_kind(const k_held *h, int64_t bytes[K_MEM_KINDS]) {
+  for (int k = 0; k < K_MEM_KINDS; k++) bytes[k] = h->bytes[k];
+}
+
 void k_held_free(k_held *h) {
   free(h->ptr);
   free(h->size);

@@ -38,6 +38,10 @@ typedef struct k_held {
 void k_held_add(k_held *h, void *p, int64_t n_bytes);
 // p no longer counts (nothing if p was never added).
 void k_held_remove(k_held *h, void *p);
+// The kind of the buffers added from now on; returns the kind before (k_backend.mem_kind).
+k_mem_kind k_held_set_kind(k_held *h, k_mem_kind kind);
+// bytes[k] = what h holds of kind k now (k_backend.mem_held_by_kind).
+void k_held_by_kind(const k_held *h, int64_t bytes[K_MEM_KINDS]);
 void k_held_free(k_held *h);
 
 #ifdef __cplusplus

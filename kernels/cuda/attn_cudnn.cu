@@ -582,9 +582,9 @@ extern "C" void k_cudnn_attn_set_bwd_cap(k_cudnn_attn *a, size_t n_bytes) {
 // alone, so the pieces change no value.
 static attn_shape bwd_piece(const k_cudnn_attn *a, const attn_shape *whole, int64_t ws_whole) {
   attn_shape sh = *whole;
+  if ((double)ws_whole <= (double)a->bwd_cap) return sh;
   const int B = sh.B, nh = sh.nh, group = sh.nh / sh.nkv;
   const double per_head = (double)ws_whole / ((double)B * nh);
-  if ((double)ws_whole <= (double)a->bwd_cap) return sh;
   const int seqs[2] = {B, 1};  // all sequences a call, else one
   for (int i = 0; i < 2; i++)
     for (int hc = nh; hc >= group; hc -= group)
@@ -782,12 +782,17 @@ static void bwd_run(attn_plan *p, cudnnHandle_t h, k_cudnn_attn *a, const attn_b
   execute(p, h, n, uids, vals, ws);
 }
 
-// The plan of the piece a backward of the whole shape runs in (bwd_piece), or NULL if cuDNN
-// refuses the shape.
+// The shape a backward runs its calls in, given the plan of the whole one: the whole shape for
+// the atomic graph, else bwd_piece's.
+static attn_shape bwd_call_shape(const k_cudnn_attn *a, const attn_plan *whole) {
+  return whole->det_graph ? bwd_piece(a, &whole->sh, whole->ws_total) : whole->sh;
+}
+
+// The plan of the piece a backward of the whole shape runs in, or NULL if cuDNN refuses the shape.
 static attn_plan *bwd_plan(k_cudnn_attn *a, int dev, cudnnHandle_t h, const attn_shape *whole) {
   attn_plan *p = plan_get(a, 1, dev, h, whole);
-  if (!p || !p->det_graph) return p;
-  const attn_shape piece = bwd_piece(a, whole, p->ws_total);
+  if (!p) return NULL;
+  const attn_shape piece = bwd_call_shape(a, p);
   return shape_eq(&piece, whole) ? p : plan_get(a, 1, dev, h, &piece);
 }
 
@@ -817,8 +822,8 @@ extern "C" int k_cudnn_attn_info_get(const k_cudnn_attn *a, int dir, int B, int 
   const int det = dir == 1 ? a->det : 0;
   int found = cache_find(a, dir, det, dev, &whole);
   if (found < 0 || a->cache[found].status != 0) return -1;
-  if (dir == 1 && a->cache[found].det_graph) {  // the piece's plan, where the backward runs in pieces
-    const attn_shape piece = bwd_piece(a, &whole, a->cache[found].ws_total);
+  if (dir == 1) {  // the plan of the calls the backward runs in (bwd_plan)
+    const attn_shape piece = bwd_call_shape(a, &a->cache[found]);
     found = cache_find(a, dir, det, dev, &piece);
     if (found < 0 || a->cache[found].status != 0) return -1;
   }

@@ -40,14 +40,9 @@ void *k_cuda_scratch(k_cuda_ctx *c, size_t n_bytes) {
 
 static int64_t cuda_mem_held(k_backend *b) { return k_cuda_ctx_of(b)->held.total; }
 static void cuda_mem_held_by_kind(k_backend *b, int64_t bytes[K_MEM_KINDS]) {
-  for (int k = 0; k < K_MEM_KINDS; k++) bytes[k] = k_cuda_ctx_of(b)->held.bytes[k];
+  k_held_by_kind(&k_cuda_ctx_of(b)->held, bytes);
 }
-static k_mem_kind cuda_mem_kind(k_backend *b, k_mem_kind kind) {
-  k_held *h = &k_cuda_ctx_of(b)->held;
-  const k_mem_kind before = h->current;
-  h->current = kind;
-  return before;
-}
+static k_mem_kind cuda_mem_kind(k_backend *b, k_mem_kind kind) { return k_held_set_kind(&k_cuda_ctx_of(b)->held, kind); }
 
 static void *cuda_alloc(k_backend *b, size_t n_bytes) {
   void *p = NULL;
