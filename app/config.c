@@ -52,6 +52,7 @@ CFG_WORDS(cfg_fp8_format, CFG_FP8_FORMAT_E4M3, "hybrid", "e4m3");
 CFG_WORDS(cfg_offload, CFG_OFFLOAD_HOST, "none", "host");
 CFG_WORDS(cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU, "gpu", "cpu");
 CFG_WORDS(cfg_gpu_comm, CFG_GPU_COMM_MPI, "nccl", "mpi");
+CFG_WORDS(cfg_tp_overlap, CFG_TP_OVERLAP_NONE, "auto", "nccl", "p2p", "none");
 CFG_WORDS(cfg_shard, CFG_SHARD_WEIGHTS, "none", "optimizer", "grads", "weights");
 CFG_WORDS(cfg_grad_compress, CFG_GRAD_COMPRESS_INT8, "none", "bf16", "fp16", "int8");
 CFG_WORDS(cfg_error_feedback, CFG_ERROR_FEEDBACK_OFF, "auto", "on", "off");
@@ -149,6 +150,12 @@ static const cfg_key cfg_keys[] = {
   CFG_CHOICE(parallel, gpu_comm, cfg_gpu_comm, CFG_GPU_COMM_NCCL,
              "communicator of GPU ranks (mpi: device buffers copied through host memory, slow, but several ranks "
              "may share a GPU, e.g. to test a layout on one GPU; nccl needs one GPU per rank)"),
+  CFG_CHOICE(parallel, tp_overlap, cfg_tp_overlap, CFG_TP_OVERLAP_AUTO,
+             "the tensor-parallel gathers and reduce-scatters (sequence parallelism), each run beside the GEMM "
+             "over this rank's own rows: p2p: peer copies on the copy engines, no SMs taken (GPUs of one host "
+             "with peer access, over NCCL); nccl: NCCL's kernels; none: each waited for before the GEMM, not "
+             "overlapped (a baseline); auto: p2p where every tp pair has peer access, else nccl; "
+             "docs/tensor-parallel.md"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),

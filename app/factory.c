@@ -1,8 +1,10 @@
 // The execution environment of a run (see factory.h).
 #include "app/factory.h"
+#include "kernels/base/check.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_peer.h"
 #include "parallel/comm/nccl/comm_staged.h"
 #endif
 #include <stdio.h>
@@ -67,6 +69,30 @@ k_backend *factory_tool_backend(cfg_device device, char *err, size_t n_err) {
   return k_backend_cpu_create(&fp32);
 }
 
+// parallel.tp_overlap: the tp group's gathers and reduce-scatters as peer copies where asked (p2p)
+// or possible (auto) and the group's GPUs reach each other; collective over the tp group. Sets
+// f->tp_overlap to what runs. 0, or -1 with a message in err (p2p that cannot be served).
+static int factory_tp_overlap(factory *f, const cfg *c, char *err, size_t n_err) {
+  const cfg_tp_overlap want = c->parallel.tp_overlap;
+  f->tp_overlap = want == CFG_TP_OVERLAP_NONE ? CFG_TP_OVERLAP_NONE : CFG_TP_OVERLAP_NCCL;
+  if (f->g.tp == 1 || (want != CFG_TP_OVERLAP_P2P && want != CFG_TP_OVERLAP_AUTO)) return 0;
+  const int nccl = f->device >= 0 && c->parallel.gpu_comm == CFG_GPU_COMM_NCCL;
+  char why[256] = "the ranks are not GPU ranks over NCCL (train.device=cuda, parallel.gpu_comm=nccl)";
+#ifdef TRAINER_HAVE_CUDA
+  if (nccl && comm_peer_possible(f->g.tp_c->mpi, why, sizeof why)) {
+    f->g.tp_c = comm_peer_create(f->g.tp_c, f->be);
+    f->tp_overlap = CFG_TP_OVERLAP_P2P;
+    return 0;
+  }
+#else
+  (void)nccl;
+#endif
+  if (want == CFG_TP_OVERLAP_P2P)
+    return check_errf(err, n_err, "parallel.tp_overlap = p2p copies between the tp group's GPUs, but %s: set "
+                      "parallel.tp_overlap=nccl (or auto)", why);
+  return 0;
+}
+
 int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   memset(f, 0, sizeof *f);
   f->device = -1;
@@ -95,6 +121,7 @@ int factory_init(factory *f, const cfg *c, char *err, size_t n_err) {
   }
   grid_init(&f->g, p->tp, p->dp, p->pp, &f->comms);
   f->have_grid = 1;
+  if (factory_tp_overlap(f, c, err, n_err) != 0) return -1;
   // The reductions that run beside backward take SMs from its kernels: fewer CTAs, on a
   // communicator of their own, slow the backward less (the rest keep NCCL's choice). CPU ranks
   // have no SMs to spare; there the second communicator only exercises the same code path.

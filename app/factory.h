@@ -16,6 +16,7 @@ typedef struct factory {
   int have_grid;
   launch_place place;  // this rank's node and node-local rank
   int device;          // the GPU this rank runs on, or -1 (CPU)
+  cfg_tp_overlap tp_overlap;  // what parallel.tp_overlap resolved to: p2p, nccl (also MPI) or none
 } factory;
 
 // The backend options train.precision, train.attention, train.cpu_isa and log.peak_tflops ask for.

@@ -138,6 +138,17 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   if (f.device >= 0) snprintf(device, sizeof device, "cuda:%d", f.device);
   launch_report(&f.place, env, &f.g, device, a->print_layout, stdout);
   if (rank == 0) print_resolved(&c, a->path);
+  static const char *const tp_how[] = {
+      [CFG_TP_OVERLAP_P2P] = "peer copies on the copy engines, overlapped with the GEMMs",
+      [CFG_TP_OVERLAP_NCCL] = "the communicator's collectives, overlapped with the GEMMs",
+      [CFG_TP_OVERLAP_NONE] = "the communicator's collectives, not overlapped (each waited for at its start)"};
+  const cfg_tp_overlap tpo = c.parallel.tp_overlap;
+  if (rank == 0 && f.g.tp > 1 && c.parallel.sequence_parallel)
+    printf("tensor parallelism: gathers and reduce-scatters as %s (parallel.tp_overlap=%s)\n", tp_how[f.tp_overlap],
+           cfg_tp_overlap_names[tpo]);
+  else if (rank == 0 && (tpo == CFG_TP_OVERLAP_P2P || (tpo == CFG_TP_OVERLAP_NONE && f.g.tp == 1)))
+    printf("parallel.tp_overlap=%s has no effect %s\n", cfg_tp_overlap_names[tpo],
+           f.g.tp == 1 ? "with parallel.tp = 1" : "without sequence parallelism (the tp reductions are all-reduces)");
   // Test-only fault injection (tests/e2e/test_resume.sh), read once here.
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *fail_env = getenv("TRAINER_TEST_FAIL_IN_CKPT"),
              *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"), *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");

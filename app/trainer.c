@@ -190,6 +190,7 @@ int trainer_init(trainer *t, const cfg *c, grid *g, k_backend *be, const trainer
   tp_bind_model(&t->tpc, &t->m, g);
   // Timing tp collectives needs a sync around each one: only when asked for (timing.h).
   tp_set_timing(&t->tpc, c->log.time_tp ? &t->stats.tm : NULL);
+  tp_set_serial(&t->tpc, c->parallel.tp_overlap == CFG_TP_OVERLAP_NONE);
   const k_mem_kind kind_before = be->mem_kind(be, K_MEM_OPTIMIZER);  // its state and sharding buffers
   opt_init(&t->o, &t->m, g, &c->optim, t->n_micro);
   be->mem_kind(be, kind_before);

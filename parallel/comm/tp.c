@@ -12,10 +12,19 @@ static int gathers(const tp_region *r) { return r->sp && r->c->size > 1; }
 
 int64_t tp_own_row(const tp_region *r) { return gathers(r) ? r->c->rank * r->rows_s : 0; }
 
+// parallel.tp_overlap=none: the compute queued next waits for the collective just started.
+static void serial_wait(const tp_region *r) {
+  if (!r->serial) return;
+  double t0 = start(r);
+  r->c->ops->wait(r->c);
+  stop(r, t0);
+}
+
 void tp_gather_start(const tp_region *r, void *x, int d, k_dtype t) {
   if (!gathers(r)) return;
   const int64_t at = 0, n = r->rows_s * d;
   r->c->ops->all_gather_regions_start(r->c, x, &at, &n, 1, t == K_BF16 ? COMM_BF16 : COMM_F32);
+  serial_wait(r);
 }
 
 void tp_gather_finish(const tp_region *r) {
@@ -31,6 +40,7 @@ void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d) {
     r->c->ops->reduce_scatter_start(r->c, y, y_s, r->rows_s * d, COMM_F32, COMM_SUM);
   else
     r->c->ops->all_reduce_start(r->c, y, r->rows * d, COMM_F32, COMM_SUM);
+  serial_wait(r);
 }
 
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
@@ -89,9 +99,10 @@ model_place tp_model_place(const grid *g) {
 }
 
 void tp_bind_model(tp_model_comm *t, model *m, const grid *g) {
-  *t = (tp_model_comm){.region = {g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL}, .dp = g->dp_c,
+  *t = (tp_model_comm){.region = {g->tp_c, m->be, m->sp, m->dims.rows, m->dims.rows_s, NULL, 0}, .dp = g->dp_c,
                        .world = g->world};
   m->comm = (model_comm){&tp_model_ops, t};
 }
 
 void tp_set_timing(tp_model_comm *t, step_timing *timing) { t->region.timing = timing; }
+void tp_set_serial(tp_model_comm *t, int serial) { t->region.serial = serial; }

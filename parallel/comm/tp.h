@@ -25,6 +25,7 @@ typedef struct tp_region {
   int64_t rows;    // rows inside the region (T * B)
   int64_t rows_s;  // rows outside it on this rank (rows / tp with sp, else rows)
   step_timing *timing;  // where the collectives' exposed time is added; NULL = not timed
+  int serial;           // each collective waited for at its start (parallel.tp_overlap=none: nothing overlaps)
 } tp_region;
 
 // The first of this rank's rows inside the region: rank * rows_s with SP, else 0.
@@ -57,5 +58,7 @@ model_place tp_model_place(const grid *g);
 void tp_bind_model(tp_model_comm *t, model *m, const grid *g);
 // Tensor-parallel collective time is added to timing (NULL: not timed).
 void tp_set_timing(tp_model_comm *t, step_timing *timing);
+// serial: every collective completes at its start, so no work overlaps it (a baseline).
+void tp_set_serial(tp_model_comm *t, int serial);
 
 #endif

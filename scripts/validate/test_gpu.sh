@@ -41,6 +41,7 @@ step "cuDNN fused attention vs CPU reference" bash -c "'$bin/test_cudnn_attn' > 
 step "whole model, CPU fp32 vs GPU bf16" bash -c "'$bin/test_model_gpu' > '$logs/model_gpu.log' 2>&1; r=\$?; tail -3 '$logs/model_gpu.log'; exit \$r"
 if [ "$n_gpus" -ge 2 ]; then
   step "NCCL communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm' --comm nccl > '$logs/nccl.log' 2>&1; r=\$?; tail -1 '$logs/nccl.log'; exit \$r"
+  step "peer copies (parallel.tp_overlap=p2p) under the communicator suite, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm' --comm peer > '$logs/peer.log' 2>&1; r=\$?; tail -1 '$logs/peer.log'; exit \$r"
 fi
 step "staged MPI communicator, 2 ranks" bash -c "$mpi -np 2 '$bin/test_comm' --comm staged > '$logs/staged.log' 2>&1; r=\$?; tail -1 '$logs/staged.log'; exit \$r"
 export TRAINER_SOURCE_DIR=$PWD TRAINER_BUILD_DIR=$bin TRAINER_PARITY_RTOL=2e-2 TRAINER_MPIRUN_ARGS="-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE"
@@ -74,6 +75,7 @@ blk="train.device=cuda train.steps=20 train.warmup_steps=4 train.precision=fp8 f
 step "FP8 block scaling parity tp2_sp on $on vs 1 GPU (20 steps, tile-aligned model)" bash -c "TRAINER_TEST_ARGS='$blk' sh tests/e2e/test_parity.sh fp8_block_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true model.dim=256 model.n_heads=2 model.n_kv_heads=2 model.ffn_dim=512 model.n_layers=2 > '$logs/parity_fp8_block_tp2_sp.log' 2>&1; r=\$?; grep -E 'compared|ckpt_compare|passed' '$logs/parity_fp8_block_tp2_sp.log'; exit \$r"
 step "bitwise FP8 resume of tp2_sp on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_resume_layout.sh fp8_tp2_sp train.precision=fp8 parallel.tp=2 parallel.sequence_parallel=true fp8.amax_history=4 > '$logs/resume_fp8_tp2_sp.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_fp8_tp2_sp.log'; exit \$r"
 step "FP8 weights gathered as codes (fp8.param_gather) vs the bf16 gather on $on, bitwise" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_param_gather.sh $([ -z "$comm_arg" ] && echo dp2 dp2_offload dp2_grads) > '$logs/param_gather.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/param_gather.log'; exit \$r"
+step "parallel.tp_overlap: tp2 + SP with peer copies and not overlapped vs NCCL's collectives on $on, bitwise (bf16, FP8)" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' PRECISIONS='default fp8' sh tests/e2e/test_tp_overlap.sh none $([ -z "$comm_arg" ] && echo p2p) > '$logs/tp_overlap.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/tp_overlap.log' | tail -4; exit \$r"
 step "parallel.shard=weights: the update beside the next forward vs before it on $on, bitwise" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_update_overlap.sh > '$logs/update_overlap.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|passed' '$logs/update_overlap.log' | tail -4; exit \$r"
 # int8 DP gradients (docs/compression.md; fp16 and bf16 are in the parity list): against 1 GPU
 # uncompressed to 5e-2 (CPU ranks: 3.0e-2 worst), and a bitwise resume with error feedback.

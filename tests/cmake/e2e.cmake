@@ -4,9 +4,10 @@
 # codes against the bf16 gather (bitwise), and the 16-rank headline command on two nodes simulated
 # on this machine, TensorBoard event files against the metrics file, and the sharded gradients'
 # and weights modes against the sharded optimizer (bitwise), their timing and their refusals, and
-# the weights mode's update beside the next forward against the update before the step's end.
+# the weights mode's update beside the next forward against the update before the step's end, and
+# tp2 + SP with its collectives not overlapped against overlapped (bitwise).
 foreach(t resume bad_input data_change preempt huge_grad nonfinite layout_resume dry_run recompute validate_8gpu
-        two_nodes fp8_eval compress_resume param_gather tensorboard shard update_overlap)
+        two_nodes fp8_eval compress_resume param_gather tensorboard shard update_overlap tp_overlap)
   add_test(NAME e2e_${t} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_${t}.sh)
   set_tests_properties(e2e_${t} PROPERTIES LABELS "e2e" ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR}")

@@ -53,6 +53,12 @@ if(TRAINER_HAVE_CUDA)
                          "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};${pg_env}")
   endforeach()
 
+  # parallel.tp_overlap: tp2 + SP with peer copies and not overlapped, against NCCL's collectives,
+  # bitwise, in bf16 and FP8.
+  add_test(NAME gpu_tp_overlap COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_tp_overlap.sh none p2p)
+  set_tests_properties(gpu_tp_overlap PROPERTIES LABELS gpu ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda;PRECISIONS=default fp8")
+
   # parallel.shard=weights: the update beside the next forward against the update before it, bitwise.
   add_test(NAME gpu_update_overlap COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_update_overlap.sh)
   set_tests_properties(gpu_update_overlap PROPERTIES LABELS gpu ENVIRONMENT

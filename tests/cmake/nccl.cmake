@@ -1,5 +1,5 @@
-# The communicator suite (tests/unit/test_comm.c, built by parallel.cmake) over the NCCL and staged
-# communicators, the hang-to-message timeout test, and the commbench tool. They build wherever a
+# The communicator suite (tests/unit/test_comm.c, built by parallel.cmake) over the NCCL, staged and
+# peer communicators, the hang-to-message timeout test, and the commbench tool. They build wherever a
 # CUDA toolkit is found, so CI compiles them; the tests carry the label gpu, and the NCCL ones
 # need one GPU per rank.
 if(TRAINER_HAVE_CUDA)
@@ -15,6 +15,10 @@ if(TRAINER_HAVE_CUDA)
   # The staged MPI communicator (parallel.gpu_comm=mpi) through the same suite; one GPU will do.
   add_test(NAME test_comm_staged COMMAND ${TRAINER_MPIRUN} -np 2 $<TARGET_FILE:test_comm> --comm staged)
   set_tests_properties(test_comm_staged PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
+
+  # The peer copies of parallel.tp_overlap=p2p through the same suite: two GPUs with peer access.
+  add_test(NAME test_comm_peer COMMAND ${TRAINER_MPIRUN} -np 2 $<TARGET_FILE:test_comm> --comm peer)
+  set_tests_properties(test_comm_peer PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
 
   add_executable(commbench parallel/comm/nccl/commbench.c)
   target_link_libraries(commbench PRIVATE trainer_comm_nccl)

@@ -6,6 +6,8 @@
 //                                          that cut counts above INT_MAX run on small buffers
 //   mpirun -np 2 test_comm --comm nccl     NCCL, one GPU per rank (ctest label gpu)
 //   mpirun -np 2 test_comm --comm staged   the staged MPI communicator (both ranks may share a GPU)
+//   mpirun -np 2 test_comm --comm peer     NCCL under the peer copies of parallel.tp_overlap=p2p
+//                                          (GPUs of one host with peer access)
 //   mpirun -np 2 test_comm --comm nccl --timeout-check
 //     rank 0 enters a barrier that rank 1 never joins; the job must end with the timeout
 //     message (a ctest entry matches it)
@@ -26,7 +28,9 @@
 #ifdef TRAINER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/backend_cuda.h"
 #include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_peer.h"
 #include "parallel/comm/nccl/comm_staged.h"
 #include "parallel/comm/nccl/nccl_check.h"
 #endif
@@ -790,6 +794,81 @@ static void run_staged(void) {
   CUDA_CHECK(cudaStreamDestroy(S));
 }
 
+// Peer copies: NCCL communicators wrapped by comm_peer_create, on a CUDA backend's stream (its
+// adds finish the reduce-scatters), through the whole suite; then gathers and reduce-scatters of
+// growing sizes (the staging grows between them) and back-to-back operations, each checked.
+typedef struct peer_factory {
+  comm_factory nccl;
+  k_backend *be;
+} peer_factory;
+
+static comm *peer_factory_create(void *ctx, MPI_Comm mpi, const char *name, const comm_opts *opts) {
+  peer_factory *pf = ctx;
+  return comm_peer_create(pf->nccl.create(pf->nccl.ctx, mpi, name, opts), pf->be);
+}
+
+static void peer_factory_free(void *ctx) {
+  peer_factory *pf = ctx;
+  comm_factory_free(&pf->nccl);
+  free(pf);
+}
+
+static void test_peer_sizes(const suite *s, comm *c) {
+  const int n = c->size, r = c->rank;
+  for (int64_t N = 1000; N <= (1 << 22); N *= 8) {
+    float *h = XMALLOC((size_t)(n * N) * sizeof *h), *g = buf_alloc(s, (size_t)(n * N) * sizeof *h);
+    float *y = buf_alloc(s, (size_t)(n * N) * sizeof *h), *ys = buf_alloc(s, (size_t)N * sizeof *h);
+    for (int round = 0; round < 3; round++) {
+      for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? (float)(round + r + i % 7) : -1.0f;
+      buf_put_queued(s, g, h, (size_t)(n * N) * sizeof *h);
+      for (int64_t i = 0; i < n * N; i++) h[i] = (float)(r * 3 + round + (i / N) * 10 + i % 5);
+      buf_put_queued(s, y, h, (size_t)(n * N) * sizeof *h);
+      const int64_t at = 0;
+      c->ops->all_gather_regions_start(c, g, &at, &N, 1, COMM_F32);
+      c->ops->wait(c);
+      c->ops->reduce_scatter_start(c, y, ys, N, COMM_F32, COMM_SUM);
+      c->ops->wait(c);
+      buf_get(s, h, g, (size_t)(n * N) * sizeof *h);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n * N; i++) bad += h[i] != (float)(round + i / N + i % 7);
+      EXPECT(bad == 0, "%s: gather of %lld per rank, round %d: %lld wrong", s->label, (long long)N, round, (long long)bad);
+      buf_get(s, h, ys, (size_t)N * sizeof *h);
+      bad = 0;
+      for (int64_t i = 0; i < N; i++)
+        bad += h[i] != (float)(3 * n * (n - 1) / 2 + n * (round + r * 10 + (r * N + i) % 5));
+      EXPECT(bad == 0, "%s: reduce-scatter of %lld per rank, round %d: %lld wrong", s->label, (long long)N, round,
+             (long long)bad);
+    }
+    free(h);
+    buf_free(s, g);
+    buf_free(s, y);
+    buf_free(s, ys);
+  }
+}
+
+static void run_peer(void) {
+  int dev = comm_nccl_set_device();
+  char why[256] = "";
+  const int ok = comm_peer_possible(MPI_COMM_WORLD, why, sizeof why);
+  EXPECT(ok, "peer: every pair of GPUs reaches the other's memory: %s", why);
+  if (!ok) return;
+  k_backend_opts bo = {.device = dev};
+  peer_factory *pf = XCALLOC(1, sizeof *pf);
+  pf->be = k_backend_cuda_create(&bo);
+  cudaStream_t S = (cudaStream_t)k_cuda_stream_of(pf->be);
+  comm_opts o = comm_opts_make(COMM_TIMEOUT_S_DEFAULT, 0, 0, S);
+  pf->nccl = comm_nccl_factory(&o);
+  k_backend *be = pf->be;
+  suite s = {.kind = KIND_PEER, .label = "peer", .device = 1, .stream = S, .is = comm_peer_is,
+             .f = {.create = peer_factory_create, .free_ctx = peer_factory_free, .ctx = pf, .opts = o}};
+  run_suite(&s);
+  comm *c = suite_comm(&s, "sizes");
+  test_peer_sizes(&s, c);
+  comm_free(&c);
+  comm_factory_free(&s.f);
+  k_backend_free(&be);
+}
+
 // Rank 0 waits in a barrier that rank 1 never enters (rank 1 sits in an MPI barrier instead):
 // the job must end with the timeout message (2 s, from the factory's options), not hang.
 // Returns only if that failed.
@@ -814,7 +893,7 @@ static void usage_fail(const char *msg, const char *arg) {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   if (r == 0)
-    fprintf(stderr, "test_comm: %s%s\nusage: test_comm [--comm mpi|nccl|staged] [--timeout-check (nccl)]\n", msg,
+    fprintf(stderr, "test_comm: %s%s\nusage: test_comm [--comm mpi|nccl|staged|peer] [--timeout-check (nccl)]\n", msg,
             arg);
   MPI_Finalize();
   exit(2);
@@ -832,7 +911,8 @@ int main(int argc, char **argv) {
       if (!strcmp(v, "mpi")) kind = KIND_MPI;
       else if (!strcmp(v, "nccl")) kind = KIND_NCCL;
       else if (!strcmp(v, "staged")) kind = KIND_STAGED;
-      else usage_fail("--comm takes mpi, nccl or staged, not ", v);
+      else if (!strcmp(v, "peer")) kind = KIND_PEER;
+      else usage_fail("--comm takes mpi, nccl, staged or peer, not ", v);
     } else {
       usage_fail("unknown argument ", argv[i]);
     }
@@ -842,6 +922,7 @@ int main(int argc, char **argv) {
   if (timeout_check) run_timeout_check();
   else if (kind == KIND_NCCL) run_nccl();
   else if (kind == KIND_STAGED) run_staged();
+  else if (kind == KIND_PEER) run_peer();
   else run_mpi();
 #else
   if (kind != KIND_MPI) usage_fail("this build has no CUDA (no toolkit at configure time): ", "--comm mpi only");

@@ -18,12 +18,12 @@
 #include "parallel/comm/nccl/comm_nccl.h"
 #endif
 
-typedef enum comm_kind { KIND_MPI, KIND_NCCL, KIND_STAGED } comm_kind;
+typedef enum comm_kind { KIND_MPI, KIND_NCCL, KIND_STAGED, KIND_PEER } comm_kind;
 
 // One run of the suite: the communicators a factory makes, and where their buffers live.
 typedef struct suite {
   comm_kind kind;
-  const char *label;        // "mpi", "mpi chunk 2", "nccl", "staged": in failure messages
+  const char *label;        // "mpi", "mpi chunk 2", "nccl", "staged", "peer": in failure messages
   int device;               // buffers in device memory, copied through `stream`
   int chunked;              // mpi_chunk_elems is small: the large sizes shrink (host calls per chunk)
   comm_factory f;

@@ -7,11 +7,19 @@
 // (n-1)/n; broadcast and sendrecv 1), GB = 1e9 bytes; time is the slowest rank's mean per call.
 //   mpirun -np 8 commbench [--backend nccl|mpi] [--min-bytes 8] [--max-bytes 1073741824]
 //          [--factor 2] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--ops all_reduce,...]
-//          [--max-ctas 0] [--p2p-matrix] [--compress none,bf16,fp16,int8]
+//          [--max-ctas 0] [--p2p-matrix] [--p2p-sweep] [--compress none,bf16,fp16,int8]
 // --max-ctas caps the CTAs of every NCCL operation, as parallel.dp_overlap_ctas does for the
 // trainer's dp-overlap communicator (0: NCCL's choice).
 // --p2p-matrix times every ordered pair of ranks alone: one-way bandwidth of --max-bytes
 // messages and half the round trip of --min-bytes ping-pongs.
+// --p2p-sweep times the transfer paths between ranks 0 and 1 for each size from --min-bytes to
+// --max-bytes: NCCL send/recv and peer copies on the copy engines (cudaMemcpyAsync into the
+// peer's buffer, mapped through a CUDA IPC handle), each as a stream of back-to-back one-way
+// transfers (time per transfer, bandwidth) and as a ping-pong (half the round trip: a transfer's
+// latency as a waiting receiver sees it). The peer copies' ping-pong signals on the GPU: after
+// its copy a rank writes a counter into the peer's memory (cuStreamWriteValue64) and the peer's
+// stream waits for it (cuStreamWaitValue64), so no host takes part, as a chunked exchange would
+// run (the primitives of parallel.tp_overlap=p2p, comm_peer.h). Only the NCCL backend.
 // --compress none,bf16,fp16,int8 adds the compressed reductions of the DP gradients
 // (parallel/comm/compress.h, the trainer's code): for each format an all-reduce (plain DP) and a
 // reduce-scatter (distributed optimizer) of an fp32 gradient of each size, quantise, exchange and
@@ -36,6 +44,7 @@
 #include "parallel/comm/comm.h"
 #include "parallel/comm/comm_payload.h"
 #include "parallel/comm/nccl/comm_nccl.h"
+#include "parallel/comm/nccl/comm_peer.h"
 #include "parallel/comm/nccl/nccl_check.h"
 
 typedef enum bench_op { OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_SENDRECV, OP_ALL_TO_ALL, N_OPS } bench_op;
@@ -49,6 +58,7 @@ typedef struct bench_opts {
   int ops[N_OPS];            // which operations to run
   int max_ctas;              // NCCL: comm_opts.max_ctas
   int p2p_matrix;
+  int p2p_sweep;
   int compress[COMM_COMPRESS_INT8 + 1];  // compressed reductions to time, by comm_compress_mode
   int any_compress;
 } bench_opts;
@@ -486,6 +496,111 @@ static void bench_p2p_matrix(bench *b) {
   bench_release(b, buf);
 }
 
+// ---- transfer paths between ranks 0 and 1 ----------------------------------------------------
+
+typedef struct sweep_pair {
+  int peer;
+  MPI_Comm mpi;                  // ranks 0 and 1
+  void *buf, *peer_buf;          // max_bytes each
+  uint64_t *flag, *peer_flag;    // one counter each, written by the other rank
+  uint64_t count;                // the last counter value sent and awaited
+} sweep_pair;
+
+// One peer copy of n bytes into the peer's buffer, then the peer's counter raised.
+static void ce_send(bench *b, sweep_pair *p, size_t n) {
+  CUDA_CHECK(cudaMemcpyAsync(p->peer_buf, p->buf, n, cudaMemcpyDeviceToDevice, b->stream));
+  peer_signal(b->stream, p->peer_flag, p->count);
+}
+static void ce_recv(bench *b, sweep_pair *p) {
+  peer_await(b->stream, p->flag, p->count);
+}
+
+// Microseconds per call of the four paths at n bytes, the slowest of the two ranks.
+static void sweep_size(bench *b, sweep_pair *p, size_t n, double us[4]) {
+  comm *c = b->c;
+  const int64_t ne = (int64_t)n / comm_dtype_bytes(b->o.dtype);
+  const int sender = c->rank == 0;
+  for (int path = 0; path < 4; path++) {
+    for (int pass = 0; pass < 2; pass++) {  // pass 0 warms up
+      const int reps = pass ? b->o.iters : (b->o.warmup > 0 ? b->o.warmup : 1);
+      MPI_CHECK(MPI_Barrier(p->mpi));
+      bench_start(b);
+      for (int it = 0; it < reps; it++) {
+        switch (path) {
+          case 0:  // NCCL one-way
+            if (sender) c->ops->send(c, p->buf, ne, b->o.dtype, p->peer);
+            else c->ops->recv(c, p->buf, ne, b->o.dtype, p->peer);
+            break;
+          case 1:  // NCCL ping-pong
+            if (sender) c->ops->send(c, p->buf, ne, b->o.dtype, p->peer);
+            c->ops->recv(c, p->buf, ne, b->o.dtype, p->peer);
+            if (!sender) c->ops->send(c, p->buf, ne, b->o.dtype, p->peer);
+            break;
+          case 2:  // peer copies one-way: the receiver only waits for the last
+            p->count++;
+            if (sender) CUDA_CHECK(cudaMemcpyAsync(p->peer_buf, p->buf, n, cudaMemcpyDeviceToDevice, b->stream));
+            if (sender && it == reps - 1) ce_send(b, p, 0);
+            if (!sender && it == reps - 1) ce_recv(b, p);
+            break;
+          case 3:  // peer copies ping-pong, signalled on the GPU
+            p->count++;
+            if (sender) ce_send(b, p, n);
+            ce_recv(b, p);
+            if (!sender) ce_send(b, p, n);
+            break;
+        }
+      }
+      us[path] = bench_stop(b) / reps / (path == 1 || path == 3 ? 2 : 1);
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &us[path], 1, MPI_DOUBLE, MPI_MAX, p->mpi));
+    }
+  }
+}
+
+static void bench_p2p_sweep(bench *b) {
+  comm *c = b->c;
+  CHECK(b->o.nccl, "commbench: --p2p-sweep needs --backend nccl (peer copies between GPUs)");
+  CHECK(c->size >= 2, "commbench: --p2p-sweep needs 2 ranks, not %d", c->size);
+  sweep_pair p = {.peer = c->rank == 0 ? 1 : 0};
+  if (c->rank < 2) {
+    CUDA_CHECK(cudaMalloc(&p.buf, (size_t)b->o.max_bytes));
+    CUDA_CHECK(cudaMemset(p.buf, 0, (size_t)b->o.max_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&p.flag, 64));
+    CUDA_CHECK(cudaMemset(p.flag, 0, 64));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->rank < 2 ? 0 : MPI_UNDEFINED, c->rank, &p.mpi));
+  void *bufs[2] = {0}, *flags[2] = {0};
+  if (c->rank < 2) {
+    peer_map_all(p.mpi, p.buf, bufs);
+    peer_map_all(p.mpi, p.flag, flags);
+    p.peer_buf = bufs[p.peer];
+    p.peer_flag = flags[p.peer];
+  }
+  if (c->rank == 0)
+    printf("\n# ranks 0 -> 1: time per transfer (us) and bandwidth (GB/s); one-way = back-to-back transfers, "
+           "ping-pong = half a round trip\n%12s %12s %10s %12s %10s %12s %10s %12s %10s\n", "bytes", "nccl 1-way",
+           "GB/s", "nccl p-p", "GB/s", "copy 1-way", "GB/s", "copy p-p", "GB/s");
+  for (int64_t n = b->o.min_bytes; n <= b->o.max_bytes; n *= b->o.factor) {
+    double us[4] = {0};
+    if (c->rank < 2) sweep_size(b, &p, (size_t)n, us);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    if (c->rank == 0) {
+      printf("%12lld", (long long)n);
+      for (int k = 0; k < 4; k++) printf(" %12.2f %10.2f", us[k], (double)n / (us[k] * 1e-6) / 1e9);
+      printf("\n");
+      fflush(stdout);
+    }
+  }
+  if (c->rank < 2) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    peer_unmap_all(p.mpi, bufs);
+    peer_unmap_all(p.mpi, flags);
+    CUDA_CHECK(cudaFree(p.buf));
+    CUDA_CHECK(cudaFree(p.flag));
+    MPI_CHECK(MPI_Comm_free(&p.mpi));
+  }
+}
+
 // ---- options ----------------------------------------------------------------------------------
 
 static void usage_fail(const char *msg, const char *arg) {
@@ -494,7 +609,7 @@ static void usage_fail(const char *msg, const char *arg) {
   if (r == 0)
     fprintf(stderr, "commbench: %s%s\nusage: commbench [--backend nccl|mpi] [--min-bytes N] [--max-bytes N] "
                     "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--max-ctas N] "
-                    "[--p2p-matrix] [--compress none,bf16,fp16,int8]\n"
+                    "[--p2p-matrix] [--p2p-sweep] [--compress none,bf16,fp16,int8]\n"
                     "ops: all_reduce all_gather reduce_scatter broadcast sendrecv all_to_all\n", msg, arg);
   MPI_Finalize();
   exit(2);
@@ -514,6 +629,7 @@ static bench_opts parse_opts(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--p2p-matrix")) { o.p2p_matrix = 1; continue; }
+    if (!strcmp(a, "--p2p-sweep")) { o.p2p_sweep = 1; continue; }
     if (strncmp(a, "--", 2) != 0) usage_fail("unexpected argument ", a);
     if (i + 1 >= argc) usage_fail("missing value after ", a);
     const char *v = argv[++i];
@@ -596,9 +712,11 @@ int main(int argc, char **argv) {
   int rc = 0;
   if (b.o.p2p_matrix)
     bench_p2p_matrix(&b);
+  else if (b.o.p2p_sweep)
+    bench_p2p_sweep(&b);
   else
     rc = bench_run_ops(&b);
-  if (b.o.any_compress && !b.o.p2p_matrix) rc |= bench_run_compressed(&b);
+  if (b.o.any_compress && !b.o.p2p_matrix && !b.o.p2p_sweep) rc |= bench_run_compressed(&b);
   comm_free(&b.c);
   comm_factory_free(&b.f);
   if (b.o.nccl) {
