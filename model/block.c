@@ -335,8 +335,8 @@ static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, 
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
-// go first, and their reduce-scatter (this rank's rows zero in it) runs while this rank's rows
-// are computed into s1; then s2 = received + own, the sum a reduce-scatter of all rows gives.
+// go first, and their reduce-scatter (this rank's rows zero in it) into s2 runs while this rank's
+// rows are computed, with the residual in the GEMM's epilogue, into xout; then xout += s2.
 static void proj_residual(model *m, const model_layer *ly, const model_tensor *w, int p, const void *a, int K,
                           const float *xin, float *xout) {
   k_backend *be = m->be;
@@ -355,16 +355,16 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
     proj_rows(m, ly, w, p, 0, rows, d, K, a, wk->f1, K_F32, 0);
     reduce_start(m, wk->f1, wk->s2, d);
     reduce_finish(m, wk->f1, wk->s2, d);
+    be->copy(be, xout, xin, n_bytes);
   } else {
     proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
     proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
     be->zero(be, wk->f1 + r0 * d, n_bytes);
     reduce_start(m, wk->f1, wk->s2, d);
-    proj_rows(m, ly, w, p, r0, r1, d, K, a, wk->s1, K_F32, 0);
+    if (!fp8) be->linear_residual(be, (int)rs, d, K, at(m, (void *)a, r0 * K), w->pc, xin, xout);
+    else model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, d, K, xin, xout, K_F32, 1);
     reduce_finish(m, wk->f1, wk->s2, d);
-    be->add(be, wk->s2, wk->s1, rs * d);
   }
-  be->copy(be, xout, xin, n_bytes);
   be->add(be, xout, wk->s2, rs * d);
 }
 
