@@ -7,7 +7,10 @@
 // (n-1)/n; broadcast and sendrecv 1), GB = 1e9 bytes; time is the slowest rank's mean per call.
 //   mpirun -np 8 commbench [--backend nccl|mpi] [--min-bytes 8] [--max-bytes 1073741824]
 //          [--factor 2] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--ops all_reduce,...]
-//          [--max-ctas 0] [--p2p-matrix] [--p2p-sweep] [--compress none,bf16,fp16,int8]
+//          [--max-ctas 0] [--p2p-matrix] [--p2p-sweep] [--raw] [--compress none,bf16,fp16,int8]
+// --raw adds two columns to the all_reduce, all_gather and reduce_scatter tables: the same call
+// straight on a blocking NCCL communicator of the same ranks and stream (no polling, no error
+// watch), its time and its host issue time, so the communicator's own host cost shows.
 // --max-ctas caps the CTAs of every NCCL operation, as parallel.dp_overlap_ctas does for the
 // trainer's dp-overlap communicator (0: NCCL's choice).
 // --p2p-matrix times every ordered pair of ranks alone: one-way bandwidth of --max-bytes
@@ -59,6 +62,7 @@ typedef struct bench_opts {
   int max_ctas;              // NCCL: comm_opts.max_ctas
   int p2p_matrix;
   int p2p_sweep;
+  int raw;
   int compress[COMM_COMPRESS_INT8 + 1];  // compressed reductions to time, by comm_compress_mode
   int any_compress;
 } bench_opts;
@@ -73,6 +77,7 @@ typedef struct bench {
   cudaStream_t stream;
   cudaEvent_t ev0, ev1;
   double t0;
+  ncclComm_t raw;  // --raw: a blocking NCCL communicator beside c
 } bench;
 
 // ---- buffers ----------------------------------------------------------------------------------
@@ -262,6 +267,35 @@ static double bench_one(bench *b, bench_op op, const bench_case *k, void *in, vo
   return t[0];
 }
 
+// --raw: one call of op straight on the blocking communicator. 0 when op has no raw form here.
+static int bench_raw_call(bench *b, bench_op op, const bench_case *k, void *in, void *out) {
+  const ncclDataType_t t = b->o.dtype == COMM_BF16 ? ncclBfloat16 : ncclFloat32;
+  switch (op) {
+    case OP_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(in, in, (size_t)k->per_rank, t, ncclSum, b->raw, b->stream)); return 1;
+    case OP_ALL_GATHER: NCCL_CHECK(ncclAllGather(in, out, (size_t)k->per_rank, t, b->raw, b->stream)); return 1;
+    case OP_REDUCE_SCATTER:
+      NCCL_CHECK(ncclReduceScatter(in, out, (size_t)k->per_rank, t, ncclSum, b->raw, b->stream));
+      return 1;
+    default: return 0;
+  }
+}
+
+// --raw: the slowest rank's microseconds per raw call (t[0]) and host issue time (t[1]); -1 without.
+static void bench_raw(bench *b, bench_op op, const bench_case *k, void *in, void *out, double t[2]) {
+  t[0] = t[1] = -1;
+  if (!b->raw || !bench_raw_call(b, op, k, in, out)) return;
+  for (int w = 0; w < b->o.warmup; w++) bench_raw_call(b, op, k, in, out);
+  CUDA_CHECK(cudaStreamSynchronize(b->stream));
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  bench_start(b);
+  double h0 = MPI_Wtime();
+  for (int it = 0; it < b->o.iters; it++) bench_raw_call(b, op, k, in, out);
+  double h1 = MPI_Wtime();
+  t[0] = bench_stop(b) / b->o.iters;
+  t[1] = 1e6 * (h1 - h0) / b->o.iters;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+}
+
 static int bench_run_ops(bench *b) {
   const int n = b->c->size, r = b->c->rank, esz = comm_dtype_bytes(b->o.dtype);
   // The largest buffer any op needs at max_bytes, for two buffers and a host copy.
@@ -273,8 +307,8 @@ static int bench_run_ops(bench *b) {
     if (r == 0) {
       printf("\n# %s, %s backend, %d ranks, %s, %d iterations after %d warm-up\n", op_names[op],
              b->o.nccl ? "nccl" : "mpi", n, b->o.dtype == COMM_BF16 ? "bf16" : "f32", b->o.iters, b->o.warmup);
-      printf("%14s %12s %12s %12s %12s %8s %10s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-             "#wrong", "issue(us)");
+      printf("%14s %12s %12s %12s %12s %8s %10s%s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+             "#wrong", "issue(us)", b->raw ? "    raw(us) raw_issue(us)" : "");
     }
     double last_bus = 0;
     int64_t last_size = 0;
@@ -283,14 +317,17 @@ static int bench_run_ops(bench *b) {
       if (!bench_shape((bench_op)op, bytes, n, esz, &k)) continue;
       long long wrong = 0;
       double issue_us = 0;
-      double us = bench_one(b, (bench_op)op, &k, in, out, host, &wrong, &issue_us);
+      double us = bench_one(b, (bench_op)op, &k, in, out, host, &wrong, &issue_us), raw[2];
+      bench_raw(b, (bench_op)op, &k, in, out, raw);
       double algbw = (double)k.size_bytes / (us * 1e-6) / 1e9, busbw = algbw * k.bus_factor;
       total_wrong += wrong;
       last_bus = busbw;
       last_size = k.size_bytes;
       if (r == 0) {
-        printf("%14lld %12lld %12.2f %12.2f %12.2f %8lld %10.2f\n", (long long)k.size_bytes,
+        printf("%14lld %12lld %12.2f %12.2f %12.2f %8lld %10.2f", (long long)k.size_bytes,
                (long long)(k.in_elem > k.out_elem ? k.in_elem : k.out_elem), us, algbw, busbw, wrong, issue_us);
+        if (raw[0] >= 0) printf(" %10.2f %14.2f", raw[0], raw[1]);
+        printf("\n");
         fflush(stdout);
       }
     }
@@ -609,7 +646,7 @@ static void usage_fail(const char *msg, const char *arg) {
   if (r == 0)
     fprintf(stderr, "commbench: %s%s\nusage: commbench [--backend nccl|mpi] [--min-bytes N] [--max-bytes N] "
                     "[--factor F] [--iters N] [--warmup N] [--dtype f32|bf16] [--ops name,name,...] [--max-ctas N] "
-                    "[--p2p-matrix] [--p2p-sweep] [--compress none,bf16,fp16,int8]\n"
+                    "[--p2p-matrix] [--p2p-sweep] [--raw] [--compress none,bf16,fp16,int8]\n"
                     "ops: all_reduce all_gather reduce_scatter broadcast sendrecv all_to_all\n", msg, arg);
   MPI_Finalize();
   exit(2);
@@ -630,6 +667,7 @@ static bench_opts parse_opts(int argc, char **argv) {
     const char *a = argv[i];
     if (!strcmp(a, "--p2p-matrix")) { o.p2p_matrix = 1; continue; }
     if (!strcmp(a, "--p2p-sweep")) { o.p2p_sweep = 1; continue; }
+    if (!strcmp(a, "--raw")) { o.raw = 1; continue; }
     if (strncmp(a, "--", 2) != 0) usage_fail("unexpected argument ", a);
     if (i + 1 >= argc) usage_fail("missing value after ", a);
     const char *v = argv[++i];
@@ -695,6 +733,13 @@ int main(int argc, char **argv) {
     b.f = comm_mpi_factory(&co);
   }
   b.c = comm_factory_create(&b.f, MPI_COMM_WORLD, "bench");
+  CHECK(!b.o.raw || b.o.nccl, "commbench: --raw compares against NCCL: it needs --backend nccl");
+  if (b.o.raw) {
+    ncclUniqueId id;
+    if (b.c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    NCCL_CHECK(ncclCommInitRank(&b.raw, b.c->size, id, b.c->rank));
+  }
   if (b.c->rank == 0) {
     printf("# commbench: %d ranks, backend %s", b.c->size, b.o.nccl ? "nccl" : "mpi");
     if (b.o.nccl) {
@@ -717,6 +762,7 @@ int main(int argc, char **argv) {
   else
     rc = bench_run_ops(&b);
   if (b.o.any_compress && !b.o.p2p_matrix && !b.o.p2p_sweep) rc |= bench_run_compressed(&b);
+  if (b.raw) NCCL_CHECK(ncclCommDestroy(b.raw));
   comm_free(&b.c);
   comm_factory_free(&b.f);
   if (b.o.nccl) {
