@@ -140,13 +140,22 @@ typedef struct plan_mem {
   int64_t n;              // local parameters
   double w, gr, adam;     // weights (compute copy, masters held here, FP8 copies), gradients, moments
   double act, acts;       // activations of one micro-batch chunk, and of all in flight (and staging)
+  double work;            // the model's work buffers and the tp peer copies' staging
   double host;            // pinned host memory (optimizer.offload)
   int in_flight;          // micro-batch chunks whose backward has not run yet
   char layers[64];        // the layers it holds, per chunk
   model_dims dm;          // its activation sizes
 } plan_mem;
 
-static double plan_total(const plan_mem *r) { return r->w + r->gr + r->adam + r->acts; }
+static double plan_total(const plan_mem *r) { return r->w + r->gr + r->adam + r->acts + r->work; }
+
+// Whether parallel.tp_overlap runs the tp collectives as peer copies (auto: assumed where the tp
+// group is GPU ranks over NCCL with SP; the run probes peer access).
+static int plan_tp_peer(const cfg *c) {
+  const cfg_parallel *p = &c->parallel;
+  return c->train.device == CFG_DEVICE_CUDA && p->gpu_comm == CFG_GPU_COMM_NCCL && p->tp > 1 &&
+         p->sequence_parallel && (p->tp_overlap == CFG_TP_OVERLAP_AUTO || p->tp_overlap == CFG_TP_OVERLAP_P2P);
+}
 
 // What rank (pp_rank pr, tp_rank tr) of c holds.
 static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
@@ -240,6 +249,9 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
   }
   r.act = (double)act;
   r.acts = r.act * r.in_flight + stage;
+  // parallel.tp_overlap=p2p: a slot per tp rank of the largest block it receives (an fp32
+  // reduce-scatter block of rows_s x d; parallel/comm/nccl/comm_peer.c).
+  r.work = (double)model_work_bytes(dm, act_bytes) + (plan_tp_peer(c) ? (double)tp * dm->rows_s * dm->d * 4.0 : 0.0);
   return r;
 }
 
@@ -254,9 +266,25 @@ static double plan_max_total(const cfg *c) {
   return most;
 }
 
-// What the plan leaves out but a GPU rank holds: the CUDA context, NCCL's buffers, cuBLAS's and
-// cuDNN's workspaces (5.8 to 6.3 GiB measured on an H100 at dp4, docs/sharding.md).
-enum { PLAN_RESERVE_GIB = 6 };
+// NCCL's buffers of one communicator over n ranks (GiB); none for one rank.
+static double plan_comm_gib(int n) { return n > 1 ? 0.11 + 0.12 * (n - 1) : 0.0; }
+
+// What the table leaves out but a GPU rank holds (GiB): the CUDA context, cuBLAS's and cuDNN's
+// workspaces and NCCL's buffers. Fitted to the runtime's share of the peak that run reports give
+// (docs/benchmarks.md, "Memory: plan against measured"): 2.26 GiB on one H200, 2.53 with one
+// 2-rank NCCL communicator, about 4.2 with four 4-rank ones (7B dp4, parallel.shard=weights); so
+// 2.3 GiB and plan_comm_gib for each communicator over more than one rank that the run makes
+// (factory_init).
+static double plan_runtime_gib(const cfg *c) {
+  const cfg_parallel *p = &c->parallel;
+  const int dp = p->dp, weights = p->shard == CFG_SHARD_WEIGHTS && dp > 1;
+  const int grouped = p->shard_group > 1 && p->shard_group < dp, shard = grouped ? p->shard_group : dp;
+  double gib = 2.3 + plan_comm_gib(p->tp) + plan_comm_gib(dp) + plan_comm_gib(p->pp);
+  if (p->dp_overlap_ctas > 0 || weights) gib += plan_comm_gib(dp);  // grid_add_dp_overlap
+  if (grouped) gib += plan_comm_gib(p->shard_group) + plan_comm_gib(dp / p->shard_group);
+  const int gathers = !weights ? 0 : p->gather_copy_engine ? p->shard_prefetch + 1 : p->shard_prefetch > 1 ? p->shard_prefetch - 1 : 0;
+  return gib + gathers * plan_comm_gib(shard);
+}
 
 // The fullest rank under each parallel.shard mode, the rest of c as it is (dp > 1); with
 // --gpu-mem, whether this run fits and, if not, the least sharding that would.
@@ -276,9 +304,9 @@ static void plan_print_shard_modes(const cfg *c, int gpu_mem_gib) {
     printf("\n");
   }
   if (!gpu_mem_gib) return;
-  const double room = gpu_mem_gib - PLAN_RESERVE_GIB, mine = need[c->parallel.shard];
-  printf("fit: %.2f GiB planned on the fullest rank, %d GiB a GPU less %d GiB for the CUDA context, NCCL and the "
-         "libraries' workspaces: ", mine, gpu_mem_gib, PLAN_RESERVE_GIB);
+  const double runtime = plan_runtime_gib(c), room = gpu_mem_gib - runtime, mine = need[c->parallel.shard];
+  printf("fit: %.2f GiB planned on the fullest rank, %d GiB a GPU less about %.1f GiB for the CUDA context, NCCL and "
+         "the libraries' workspaces: ", mine, gpu_mem_gib, runtime);
   if (mine <= room) {
     printf("fits\n");
     return;
@@ -330,8 +358,9 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
          bf16_act ? "bf16" : "fp32", plan_parts(c) == 1 ? "replicated"
                                       : c->parallel.shard_group > 0 && c->parallel.shard_group < dp ? "sharded over each shard group"
                                                                                                     : "sharded over dp");
-  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %9s\n", "pp_rank", "tp_rank", "layers", "heads",
-         "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "total");
+  printf("  %-8s %-8s %-22s %-12s %-12s %-14s %9s %8s %8s %8s %9s %8s %8s %9s\n", "pp_rank", "tp_rank", "layers",
+         "heads", "kv_heads", "vocab", "params", "weights", "grads", "adam", "act/micro", "in-flt", "work", "total");
+  double most = 0;  // the fullest rank's total
   double host_max = 0;  // pinned host memory of the rank that needs most
   for (int pr = 0; pr < pp; pr++) {
     for (int tr = 0; tr < tp; tr++) {
@@ -342,17 +371,23 @@ int run_plan(const cfg *c, int world_size, const plan_launch *launch) {
       snprintf(heads, sizeof heads, "%d-%d", tr * dm->nh, (tr + 1) * dm->nh - 1);
       snprintf(kv, sizeof kv, "%d-%d", tr * dm->nkv, (tr + 1) * dm->nkv - 1);
       snprintf(vocab, sizeof vocab, "%d-%d", dm->v0, dm->v0 + dm->vocab - 1);
-      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %8.2fG\n", pr, tr, r.layers,
-             heads, kv, vocab, r.n / 1e6, gib(r.w), gib(r.gr), gib(r.adam), gib(r.act), r.in_flight,
-             gib(plan_total(&r)));
+      printf("  %-8d %-8d %-22s %-12s %-12s %-14s %8.1fM %7.2fG %7.2fG %7.2fG %8.2fG %8d %7.2fG %8.2fG\n", pr, tr,
+             r.layers, heads, kv, vocab, r.n / 1e6, gib(r.w), gib(r.gr), gib(r.adam), gib(r.act), r.in_flight,
+             gib(r.work), gib(plan_total(&r)));
+      if (plan_total(&r) > most) most = plan_total(&r);
     }
   }
   printf("(GiB; act/micro: activations of one micro-batch in one chunk; in-flt: most micro-batch chunks whose "
-         "backward has not run yet; dp replicas hold the same as dp rank 0%s)\n",
+         "backward has not run yet; work: the layers' gradient and tp buffers%s; dp replicas hold the same as dp "
+         "rank 0%s)\n", plan_tp_peer(c) ? " and the tp peer copies' staging" : "",
          !ml.fp8.enabled ? "" : ml.fp8.head ? "; weights include the FP8 copies of the block projections and of the "
                           "LM head, transposed copies and the FP8 cast buffers"
                           : "; weights include the FP8 copies of the block projections, transposed copies and the "
                           "FP8 cast buffers");
+  if (gpu)
+    printf("expected peak on the fullest rank: %.2f GiB, the table's %.2f and about %.1f GiB for the runtime (CUDA "
+           "context, cuBLAS and cuDNN workspaces, NCCL buffers; an estimate fitted to measured runs)\n",
+           gib(most) + plan_runtime_gib(c), gib(most), plan_runtime_gib(c));
   plan_print_shard_modes(c, launch ? launch->gpu_mem_gib : 0);
   if (c->optim.offload) {  // the table is device memory; the offloaded state is here
     int rpn = launch && launch->gpus_per_node < world_size ? launch->gpus_per_node : world_size;

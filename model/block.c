@@ -67,8 +67,7 @@ static void *take_act(carve *c, int64_t n_elem) { return take_bytes(c, n_elem * 
 // Element i of an act-dtype array.
 static inline void *at(const model *m, void *p, int64_t i) { return (char *)p + i * (int64_t)m->act_bytes; }
 
-static void carve_work(const model *m, struct model_work *w, carve *c) {
-  const model_dims *dm = &m->dims;
+static void carve_work(const model_dims *dm, struct model_work *w, carve *c) {
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
   w->s1 = take(c, rs * d); w->s2 = take(c, rs * d);
   w->f1 = take(c, rows * d); w->f2 = take(c, rows * d);
@@ -96,10 +95,10 @@ static void check_fused_layout(const model *m) {
 void model_work_init(model *m) {
   struct model_work *w = XCALLOC(1, sizeof *w);
   carve c = {.act_bytes = m->act_bytes};
-  carve_work(m, w, &c);
+  carve_work(&m->dims, w, &c);
   c.base = w->block = k_alloc_as(m->be, c.off, K_MEM_WORKSPACE);
   c.off = 0;
-  carve_work(m, w, &c);
+  carve_work(&m->dims, w, &c);
   check_fused_layout(m);
   m->work = w;
 }
@@ -138,6 +137,13 @@ static void carve_acts(const model_dims *dm, int has_head, model_recompute rc, m
   }
   a->dx_in = take(c, rs * d);
   a->dx_out = take(c, rs * d);
+}
+
+int64_t model_work_bytes(const model_dims *dm, int act_bytes) {
+  struct model_work w;
+  carve c = {.act_bytes = (size_t)act_bytes};
+  carve_work(dm, &w, &c);
+  return (int64_t)c.off;
 }
 
 int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc) {

@@ -179,6 +179,9 @@ float *model_acts_input_grad(model_acts *a);
 // The chunk's output (rows_s, d) and output gradient (rows_s, d) (received gradients).
 float *model_acts_output(const model *m, model_acts *a);
 float *model_acts_output_grad(model_acts *a);
+// Bytes of the work buffers a model keeps beside its activations (model_work_init: the gradients
+// and tp-crossing buffers one layer at a time needs).
+int64_t model_work_bytes(const model_dims *dm, int act_bytes);
 // Bytes of one model_acts for a chunk of n_layers (with the head when has_head).
 int64_t model_acts_bytes(const model_dims *dm, int n_layers, int has_head, int act_bytes, model_recompute rc);
 // Refreshes the compute copy of the weights from m->params (after init or load; not with

@@ -32,6 +32,19 @@ grep -q "^launch: 16 ranks on 2 nodes of 8 (--gpus-per-node 8); groups inside a 
 most=$(awk '$1 ~ /^[0-9]+$/ && $NF ~ /G$/ { v = $NF; sub("G", "", v); if (v + 0 > m) m = v + 0 } END { print m }' "$WORK/p16.txt")
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) <= 60 else 1)" "$most" \
   && pass "7b_tp2_dp4: at most $most GiB per rank in the plan" || fail "7b_tp2_dp4: $most GiB per rank"
+# The expected peak of a GPU run: the fullest rank's total plus the runtime's estimate (2.3 GiB
+# on one GPU), and the work buffers in the table.
+"$TRAINER" "$SRC/configs/7b_layers.yaml" --dry-run > "$WORK/p1.txt" 2>&1
+python3 - "$WORK/p1.txt" <<'PY' && pass "7b_layers: $(grep -m1 '^expected peak' "$WORK/p1.txt" | cut -c1-80)..." \
+  || fail "7b_layers expected peak: $(cat "$WORK/p1.txt")"
+import re, sys
+t = open(sys.argv[1]).read()
+row = re.search(r"^  0 +0 .* ([0-9.]+)G +([0-9.]+)G$", t, re.M)
+m = re.search(r"^expected peak on the fullest rank: ([0-9.]+) GiB, the table's ([0-9.]+) and about ([0-9.]+) GiB", t, re.M)
+work, total = float(row.group(1)), float(row.group(2))
+peak, table, runtime = (float(m.group(i)) for i in range(1, 4))
+sys.exit(0 if work > 1 and table == total and runtime == 2.3 and abs(peak - table - runtime) < 0.06 else 1)
+PY
 "$TRAINER" "$C" --dry-run --gpus-per-node 4 'data.train=a b/*.bin' > "$WORK/p4.txt" 2>&1
 grep -q "^launch: 16 ranks on 4 nodes of 4 (--gpus-per-node 4); groups inside a node: tp; across nodes: dp, pp$" "$WORK/p4.txt" \
   && grep -q "^  srun --nodes 4 --ntasks-per-node 4 --gpus-per-node 4 .*trainer $C 'data.train=a b/\*.bin'$" "$WORK/p4.txt" \
