@@ -18,7 +18,7 @@ for layout in "1" "4 parallel.tp=2 parallel.sequence_parallel=true parallel.pp=2
 done
 # The plan's activations per micro-batch shrink: none > selective > full.
 act() { "$TRAINER" "$SRC/configs/7b_tp2_dp4.yaml" --dry-run "train.recompute=$1" 2>&1 |
-  awk '$1 == "0" && $2 == "0" { print $(NF - 2) }' | tr -d G; }
+  awk '$1 == "0" && $2 == "0" { print $(NF - 3) }' | tr -d G; }
 a_none=$(act none); a_sel=$(act selective); a_full=$(act full)
 echo "7b_tp2_dp4 activations per micro-batch (GiB): none $a_none, selective $a_sel, full $a_full"
 if python3 -c "import sys; a, b, c = map(float, sys.argv[1:]); sys.exit(0 if a > b > c else 1)" "$a_none" "$a_sel" "$a_full"; then
