@@ -288,17 +288,31 @@ static void proj_rows(model *m, const model_layer *ly, const model_tensor *w, in
   m->be->gemm(m->be, 0, 1, (int)(r1 - r0), N, K, 1, at(m, (void *)a, r0 * K), K, w->pc, K, beta, c, N, ct);
 }
 
-// y (rows, N) = x (rows, K) w^T, x gathered into the region by gather_start. In FP8 the
-// gather completes first and the whole input is cast at once.
+// y (rows, N) = x (rows, K) w^T, x gathered into the region by gather_start: this rank's rows
+// while the other ranks' rows arrive, then those. In FP8 each range is cast just before its GEMM
+// where the casts can go by rows (model_fp8_input_by_rows; the same codes), else the gather
+// completes first and the whole input is cast at once.
 static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
                               const void *x, void *y, k_dtype ct) {
   if (!fp8_on(m, ly)) {
     gemm_gathered(m, 1, N, K, x, w->pc, K, y, ct);
     return;
   }
+  const int64_t rows = m->dims.rows;
+  if (enter_is_copy(m) || !model_fp8_input_by_rows(m)) {
+    gather_finish(m);
+    model_fp8_cast_input(m, ly->fp8, p, x, rows, K);
+    proj_rows(m, ly, w, p, 0, rows, N, K, x, y, ct, 0);
+    return;
+  }
+  const int64_t r0 = own_row(m), r1 = r0 + m->dims.rows_s;
+  model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r1, K);
+  proj_rows(m, ly, w, p, r0, r1, N, K, x, (char *)y + r0 * N * k_dtype_bytes(ct), ct, 0);
   gather_finish(m);
-  model_fp8_cast_input(m, ly->fp8, p, x, m->dims.rows, K);
-  proj_rows(m, ly, w, p, 0, m->dims.rows, N, K, x, y, ct, 0);
+  model_fp8_cast_input_rows(m, ly->fp8, p, x, 0, r0, K);
+  model_fp8_cast_input_rows(m, ly->fp8, p, x, r1, rows, K);
+  proj_rows(m, ly, w, p, 0, r0, N, K, x, y, ct, 0);
+  proj_rows(m, ly, w, p, r1, rows, N, K, x, (char *)y + r1 * N * k_dtype_bytes(ct), ct, 0);
 }
 
 // Data gradient dx (rows, K) = g (rows, N) w, w (N, K). In FP8 g is cast (with its transpose,

@@ -433,6 +433,22 @@ void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows
   f->x8_in = f->x8;
 }
 
+int model_fp8_input_by_rows(const model *m) { return fp8_block(m->fp8) || fp8_scale_known(m->fp8); }
+
+void model_fp8_cast_input_rows(model *m, int slot, int p, const void *x, int64_t r0, int64_t r1, int k) {
+  model_fp8 *f = m->fp8;
+  CHECK(model_fp8_input_by_rows(m), "FP8: an input cast by rows needs its scale before the cast");
+  if (fp8_block(f)) {  // cast range by range in model_fp8_fwd_rows
+    f->x_src = x;
+    return;
+  }
+  const int64_t i = fp8_x_slot(slot, p);
+  if (r1 > r0)
+    m->be->fp8_cast(m->be, (const char *)x + r0 * k * (int64_t)k_dtype_bytes(m->be->act), r1 - r0, k, f->scale + i,
+                    K_E4M3, f->x8 + r0 * k, NULL, fp8_slot_amax(f, i));
+  f->x8_in = f->x8;
+}
+
 void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, const void *y_in, void *y,
                         k_dtype c_type, float beta) {
   if (r1 <= r0) return;

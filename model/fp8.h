@@ -164,6 +164,14 @@ int model_fp8_fused_grad_cast(model *m, int slot, int p, const float **scale, k_
 // [r0, r1) of X times W^T, into c_type, with beta 0 or 1 (adding y_in, or y itself where y_in
 // is NULL, in fp32).
 void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows, int k);
+// Whether the input casts can go a range of rows at a time, each range as its rows are ready (a
+// gather's own rows before the others arrive): where the scale is known before the cast (delayed
+// scaling with a history) or block scaling casts tile by tile in model_fp8_fwd_rows anyway.
+int model_fp8_input_by_rows(const model *m);
+// Rows [r0, r1) of X (rows, K) act cast as model_fp8_cast_input casts them (the same codes; the
+// amax the max over the calls), for model_fp8_fwd_rows over those rows; only where
+// model_fp8_input_by_rows.
+void model_fp8_cast_input_rows(model *m, int slot, int p, const void *x, int64_t r0, int64_t r1, int k);
 void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, const void *y_in, void *y,
                         k_dtype c_type, float beta);
 // Backward: cast the output gradient G (rows, N) act (and its transpose; unless
