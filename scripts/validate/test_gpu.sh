@@ -2,11 +2,12 @@
 # GPU tests from a folder of built binaries (for a GPU host without the build tree; with a
 # build tree, `ctest -L gpu` in build/ runs the same): the op suite on the CUDA backend (every
 # op of the backend table against the CPU reference, optimizer ops included),
-# the NCCL communicator on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
+# the NCCL communicator and the peer copies on 2 GPUs, layout parity on 2 GPUs (bf16, three layouts in FP8, and the
 # compressed DP gradients), bitwise resume under three 2-rank layouts (and one in FP8), FP8 block
 # scaling's parity, FP8 weights all-gathered as codes against the bf16 gather (bitwise), the
-# sharded weights' update beside the next forward against the update before it (bitwise), killing
-# a rank of a dp2 run, the optimizer state in host memory (both engines
+# sharded weights' update beside the next forward against the update before it (bitwise), the
+# tp transports against each other (bitwise), killing a rank of a dp2 run (and of a tp2 run with
+# peer copies), the optimizer state in host memory (both engines
 # against the on-GPU optimizer, resume), sampling on the GPU against the CPU, and the
 # default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
@@ -89,6 +90,9 @@ LAYOUTS
 step "bitwise resume of int8 with error feedback on $on" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_resume_layout.sh int8_ef parallel.dp=2 parallel.grad_compress=int8 parallel.bucket_mb=0.05 > '$logs/resume_int8_ef.log' 2>&1; r=\$?; grep -E 'ok:|FAIL|compared' '$logs/resume_int8_ef.log'; exit \$r"
 export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps=20 train.warmup_steps=4 $comm_arg"
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
+if [ "$n_gpus" -ge 2 ]; then
+  step "kill a rank of a tp2 + SP run with peer copies (parallel.tp_overlap=p2p): the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true parallel.tp_overlap=p2p' sh tests/e2e/test_kill_rank.sh > '$logs/kill_rank_p2p.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank_p2p.log'; exit \$r"
+fi
 # Optimizer state in host memory: both engines, fractions 1 and 0.5, against the on-GPU optimizer
 # over 20 steps within 2e-2 relative (the cpu engine's host arithmetic may round differently from
 # the GPU kernel's; a last-bit change of a master weight can flip a bf16 rounding of the compute
