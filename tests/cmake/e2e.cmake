@@ -53,6 +53,11 @@ if(TRAINER_HAVE_CUDA)
   add_test(NAME gpu_kill_rank COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_kill_rank.sh)
   set_tests_properties(gpu_kill_rank PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
+  # The same with tp2 + SP on peer copies (parallel.tp_overlap=p2p): the survivor waits on the GPU
+  # for copies that never come; 2 GPUs with peer access.
+  add_test(NAME gpu_kill_rank_p2p COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_kill_rank.sh)
+  set_tests_properties(gpu_kill_rank_p2p PROPERTIES LABELS gpu TIMEOUT 300 ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true parallel.tp_overlap=p2p")
   foreach(t ZERO GRADS TP2_SP PP2_VPP2_OVERLAP INT8_EF FP8_PGATHER)
     string(TOLOWER ${t} name)
     add_test(NAME gpu_resume_${name} COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_resume_layout.sh ${name} ${RESUME_${t}})
