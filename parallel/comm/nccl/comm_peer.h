@@ -14,7 +14,8 @@
 // moves what arrived into place: the gather's blocks into the buffer, the reduction as this
 // rank's block plus the peers' blocks in rank order (two ranks: the bits NCCL's sum gives).
 // Operations are numbered in the order every rank starts them, so the counters match without
-// any host exchange. One operation at a time between waits (the tp regions' pattern).
+// any host exchange. Up to four operations may be started before a wait, each with staging of its
+// own (the tp regions start one at a time).
 //
 // Every other call goes to the NCCL communicator it wraps, which it owns.
 #ifndef TRAINER_COMM_PEER_H
