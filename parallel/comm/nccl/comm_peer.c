@@ -12,6 +12,7 @@
 #include "kernels/base/mpi_check.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
+#include "parallel/comm/nccl/comm_nccl.h"
 
 // ---- primitives -------------------------------------------------------------------------------
 
@@ -348,9 +349,15 @@ static void peer_wait(comm *c) {
   p->n_pending = 0;
 }
 
+// A started gather or reduce-scatter completes on the compute stream (its wait puts the blocks in
+// place), so a drain with one pending waits for it there, bounded as NCCL's waits are.
 static void peer_drain(comm *c) {
   comm_peer *p = impl(c);
   p->inner->ops->drain(p->inner);
+  if (p->n_pending) {
+    peer_wait(c);
+    comm_nccl_wait(p->inner);
+  }
   CUDA_CHECK(cudaStreamSynchronize(p->copy));
 }
 
