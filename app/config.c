@@ -178,8 +178,9 @@ static const cfg_key cfg_keys[] = {
   CFG_FLOAT_IN(train, eps, optim.eps, 1e-30, 1, 1e-8, "AdamW denominator epsilon; > 0"),
   CFG_FLOAT_IN(train, grad_clip, optim.grad_clip, 0, 1e6, 1.0, "clip of the global gradient norm; 0 = off"),
   CFG_INT(train, skip_nonfinite, 0, 1000000000, 0,
-          "steps whose gradient norm is NaN or Inf that are skipped (no update, a warning each) before the "
-          "run stops; 0 = the first such step stops the run"),
+          "steps whose gradient norm is NaN or Inf, or whose update would make weights non-finite (each "
+          "update then tried first on copies), that are skipped (no update, a warning each) before the run "
+          "stops; 0 = the first such step stops the run"),
   CFG_U64(train, seed, 1234, "seed of the init and of the data order"),
   CFG_CHOICE(train, device, cfg_device, CFG_DEVICE_AUTO, "where ranks compute (auto: cuda when a GPU is visible)"),
   CFG_CHOICE(train, precision, cfg_precision, CFG_PRECISION_AUTO,

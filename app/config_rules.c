@@ -125,6 +125,7 @@ int cfg_validate(cfg *c, int world_size, char *err, size_t n_err) {
            t->steps);
   // The choice keys hold one of their words (cfg_load, cfg_check_ranges above).
   cfg_resolve_compress(c);
+  c->optim.check_update = t->skip_nonfinite > 0;
   CFG_RULE(t->device != CFG_DEVICE_CPU || (t->precision != CFG_PRECISION_TF32 && t->precision != CFG_PRECISION_BF16),
            "train.precision = %s with train.device = cpu: CPU ranks compute in fp32; set train.precision=fp32 (or "
            "auto), or train.device=cuda", cfg_precision_names[t->precision]);

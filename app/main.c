@@ -153,14 +153,15 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *fail_env = getenv("TRAINER_TEST_FAIL_IN_CKPT"),
              *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"), *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");
   const char *delay_env = getenv("TRAINER_TEST_CKPT_DELAY_S"), *huge_env = getenv("TRAINER_TEST_HUGE_GRAD_AT_STEP");
-  const char *nan_ckpt_env = getenv("TRAINER_TEST_NAN_IN_CKPT");
+  const char *nan_ckpt_env = getenv("TRAINER_TEST_NAN_IN_CKPT"), *inf_lr_env = getenv("TRAINER_TEST_INF_LR_AT_STEP");
   trainer_hooks hooks = {.ckpt = {.kill_after = kill_env ? atoi(kill_env) : -1,
                                   .fail_at = fail_env ? atoi(fail_env) : -1,
                                   .nan_in = nan_ckpt_env ? atoi(nan_ckpt_env) : -1,
                                   .delay_s = delay_env ? atof(delay_env) : 0},
                          .nan_at_step = nan_env ? atoll(nan_env) : 0,
                          .fp8_inf_at_step = inf_env ? atoll(inf_env) : 0,
-                         .huge_at_step = huge_env ? atoll(huge_env) : 0};
+                         .huge_at_step = huge_env ? atoll(huge_env) : 0,
+                         .inf_lr_at_step = inf_lr_env ? atoll(inf_lr_env) : 0};
   int rc = trainer_run(&c, &f.g, f.be, &hooks);
   factory_free(&f);
   return rc;

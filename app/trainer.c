@@ -257,7 +257,8 @@ trainer_step_result trainer_step(trainer *t) {
   // Less the optimizer's host update run inside forward (optimizer.offload_layer_wait; timing.h),
   // and what forward and backward waited for of sharded data parallelism (log.time_dp).
   s->tm.compute = timing_now(be) - t_data - s->tm.pp_comm - s->tm.tp_comm - s->tm.optimizer - s->tm.dp_comm;
-  r.grad_norm = opt_step(&t->o, r.lr, t->step + 1);
+  const float lr = t->step + 1 == t->hooks.inf_lr_at_step ? INFINITY : r.lr;  // TRAINER_TEST_INF_LR_AT_STEP
+  r.grad_norm = opt_step(&t->o, lr, t->step + 1);
   be->sync(be);
   r.loss = trainer_world_loss(t, local) / t->tokens_per_step;
   t->step++;
@@ -375,7 +376,11 @@ static int trainer_fail(const trainer *t, const char *what, const char *msg) {
 
 // Collective. Why the step's update was refused: an FP8 amax (named) or the gradient norm.
 static void trainer_refusal_cause(trainer *t, double grad_norm, char *buf, size_t n_buf) {
-  if (!model_fp8_describe_nonfinite(&t->m, buf, n_buf)) snprintf(buf, n_buf, "the gradient norm is %g", grad_norm);
+  if (t->o.update_refused)
+    snprintf(buf, n_buf, "the update, tried first on copies of the optimizer's state, would have made weights or "
+             "moments non-finite");
+  else if (!model_fp8_describe_nonfinite(&t->m, buf, n_buf))
+    snprintf(buf, n_buf, "the gradient norm is %g", grad_norm);
 }
 
 int trainer_run(const cfg *c, grid *g, k_backend *be, const trainer_hooks *hooks) {

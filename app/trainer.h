@@ -28,12 +28,15 @@
 // (TRAINER_TEST_FP8_INF_AT_STEP, train.precision=fp8); 0 = never. Every checkpoint write takes
 // ckpt.delay_s seconds longer, signals or not, as a slow file system would
 // (TRAINER_TEST_CKPT_DELAY_S); 0 = no delay. The gradient of step huge_at_step is 1e30 times
-// larger, finite (TRAINER_TEST_HUGE_GRAD_AT_STEP); 0 = never.
+// larger, finite (TRAINER_TEST_HUGE_GRAD_AT_STEP); 0 = never. The update of step inf_lr_at_step
+// runs with an infinite learning rate, so it would make the weights non-finite from finite
+// gradients (TRAINER_TEST_INF_LR_AT_STEP); 0 = never.
 typedef struct trainer_hooks {
   ckpt_faults ckpt;
   int64_t nan_at_step;
   int64_t fp8_inf_at_step;
   int64_t huge_at_step;
+  int64_t inf_lr_at_step;
 } trainer_hooks;
 
 // One step's token ids, host and backend copies.

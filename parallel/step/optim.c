@@ -149,6 +149,12 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   else opt_device_engine_init(o);
   opt_engine_fill(&o->engine);
   opt_state_alloc(o);
+  // train.skip_nonfinite: the update's trial buffer (opt_update_finite), blocks of at most
+  // OPT_TRIAL_MAX elements of the weights, both moments and the gradient.
+  if (oc->check_update) {
+    o->trial_n = o->shard_n < OPT_TRIAL_MAX ? (o->shard_n > 0 ? o->shard_n : 1) : OPT_TRIAL_MAX;
+    o->trial = be->alloc(be, 4 * (size_t)o->trial_n * sizeof(float));
+  }
   if (m->weights_in_optimizer) {
     weight_shard_init(o, oc->shard_prefetch > 0 ? oc->shard_prefetch : 1, oc->reshard_after_forward);
     m->weights_needed = opt_on_weights_needed;
@@ -193,6 +199,7 @@ void opt_free(opt_state *o) {
   weight_shard_free(&o->ws, be);
   param_gather_free(&o->pg);
   if (o->norm_pack) be->free(be, o->norm_pack);
+  if (o->trial) be->free(be, o->trial);
   opt_layout_free(o);
   free(o->t_group);
   free(o->t_count);
@@ -298,6 +305,61 @@ static double opt_grad_norm(opt_state *o, const float *grad, float *g_scale) {
   return norm;
 }
 
+// cfg.check_update: the step's update tried on copies, a block of this rank's update ranges at a
+// time: the master weights, moments and gradient of the ranges packed into the trial buffer, the
+// same adamw_ranges run there, and the sums of squares of the new weights and of the new moments
+// read. 1 when every rank's are finite and the weights' norm (a bound on each) stays below bf16's
+// largest value, which the compute copy must hold. The same arithmetic as the update itself
+// (AdamW is elementwise), so it says exactly whether the update would make a value non-finite.
+// One block of the trial: the n packed ranges (used elements) updated in the trial buffer. 1 when
+// a new weight or moment is non-finite or the weights' norm reaches bf16's largest value.
+static int opt_trial_block(opt_state *o, const k_range *packed, int n, int64_t used, const opt_hparams *h) {
+  k_backend *be = o->m->be;
+  const opt_config *hp = &o->cfg;
+  const int64_t cap = o->trial_n;
+  float *tp = o->trial;
+  be->adamw_ranges(be, tp, NULL, be->act, tp + 3 * cap, tp + cap, tp + 2 * cap, packed, n, h->lr, hp->beta1, hp->beta2,
+                   hp->eps, hp->weight_decay, h->bc1, h->bc2, h->g_scale);
+  const k_range w = {.offset = 0, .n_elem = used};
+  const k_range mv[2] = {{.offset = cap, .n_elem = used}, {.offset = 2 * cap, .n_elem = used}};
+  const double sp = be->sumsq_ranges(be, tp, &w, 1), smv = be->sumsq_ranges(be, tp, mv, 2);
+  return !isfinite(sp) || !isfinite(smv) || sqrt(sp) >= 3.38e38;
+}
+
+static int opt_update_finite(opt_state *o, const float *grad, const opt_hparams *h) {
+  model *m = o->m;
+  k_backend *be = m->be;
+  const int64_t cap = o->trial_n;
+  float *tp = o->trial, *tm = tp + cap, *tv = tm + cap, *tg = tv + cap;
+  k_range *packed = XMALLOC(sizeof *packed * (size_t)(o->n_upd_ranges + 1));
+  double bad = 0;
+  int n = 0;
+  int64_t used = 0;
+  for (int i = 0; i < o->n_upd_ranges; i++) {
+    const k_range *r = &o->upd_ranges[i];
+    for (int64_t at = 0; at < r->n_elem;) {
+      if (used == cap) {
+        bad += opt_trial_block(o, packed, n, used, h);
+        n = 0, used = 0;
+      }
+      const int64_t len = r->n_elem - at < cap - used ? r->n_elem - at : cap - used, off = r->offset + at;
+      const size_t bytes = (size_t)len * sizeof(float);
+      be->copy(be, tp + used, m->master_in_optimizer ? opt_state_at(o, OPT_MASTER, off) : m->params + r->p_offset + at,
+               bytes);
+      be->copy(be, tm + used, opt_state_at(o, OPT_EXP_AVG, off), bytes);
+      be->copy(be, tv + used, opt_state_at(o, OPT_EXP_AVG_SQ, off), bytes);
+      be->copy(be, tg + used, grad + off, bytes);
+      packed[n++] = (k_range){.offset = used, .n_elem = len, .decay = r->decay, .p_offset = used};
+      used += len, at += len;
+    }
+  }
+  if (used) bad += opt_trial_block(o, packed, n, used, h);
+  free(packed);
+  comm *world = o->g->world;
+  world->ops->all_reduce(world, &bad, 1, COMM_F64, COMM_SUM);
+  return bad == 0;
+}
+
 // A NaN or Inf anywhere in the gradient or an FP8 amax: no update, so the weights, moments and
 // FP8 scaling state stay finite (the caller stops the run or skips the step, and
 // model_fp8_describe_nonfinite names an amax's tensor). The norm is the same on every rank.
@@ -343,14 +405,13 @@ double opt_step(opt_state *o, float lr, int64_t t) {
   const float *grad = o->zero ? o->grad_shard : m->grads;  // indexed by shard offset
   o->engine.begin(o, grad);
   float g_scale;
-  const double norm = opt_grad_norm(o, grad, &g_scale);
-  if (isfinite(norm)) {
-    const opt_config *hp = &o->cfg;
-    const opt_hparams h = {lr, 1.0f - powf(hp->beta1, (float)t), 1.0f - powf(hp->beta2, (float)t), g_scale};
-    opt_update(o, grad, &h);
-  } else {
-    opt_skip_update(o);
-  }
+  double norm = opt_grad_norm(o, grad, &g_scale);
+  const opt_config *hp = &o->cfg;
+  const opt_hparams h = {lr, 1.0f - powf(hp->beta1, (float)t), 1.0f - powf(hp->beta2, (float)t), g_scale};
+  o->update_refused = isfinite(norm) && hp->check_update && !opt_update_finite(o, grad, &h);
+  if (o->update_refused) norm = NAN;
+  if (isfinite(norm)) opt_update(o, grad, &h);
+  else opt_skip_update(o);
   trace_pop_range();
   if (o->timing) {
     o->timing->dp_comm += t1 - t0;

@@ -56,7 +56,9 @@ float opt_lr_at(const opt_config *oc, int64_t steps, int64_t step);
 // zeroed and the non-finite norm is returned. So too (NaN) when any rank's FP8 casts saw a
 // non-finite amax this step (model_fp8_count_nonfinite), whose amaxes are then dropped. So too (Inf)
 // when the norm after clipping exceeds 1e19 (without train.grad_clip): an element's square would
-// overflow Adam's fp32 second moment.
+// overflow Adam's fp32 second moment. With cfg.check_update, so too (NaN, and o->update_refused
+// set) when the update, tried first on copies of the state, would leave a master weight or moment
+// non-finite or the weights' norm beyond bf16's range.
 double opt_step(opt_state *o, float lr, int64_t t);
 // Collective. Completes an update that offload_delay left in flight: joins it and puts its
 // weights in place (compute copy, gathered over dp with ZeRO, and the norms), as a step would;

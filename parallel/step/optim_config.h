@@ -39,6 +39,8 @@ typedef struct opt_config {
   int offload_delay;          // 1: step k's host update runs during step k + 1 (offload_update=cpu)
   int offload_layer_wait;     // bool: the cpu engine's update finishes in the next forward, layer by layer
   int fp8_param_gather;       // bool, fp8.param_gather: ZeRO gathers FP8 weights as codes (param_gather.h)
+  int check_update;           // bool, train.skip_nonfinite > 0: each update is first tried on copies of the state and
+                              // refused where it would leave a weight or moment non-finite (optim.c)
 } opt_config;
 
 #endif

@@ -77,6 +77,7 @@ typedef struct opt_hook {
 } opt_hook;
 
 enum { OPT_MAX_HOOKS = 4 };
+enum { OPT_TRIAL_MAX = 1 << 24 };  // elements of a block of the update's trial (cfg.check_update)
 
 // Which part of this rank's optimizer state (opt_state_at).
 typedef enum opt_state_part { OPT_MASTER, OPT_EXP_AVG, OPT_EXP_AVG_SQ } opt_state_part;
@@ -113,6 +114,9 @@ struct opt_state {
   struct grad_compress *gc;  // parallel.grad_compress (dp > 1): grad_compress.h; NULL = fp32
   struct param_gather *pg;  // fp8.param_gather (ZeRO, FP8): param_gather.h; NULL = the compute copy gathered
   float *norm_pack;         // (norm_pack_n) ZeRO with a separate compute copy: see opt_share_norms (optim.c)
+  float *trial;             // cfg.check_update: 4 x trial_n floats, the update tried on copies (optim.c); else NULL
+  int64_t trial_n;
+  int update_refused;       // the last opt_step refused an update that would have left non-finite values
   int64_t norm_pack_n;      // elements of all norm tensors
   step_timing *timing;      // gradient-sync and update time are added here; NULL = not timed
   int time_waits;           // log.time_dp: also the waits of forward and backward for sharded gradients' and

@@ -59,6 +59,12 @@ if(TRAINER_HAVE_CUDA)
   set_tests_properties(gpu_tp_overlap PROPERTIES LABELS gpu ENVIRONMENT
                        "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda;PRECISIONS=default fp8")
 
+  # Non-finite gradients, FP8 amaxes and updates on GPUs: stopped or skipped, every checkpoint finite,
+  # a refused update bitwise a NaN gradient's skip (the update's trial on the backend's copies).
+  add_test(NAME gpu_nonfinite COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_nonfinite.sh)
+  set_tests_properties(gpu_nonfinite PROPERTIES LABELS gpu ENVIRONMENT
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda")
+
   # parallel.shard=weights: the update beside the next forward against the update before it, bitwise.
   add_test(NAME gpu_update_overlap COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_update_overlap.sh)
   set_tests_properties(gpu_update_overlap PROPERTIES LABELS gpu ENVIRONMENT

@@ -3,7 +3,8 @@
 # made NaN (the TRAINER_TEST_NAN_AT_STEP hook); the run stops at that step with one line, and
 # every checkpoint it wrote holds only finite values. With train.skip_nonfinite=1 the step is
 # skipped with a warning and the run finishes, on one rank and under dp2 with ZeRO. The same for a
-# non-finite FP8 amax (the TRAINER_TEST_FP8_INF_AT_STEP hook), naming the tensor.
+# non-finite FP8 amax (the TRAINER_TEST_FP8_INF_AT_STEP hook), naming the tensor, and for an update
+# that would make the weights non-finite from a finite gradient (TRAINER_TEST_INF_LR_AT_STEP).
 . "$(dirname "$0")/lib.sh"
 make_corpus
 PY=$(numpy_python) || { echo "numpy and h5py are needed (scripts/setup/setup.sh)"; exit 1; }
@@ -65,6 +66,39 @@ done
   > "$WORK/cmp" 2>&1 && pass "skipped step 4 left the weights of step 3" || { fail "weights changed at step 4"; cat "$WORK/cmp"; }
 grep -q '"step": 4, .*"grad_norm": null.*"skipped": true' "$WORK/skip_np1/metrics.jsonl" \
   && pass "metrics mark step 4 skipped" || fail "metrics of step 4: $(grep '"step": 4' "$WORK/skip_np1/metrics.jsonl")"
+
+# A finite gradient whose update would make the weights non-finite (the TRAINER_TEST_INF_LR_AT_STEP
+# hook: that step's learning rate is Inf). With train.skip_nonfinite the update is tried on copies
+# of the state first and refused: the step is skipped as a NaN gradient's is, so the run's final
+# checkpoint is bitwise the one of a run whose step 4 had a NaN gradient (1 rank; dp2 with the
+# weights sharded, whose trial runs on each rank's part). Once the skips are spent (a NaN gradient
+# at step 2 spends the one allowed) the refusal stops the run, naming the update.
+for layout in "1" "2 parallel.dp=2 parallel.shard=weights"; do
+  set -- $layout
+  np=$1; shift
+  name=upd_skip_np$np
+  if TRAINER_TEST_INF_LR_AT_STEP=4 run "$name" "$np" checkpoint.every=6 train.skip_nonfinite=1 "$@"; then
+    pass "$name: the run finishes"
+  else
+    fail "$name: exit $?"; cat "$WORK/$name/log"
+  fi
+  grep -q "warning: step 4: the update, tried first on copies of the optimizer's state, would have made weights or moments non-finite: update skipped (1 of train.skip_nonfinite = 1)" \
+    "$WORK/$name/log" && pass "$name: one warning naming the update" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
+  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+  TRAINER_TEST_NAN_AT_STEP=4 run "nan_$name" "$np" checkpoint.every=6 train.skip_nonfinite=1 "$@" \
+    || fail "nan_$name: exit $?"
+  "$BUILD/ckpt_compare" "$WORK/$name/ckpt/ckpt_00000006.h5" "$WORK/nan_$name/ckpt/ckpt_00000006.h5" --rtol 0 --prefix "" \
+    > "$WORK/cmp" 2>&1 && pass "$name: final checkpoint bitwise that of a NaN gradient's skip" \
+    || { fail "$name: the refused update left a trace"; cat "$WORK/cmp"; }
+done
+name=upd_stop
+set +e
+TRAINER_TEST_NAN_AT_STEP=2 TRAINER_TEST_INF_LR_AT_STEP=4 run "$name" 1 checkpoint.every=1 checkpoint.keep=0 \
+  train.skip_nonfinite=1
+status=$?
+set -e
+check_stopped "$name" "$status" \
+  "error: step 4: the update, tried first on copies of the optimizer's state, would have made weights or moments non-finite, so the update was refused.*weights of step 3"
 
 # FP8 (train.precision=fp8): an Inf amax (the TRAINER_TEST_FP8_INF_AT_STEP hook; the input of the
 # first FP8 projection, layer 0's fused QKV) refuses the update like a non-finite gradient: the
