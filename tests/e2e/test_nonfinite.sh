@@ -39,6 +39,18 @@ check_stopped() {
   all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
 }
 
+# A run that skipped step 4 (the caller sets the hook): it finishes, warns once with $2 as the
+# cause, and every checkpoint is finite. skipped NAME CAUSE NP ARGS...
+skipped() {
+  name=$1 cause=$2 np=$3
+  shift 3
+  if run "$name" "$np" train.skip_nonfinite=1 "$@"; then pass "$name: the run finishes"; else
+    fail "$name: exit $?"; cat "$WORK/$name/log"; fi
+  grep -q "warning: step 4: $cause: update skipped (1 of train.skip_nonfinite = 1)" "$WORK/$name/log" \
+    && pass "$name: one warning" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
+  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+}
+
 for layout in "1" "2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0.01"; do
   set -- $layout
   np=$1; shift
@@ -49,16 +61,8 @@ for layout in "1" "2 parallel.dp=2 parallel.shard=optimizer parallel.bucket_mb=0
   set -e
   check_stopped "$name" "$status" "error: step 4: the gradient norm is nan.*weights of step 3.*lower train.lr or check the data"
 
-  name=skip_np$np
-  if TRAINER_TEST_NAN_AT_STEP=4 run "$name" "$np" checkpoint.every=1 checkpoint.keep=0 train.skip_nonfinite=1 "$@"; then
-    pass "$name: the run finishes"
-  else
-    fail "$name: exit $?"; cat "$WORK/$name/log"
-  fi
-  grep -q "warning: step 4: the gradient norm is nan: update skipped (1 of train.skip_nonfinite = 1)" \
-    "$WORK/$name/log" && pass "$name: one warning" || fail "$name: no warning"
-  [ -f "$WORK/$name/ckpt/ckpt_00000006.h5" ] && pass "$name: checkpoint of step 6" || fail "$name: no final checkpoint"
-  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+  TRAINER_TEST_NAN_AT_STEP=4 skipped "skip_np$np" "the gradient norm is nan" "$np" checkpoint.every=1 checkpoint.keep=0 "$@"
+  [ -f "$WORK/skip_np$np/ckpt/ckpt_00000006.h5" ] && pass "skip_np$np: checkpoint of step 6" || fail "skip_np$np: no final checkpoint"
 done
 
 # The skipped step left the weights as they were: checkpoints 3 and 4 hold the same weights.
@@ -77,14 +81,9 @@ for layout in "1" "2 parallel.dp=2 parallel.shard=weights"; do
   set -- $layout
   np=$1; shift
   name=upd_skip_np$np
-  if TRAINER_TEST_INF_LR_AT_STEP=4 run "$name" "$np" checkpoint.every=6 train.skip_nonfinite=1 "$@"; then
-    pass "$name: the run finishes"
-  else
-    fail "$name: exit $?"; cat "$WORK/$name/log"
-  fi
-  grep -q "warning: step 4: the update, tried first on copies of the optimizer's state, would have made weights or moments non-finite: update skipped (1 of train.skip_nonfinite = 1)" \
-    "$WORK/$name/log" && pass "$name: one warning naming the update" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
-  all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+  TRAINER_TEST_INF_LR_AT_STEP=4 skipped "$name" \
+    "the update, tried first on copies of the optimizer's state, would have made weights or moments non-finite" \
+    "$np" checkpoint.every=6 "$@"
   TRAINER_TEST_NAN_AT_STEP=4 run "nan_$name" "$np" checkpoint.every=6 train.skip_nonfinite=1 "$@" \
     || fail "nan_$name: exit $?"
   "$BUILD/ckpt_compare" "$WORK/$name/ckpt/ckpt_00000006.h5" "$WORK/nan_$name/ckpt/ckpt_00000006.h5" --rtol 0 --prefix "" \
@@ -113,15 +112,8 @@ check_stopped "$name" "$status" \
   "error: step 4: the FP8 amax of layer 0's QKV projection input is inf, so the update was refused.*weights of step 3.*train.precision=bf16"
 
 name=fp8_skip_tp2
-if TRAINER_TEST_FP8_INF_AT_STEP=4 run "$name" 2 checkpoint.every=1 checkpoint.keep=0 train.skip_nonfinite=1 \
-  train.precision=fp8 parallel.tp=2; then
-  pass "$name: the run finishes"
-else
-  fail "$name: exit $?"; cat "$WORK/$name/log"
-fi
-grep -q "warning: step 4: the FP8 amax of layer 0's QKV projection input is inf: update skipped (1 of train.skip_nonfinite = 1)" \
-  "$WORK/$name/log" && pass "$name: one warning" || { fail "$name: no warning"; cat "$WORK/$name/log"; }
-all_finite "$name" && pass "$name: every checkpoint is finite" || fail "$name: a checkpoint holds NaN or Inf"
+TRAINER_TEST_FP8_INF_AT_STEP=4 skipped "$name" "the FP8 amax of layer 0's QKV projection input is inf" 2 \
+  checkpoint.every=1 checkpoint.keep=0 train.precision=fp8 parallel.tp=2
 "$BUILD/ckpt_compare" "$WORK/$name/ckpt/ckpt_00000003.h5" "$WORK/$name/ckpt/ckpt_00000004.h5" --rtol 0 \
   > "$WORK/cmp" 2>&1 && pass "$name: skipped step 4 left the weights of step 3" || { fail "$name: weights changed"; cat "$WORK/cmp"; }
 
