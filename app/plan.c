@@ -227,8 +227,7 @@ static plan_mem plan_rank_mem(const cfg *c, int pr, int tr) {
     r.w = act_bytes * ((oc->offload ? n / parts : 0.0) + slots * (double)(group > tied ? group : tied)) + 4.0 * dev_share;
   r.adam = 8.0 * n / parts * dev_frac;
   // train.skip_nonfinite: the update's trial, four arrays of a block of this rank's shard (optim.c).
-  const double shard = n / parts;
-  if (c->train.skip_nonfinite > 0) r.adam += 16.0 * (shard < OPT_TRIAL_MAX ? (shard > 1 ? shard : 1) : OPT_TRIAL_MAX);
+  if (c->train.skip_nonfinite > 0) r.adam += 16.0 * (double)opt_trial_elems((int64_t)(n / parts));
   r.host = plan_host_bytes(c, r.n);
   // parallel.pp_comm_bf16: a bf16 staging buffer per transfer of a group, or with pp_overlap
   // two per activation set in flight (parallel/step/pp_exec.c).

@@ -12,12 +12,16 @@ static int gathers(const tp_region *r) { return r->sp && r->c->size > 1; }
 
 int64_t tp_own_row(const tp_region *r) { return gathers(r) ? r->c->rank * r->rows_s : 0; }
 
-// parallel.tp_overlap=none: the compute queued next waits for the collective just started.
-static void serial_wait(const tp_region *r) {
-  if (!r->serial) return;
+// The compute queued next waits for the collectives started, timed.
+static void timed_wait(const tp_region *r) {
   double t0 = start(r);
   r->c->ops->wait(r->c);
   stop(r, t0);
+}
+
+// parallel.tp_overlap=none: the compute queued next waits for the collective just started.
+static void serial_wait(const tp_region *r) {
+  if (r->serial) timed_wait(r);
 }
 
 void tp_gather_start(const tp_region *r, void *x, int d, k_dtype t) {
@@ -28,10 +32,7 @@ void tp_gather_start(const tp_region *r, void *x, int d, k_dtype t) {
 }
 
 void tp_gather_finish(const tp_region *r) {
-  if (!gathers(r)) return;
-  double t0 = start(r);
-  r->c->ops->wait(r->c);
-  stop(r, t0);
+  if (gathers(r)) timed_wait(r);
 }
 
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d) {

@@ -152,7 +152,7 @@ void opt_init(opt_state *o, model *m, grid *g, const opt_config *oc, int n_micro
   // train.skip_nonfinite: the update's trial buffer (opt_update_finite), blocks of at most
   // OPT_TRIAL_MAX elements of the weights, both moments and the gradient.
   if (oc->check_update) {
-    o->trial_n = o->shard_n < OPT_TRIAL_MAX ? (o->shard_n > 0 ? o->shard_n : 1) : OPT_TRIAL_MAX;
+    o->trial_n = opt_trial_elems(o->shard_n);
     o->trial = be->alloc(be, 4 * (size_t)o->trial_n * sizeof(float));
   }
   if (m->weights_in_optimizer) {

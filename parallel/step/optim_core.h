@@ -78,6 +78,11 @@ typedef struct opt_hook {
 
 enum { OPT_MAX_HOOKS = 4 };
 enum { OPT_TRIAL_MAX = 1 << 24 };  // elements of a block of the update's trial (cfg.check_update)
+// The trial's block for a shard of shard_n elements: the whole shard up to OPT_TRIAL_MAX (its
+// buffer holds four arrays of it: weights, both moments, gradient).
+static inline int64_t opt_trial_elems(int64_t shard_n) {
+  return shard_n < OPT_TRIAL_MAX ? (shard_n > 0 ? shard_n : 1) : OPT_TRIAL_MAX;
+}
 
 // Which part of this rank's optimizer state (opt_state_at).
 typedef enum opt_state_part { OPT_MASTER, OPT_EXP_AVG, OPT_EXP_AVG_SQ } opt_state_part;

@@ -78,6 +78,14 @@ void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
   return o->part_pc ? (char *)o->part_pc + k->shard_off * act_bytes : NULL;
 }
 
+// Room for the range lists: one range per tensor a bucket overlaps (a tensor cut by bucket
+// boundaries counts in each), and one spare.
+static int opt_ranges_cap(const opt_state *o) {
+  int cap = 1;
+  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  return cap;
+}
+
 // Each tensor's piece in each of this rank's bucket parts, in flat order: offset in the shard,
 // p_offset in the flat buffer. All of them are updated; those this rank counts are in the
 // gradient norm. Each element is counted once over the world: tp-replicated tensors by tp rank
@@ -90,8 +98,7 @@ void *opt_part_pc(const opt_state *o, const opt_bucket *k) {
 // the elements of them this rank updates, with offset in the pack and p_offset flat.
 static void opt_build_ranges(opt_state *o) {
   const model *m = o->m;
-  int cap = 1;
-  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  const int cap = opt_ranges_cap(o);
   o->norm_ranges = XCALLOC(cap, sizeof(k_range));
   o->upd_ranges = XCALLOC(cap, sizeof(k_range));
   o->norm_own = XCALLOC(cap, sizeof(k_range));
@@ -146,8 +153,7 @@ static void opt_build_ranges(opt_state *o) {
 // tensor's t->p points there).
 static void opt_build_part_ranges(opt_state *o) {
   const model *m = o->m;
-  int cap = 1;
-  for (int b = 0; b < o->n_buckets; b++) cap += o->buckets[b].t_hi - o->buckets[b].t_lo;
+  const int cap = opt_ranges_cap(o);
   o->part_ranges = XCALLOC(cap, sizeof(k_range));
   o->master_norms = XCALLOC(cap, sizeof(k_range));
   o->part_first = XCALLOC(o->n_buckets + 1, sizeof(int));
