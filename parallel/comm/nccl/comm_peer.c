@@ -122,37 +122,35 @@ static int peer_probe(MPI_Comm mpi, int rank, int size, char *why, size_t n_why)
 }
 
 int comm_peer_possible(MPI_Comm mpi, char *why, size_t n_why) {
-  int rank = 0, size = 0, dev = 0;
+  int rank = 0, size = 0, dev = 0, node_size = 0;
   MPI_CHECK(MPI_Comm_rank(mpi, &rank));
   MPI_CHECK(MPI_Comm_size(mpi, &size));
   CUDA_CHECK(cudaGetDevice(&dev));
-  // Ranks on other hosts cannot map each other's memory: compare host names first.
-  char host[MPI_MAX_PROCESSOR_NAME] = {0}, *hosts = XCALLOC((size_t)size, MPI_MAX_PROCESSOR_NAME);
-  int len = 0;
-  MPI_CHECK(MPI_Get_processor_name(host, &len));
-  MPI_CHECK(MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, mpi));
+  // Ranks on other nodes cannot map each other's memory: the group must share one node, as MPI
+  // sees nodes (MPI_COMM_TYPE_SHARED, the project's notion of a node: launch.c, comm_nccl.c).
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_size(node, &node_size));
+  MPI_CHECK(MPI_Comm_free(&node));
   int *devs = XCALLOC((size_t)size, sizeof *devs);
   MPI_CHECK(MPI_Allgather(&dev, 1, MPI_INT, devs, 1, MPI_INT, mpi));
-  int bad = -1;  // the first rank this one cannot reach
-  for (int i = 0; i < size && bad < 0; i++) {
-    if (i == rank) continue;
-    int can = 0;
-    if (!strcmp(hosts + (size_t)i * MPI_MAX_PROCESSOR_NAME, host) && devs[i] != dev)
-      CUDA_CHECK(cudaDeviceCanAccessPeer(&can, dev, devs[i]));
-    if (!can) bad = i;
-  }
   char mine[256] = "";
-  if (bad >= 0)
-    snprintf(mine, sizeof mine, "rank %d (GPU %d on %s) cannot access the memory of rank %d (GPU %d on %s)", rank, dev,
-             host, bad, devs[bad], hosts + (size_t)bad * MPI_MAX_PROCESSOR_NAME);
-  int all_ok = bad < 0, ok = 0;
+  if (node_size < size)
+    snprintf(mine, sizeof mine, "the group's %d ranks span nodes (rank %d shares its node with %d of them)", size, rank,
+             node_size);
+  for (int i = 0; i < size && !mine[0]; i++) {
+    int can = 0;
+    if (i != rank && devs[i] != dev) CUDA_CHECK(cudaDeviceCanAccessPeer(&can, dev, devs[i]));
+    if (i != rank && !can)
+      snprintf(mine, sizeof mine, "rank %d (GPU %d) cannot access the memory of rank %d (GPU %d)", rank, dev, i, devs[i]);
+  }
+  int all_ok = !mine[0], ok = 0;
   MPI_CHECK(MPI_Allreduce(&all_ok, &ok, 1, MPI_INT, MPI_MIN, mpi));
   if (ok) {
     all_ok = peer_probe(mpi, rank, size, mine, sizeof mine);
     MPI_CHECK(MPI_Allreduce(&all_ok, &ok, 1, MPI_INT, MPI_MIN, mpi));
   }
   if (!ok && why) snprintf(why, n_why, "%s", mine[0] ? mine : "another rank of the group cannot reach a peer's memory");
-  free(hosts);
   free(devs);
   return ok;
 }
