@@ -1,6 +1,7 @@
 // Checkpoint glue (see run_ckpt.h). Host staging buffers make it backend-independent.
 #include "app/run_ckpt.h"
 #include "kernels/base/check.h"
+#include "kernels/base/mpi_check.h"
 #include "model/format/ckpt.h"
 #include "model/fp8.h"
 #include "model/format/hf.h"
@@ -22,46 +23,165 @@ static int is_root(const model *m) { return m->tp_rank == 0 && m->dp_rank == 0 &
 
 static int section_entries(const model_config *mc) { return 1 + 9 * mc->n_layers + 1 + (mc->tie_embeddings ? 0 : 1); }
 
-// Appends one section at list[*n]: every tensor of the whole model under prefix, identical names
-// and shapes on every rank; blocks this rank does not hold have count 0. host is a flat host
-// buffer. per_dp: a leading dimension of dp, this rank's row at dp_rank, written by every dp
-// replica (state that differs between them); otherwise dp rank 0 writes.
-static void add_section(const model *m, const char *prefix, float *host, int per_dp, ckpt_tensor *list, int *n) {
-  const model_config *mc = &m->cfg;
-  const int lead = per_dp ? 1 : 0;
-  for (int k = 0; k < MODEL_N_KINDS; k++) {
-    if (k == MODEL_LM_HEAD && mc->tie_embeddings) continue;
-    int n_layers = model_specs[k].per_layer ? mc->n_layers : 1;
-    for (int l = 0; l < n_layers; l++) {
-      int layer = model_specs[k].per_layer ? l : -1;
-      ckpt_tensor *t = &list[(*n)++];
-      int64_t full[2];
-      t->ndim = model_full_shape(mc, (model_kind)k, full) + lead;
-      if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%d.%s", prefix, l, model_specs[k].name);
-      else snprintf(t->name, sizeof t->name, "%s%s", prefix, model_specs[k].name);
-      const model_tensor *mt = find_tensor(m, (model_kind)k, layer);
-      if (per_dp) t->full[0] = m->dp, t->start[0] = m->dp_rank, t->count[0] = mt ? 1 : 0;
-      for (int dd = lead; dd < t->ndim; dd++) {
-        t->full[dd] = full[dd - lead];
-        t->start[dd] = mt ? mt->start[dd - lead] : 0;
-        t->count[dd] = mt ? mt->count[dd - lead] : 0;
+// With the optimizer sharded over dp (opt_sharded) each rank saves and loads only its shard: the
+// master weights and moments of its part of every bucket, so no rank gathers the others' parts
+// (the 7B's 81 GB on every rank of a dp4 host) and each part is written once, by its own rank.
+// A tensor's elements in the shard are flat runs (opt_shard_ranges); each run is one to three
+// row-aligned blocks of the tensor (a partial first row, whole rows, a partial last row), each
+// one more entry of the dataset (ckpt.h: a name may repeat). Every rank passes the same list, so
+// each tensor gets the most entries any rank needs, the ones a rank does not need empty.
+typedef struct ckpt_shards {
+  int *n_blocks;  // (section_entries) entries of each tensor of the whole model, the most over the ranks
+  int per_section;
+} ckpt_shards;
+
+// Appends at out (NULL: counts only) the blocks of tensor mt in this rank's shard, whose host copy
+// is host (shard order); returns how many. Each block keeps mt's ndim and full shape.
+static int shard_blocks(const opt_state *o, const model_tensor *mt, float *host, int write, ckpt_tensor *out) {
+  int n_ranges, n = 0;
+  const k_range *r = opt_shard_ranges(o, &n_ranges);
+  CHECK(mt->ndim == 1 || mt->ndim == 2, "checkpoint: tensor '%s' has %d dimensions, expected 1 or 2", mt->name,
+        mt->ndim);
+  const int64_t cols = mt->ndim == 2 ? mt->count[1] : mt->n_elem;
+  for (int k = 0; k < n_ranges; k++) {
+    if (r[k].p_offset < mt->offset || r[k].p_offset >= mt->offset + mt->n_elem) continue;
+    const int64_t a = r[k].p_offset - mt->offset, b = a + r[k].n_elem;
+    for (int64_t i = a; i < b; n++) {
+      const int64_t row = i / cols, col = i % cols;
+      const int64_t len = col != 0 || b - i < cols ? (cols - col < b - i ? cols - col : b - i) : (b - i) / cols * cols;
+      if (out) {
+        ckpt_tensor *t = &out[n];
+        if (mt->ndim == 1) {
+          t->start[0] = mt->start[0] + i, t->count[0] = len;
+        } else {
+          t->start[0] = mt->start[0] + row, t->count[0] = len < cols ? 1 : len / cols;
+          t->start[1] = mt->start[1] + col, t->count[1] = len < cols ? len : cols;
+        }
+        t->data = host + r[k].offset + (i - a);
+        t->write = write;
       }
-      t->data = mt ? host + mt->offset : NULL;
-      t->write = mt && (per_dp || m->dp_rank == 0) && (!mt->tp_replicated || m->tp_rank == 0);
+      i += len;
     }
   }
+  return n;
+}
+
+// Calls fn(m, k, layer, arg) for every tensor of the whole model in the checkpoint's order: one
+// kind after another, every layer of it (identical on every rank).
+static void each_tensor(const model *m, void (*fn)(const model *, model_kind, int, void *), void *arg) {
+  for (int k = 0; k < MODEL_N_KINDS; k++) {
+    if (k == MODEL_LM_HEAD && m->cfg.tie_embeddings) continue;
+    int n_layers = model_specs[k].per_layer ? m->cfg.n_layers : 1;
+    for (int l = 0; l < n_layers; l++) fn(m, (model_kind)k, model_specs[k].per_layer ? l : -1, arg);
+  }
+}
+
+typedef struct shard_count {
+  const opt_state *o;
+  int *n_blocks, e;
+} shard_count;
+
+static void count_tensor(const model *m, model_kind k, int layer, void *arg) {
+  shard_count *c = arg;
+  const model_tensor *mt = find_tensor(m, k, layer);
+  c->n_blocks[c->e++] = mt ? shard_blocks(c->o, mt, NULL, 0, NULL) : 0;
+}
+
+// Collective over the world: sh for this run, or sh->n_blocks NULL where the optimizer is not
+// sharded (each section then holds every rank's whole flat buffer, dp rank 0 writing).
+static void shards_init(ckpt_shards *sh, const model *m, const opt_state *o) {
+  *sh = (ckpt_shards){0};
+  if (!opt_sharded(o)) return;
+  const int n = section_entries(&m->cfg);
+  shard_count c = {.o = o, .n_blocks = XCALLOC((size_t)n, sizeof(int))};
+  each_tensor(m, count_tensor, &c);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.n_blocks, n, MPI_INT, MPI_MAX, o->g->world->mpi));
+  sh->n_blocks = c.n_blocks;
+  for (int i = 0; i < n; i++) sh->per_section += sh->n_blocks[i] > 0 ? sh->n_blocks[i] : 1;
+}
+
+static void shards_free(ckpt_shards *sh) {
+  free(sh->n_blocks);
+  sh->n_blocks = NULL;
+}
+
+// Elements of each section's host buffer: the shard, or the whole flat buffer.
+static int64_t section_elems(const model *m, const opt_state *o) {
+  return opt_sharded(o) ? opt_shard_elems(o) : m->n_params;
+}
+
+// Entries of one section.
+static int section_size(const model *m, const ckpt_shards *sh) {
+  return sh->n_blocks ? sh->per_section : section_entries(&m->cfg);
+}
+
+typedef struct section_add {
+  const opt_state *o;
+  const ckpt_shards *sh;  // NULL: the whole flat buffer (or per_dp)
+  const char *prefix;
+  float *host;
+  int per_dp, e;
+  ckpt_tensor *list;
+  int *n;
+} section_add;
+
+// One tensor's entries: its name and full shape, then its blocks (see add_section).
+static void add_tensor(const model *m, model_kind k, int layer, void *arg) {
+  section_add *a = arg;
+  const int lead = a->per_dp ? 1 : 0;
+  ckpt_tensor head = {0};
+  int64_t full[2];
+  head.ndim = model_full_shape(&m->cfg, k, full) + lead;
+  if (layer >= 0) snprintf(head.name, sizeof head.name, "%slayers.%d.%s", a->prefix, layer, model_specs[k].name);
+  else snprintf(head.name, sizeof head.name, "%s%s", a->prefix, model_specs[k].name);
+  if (a->per_dp) head.full[0] = m->dp;
+  for (int dd = lead; dd < head.ndim; dd++) head.full[dd] = full[dd - lead];
+  const model_tensor *mt = find_tensor(m, k, layer);
+  const int e = a->e++;
+  if (a->sh) {  // this rank's blocks, then empty ones up to the most any rank has
+    const int want = a->sh->n_blocks[e] > 0 ? a->sh->n_blocks[e] : 1;
+    for (int i = 0; i < want; i++) a->list[*a->n + i] = head;
+    int got = mt ? shard_blocks(a->o, mt, a->host, opt_shard_writes(a->o) && (!mt->tp_replicated || m->tp_rank == 0),
+                                &a->list[*a->n])
+                 : 0;
+    CHECK(got <= want, "checkpoint: tensor '%s' has %d blocks in this rank's shard, room for %d", head.name, got, want);
+    *a->n += want;
+    return;
+  }
+  ckpt_tensor *t = &a->list[(*a->n)++];
+  *t = head;
+  if (a->per_dp) t->start[0] = m->dp_rank, t->count[0] = mt ? 1 : 0;
+  for (int dd = lead; dd < t->ndim; dd++) {
+    t->start[dd] = mt ? mt->start[dd - lead] : 0;
+    t->count[dd] = mt ? mt->count[dd - lead] : 0;
+  }
+  t->data = mt ? a->host + mt->offset : NULL;
+  t->write = mt && (a->per_dp || m->dp_rank == 0) && (!mt->tp_replicated || m->tp_rank == 0);
+}
+
+// Appends one section at list[*n]: every tensor of the whole model under prefix, identical names
+// and shapes on every rank; blocks this rank does not hold have count 0. host is a host buffer:
+// this rank's shard where sh names one (sh->n_blocks), else its whole flat buffer. per_dp (whole
+// buffers only): a leading dimension of dp, this rank's row at dp_rank, written by every dp
+// replica (state that differs between them); otherwise dp rank 0 writes.
+static void add_section(const model *m, const opt_state *o, const ckpt_shards *sh, const char *prefix, float *host,
+                        int per_dp, ckpt_tensor *list, int *n) {
+  section_add a = {.o = o, .sh = sh && sh->n_blocks ? sh : NULL, .prefix = prefix, .host = host, .per_dp = per_dp,
+                   .list = list, .n = n};
+  each_tensor(m, add_tensor, &a);
 }
 
 // Entries besides the weights and moments: the FP8 state of every chunk and of the head, the residual.
 static int extra_entries(const model *m) { return 3 * m->vpp + 3 + section_entries(&m->cfg); }
 
-// The weights and both moments from host[3], flat host buffers. Room for n_extra more entries is
-// left at the end. Order: all layers of one kind after another would scatter a layer; sort is not
-// needed for correctness, only identical order on every rank, which add_section gives.
-static ckpt_tensor *build_list(const model *m, float *host[3], int n_extra, int *n_out) {
-  ckpt_tensor *list = XCALLOC((size_t)3 * section_entries(&m->cfg) + n_extra, sizeof(ckpt_tensor));
+// The weights and both moments from host[3] (section_elems each). Room for n_extra more entries
+// is left at the end. Order: all layers of one kind after another would scatter a layer; sort is
+// not needed for correctness, only identical order on every rank, which add_section gives.
+static ckpt_tensor *build_list(const model *m, const opt_state *o, const ckpt_shards *sh, float *host[3],
+                               int n_extra, int *n_out) {
+  ckpt_tensor *list = XCALLOC((size_t)3 * section_size(m, sh) + n_extra, sizeof(ckpt_tensor));
   int n = 0;
-  for (int s = 0; s < 3; s++) add_section(m, section_prefix[s], host[s], 0, list, &n);
+  for (int s = 0; s < 3; s++) add_section(m, o, sh, section_prefix[s], host[s], 0, list, &n);
   *n_out = n;
   return list;
 }
@@ -154,8 +274,8 @@ static void fp8_from_host(model *m, const fp8_host *h, int64_t step) {
   f->have_history = step > 0;
 }
 
-static void alloc_host(const model *m, float *host[3]) {
-  for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)m->n_params, sizeof(float));
+static void alloc_host(int64_t n_elem, float *host[3]) {
+  for (int s = 0; s < 3; s++) host[s] = XCALLOC((size_t)n_elem, sizeof(float));
 }
 
 // Everything a checkpoint of this rank holds, in host memory, with the tensor list over it: the
@@ -163,7 +283,8 @@ static void alloc_host(const model *m, float *host[3]) {
 // pinned host memory, allocated at the first and reused, since the device copies into it at
 // full speed and the background write reads it while training goes on).
 struct run_ckpt_snapshot {
-  float *host[3];      // (n_params) this rank's weights, exp_avg, exp_avg_sq, flat
+  float *host[3];      // (section_elems) this rank's weights, exp_avg, exp_avg_sq: its shard or its flat buffer
+  ckpt_shards sh;      // how the sections list the shard's blocks; n_blocks NULL: whole flat buffers
   float *res;          // (n_params) error feedback's residual; NULL: the run keeps none
   fp8_host h8;         // FP8 scaling state; scale NULL: not an FP8 run
   ckpt_tensor *list;   // (cap) the tensors over the buffers above
@@ -188,6 +309,7 @@ static void snapshot_buffer_free(const run_ckpt_snapshot *s, float *p) {
 static void snapshot_free(run_ckpt_snapshot *s) {
   for (int i = 0; i < 3; i++) snapshot_buffer_free(s, s->host[i]);
   snapshot_buffer_free(s, s->res);
+  shards_free(&s->sh);
   fp8_host_free(&s->h8);
   free(s->list);
   free(s->yaml);
@@ -195,19 +317,20 @@ static void snapshot_free(run_ckpt_snapshot *s) {
 }
 
 // The buffers for the checkpoints of this run. pinned: the backend's host_alloc (NULL: malloc).
-// NULL where the backend refuses pinned memory (the others are freed).
+// NULL where the backend refuses pinned memory (the others are freed). Collective (shards_init).
 static run_ckpt_snapshot *snapshot_alloc(const cfg *c, const model *m, const opt_state *o, k_backend *pinned) {
   run_ckpt_snapshot *s = XCALLOC(1, sizeof *s);
   s->pinned = pinned;
+  shards_init(&s->sh, m, o);
   int ok = 1;
-  for (int i = 0; i < 3; i++) ok = ok && (s->host[i] = snapshot_buffer(pinned, m->n_params)) != NULL;
+  for (int i = 0; i < 3; i++) ok = ok && (s->host[i] = snapshot_buffer(pinned, section_elems(m, o))) != NULL;
   if (ok && residual_of(o)) ok = (s->res = snapshot_buffer(pinned, m->n_params)) != NULL;
   if (!ok) {
     snapshot_free(s);
     return NULL;
   }
   if (m->fp8) fp8_host_alloc(m, &s->h8);
-  s->cap = 3 * section_entries(&m->cfg) + extra_entries(m);
+  s->cap = 3 * section_size(m, &s->sh) + extra_entries(m);
   s->list = XCALLOC((size_t)s->cap, sizeof(ckpt_tensor));
   size_t n_yaml = cfg_to_yaml(c, NULL, 0) + 1;
   s->yaml = XMALLOC(n_yaml);
@@ -215,15 +338,18 @@ static run_ckpt_snapshot *snapshot_alloc(const cfg *c, const model *m, const opt
   return s;
 }
 
-// Collective (the weights and moments are gathered over dp): copies everything the checkpoint of
-// step holds into s and lists it.
+// Collective (opt_flush): copies everything the checkpoint of step holds into s and lists it.
 static void snapshot_take(run_ckpt_snapshot *s, const cfg *c, model *m, opt_state *o, int64_t step,
                           int64_t samples_seen) {
   opt_flush(o);  // offload_delay: the update in flight is part of the checkpoint's step
-  opt_get_params(o, s->host[0]);
-  opt_get_moments(o, s->host[1], s->host[2]);
+  if (s->sh.n_blocks) {
+    opt_get_shard(o, s->host[0], s->host[1], s->host[2]);
+  } else {
+    opt_get_params(o, s->host[0]);
+    opt_get_moments(o, s->host[1], s->host[2]);
+  }
   s->n = 0;
-  for (int i = 0; i < 3; i++) add_section(m, section_prefix[i], s->host[i], 0, s->list, &s->n);
+  for (int i = 0; i < 3; i++) add_section(m, o, &s->sh, section_prefix[i], s->host[i], 0, s->list, &s->n);
   if (m->fp8) {
     model_fp8_settle(m);
     fp8_to_host(m, &s->h8);
@@ -232,7 +358,7 @@ static void snapshot_take(run_ckpt_snapshot *s, const cfg *c, model *m, opt_stat
   }
   if (s->res) {
     m->be->to_host(m->be, s->res, residual_of(o), (size_t)m->n_params * sizeof(float));
-    add_section(m, residual_prefix, s->res, 1, s->list, &s->n);
+    add_section(m, o, NULL, residual_prefix, s->res, 1, s->list, &s->n);
   }
   CHECK(s->n <= s->cap, "checkpoint list: %d entries, room for %d", s->n, s->cap);
   s->meta = (ckpt_meta){.step = step, .samples_seen = samples_seen, .seed = c->train.seed, .config_yaml = s->yaml};
@@ -257,7 +383,8 @@ static int async_snapshot_alloc(run_ckpt_async *a, const cfg *c, model *m, opt_s
   if (!a->snap)
     snprintf(msg, sizeof msg, "cannot pin %.2f GiB of host memory for the snapshot of checkpoint.async: set "
              "checkpoint.async=false, or run fewer ranks per node",
-             (3.0 + (residual_of(o) != NULL)) * (double)m->n_params * sizeof(float) / 1073741824.0);
+             (3.0 * (double)section_elems(m, o) + (residual_of(o) ? (double)m->n_params : 0.0)) * sizeof(float) /
+                 1073741824.0);
   int rc = ckpt_agree(o->g->world->mpi, a->snap ? 0 : -1, msg, (int)sizeof msg);
   snprintf(err, n_err, "%s", msg);
   return rc;
@@ -347,9 +474,11 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   int rc = ckpt_extra_state(path, o->g->world->mpi, &has_fp8, &has_head, &res_dp, err, n_err);
   if (rc != 0) return rc;
   float *host[3];
-  alloc_host(m, host);
+  ckpt_shards sh;
+  shards_init(&sh, m, o);
+  alloc_host(section_elems(m, o), host);
   int n = 0;
-  ckpt_tensor *list = build_list(m, host, extra_entries(m), &n);
+  ckpt_tensor *list = build_list(m, o, &sh, host, extra_entries(m), &n);
   fp8_host h8 = {0};
   if (m->fp8 && has_fp8) {
     fp8_host_alloc(m, &h8);
@@ -359,13 +488,17 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   float *res = NULL;
   if (residual_of(o) && res_dp == m->dp) {
     res = XCALLOC((size_t)m->n_params, sizeof(float));
-    add_section(m, residual_prefix, res, 1, list, &n);
+    add_section(m, o, NULL, residual_prefix, res, 1, list, &n);
   }
   ckpt_meta meta = {0};
   rc = ckpt_load(path, o->g->world->mpi, list, n, &meta, err, n_err);
   if (rc == 0) {
-    opt_set_params(o, host[0]);
-    opt_set_moments(o, host[1], host[2]);
+    if (sh.n_blocks) {
+      opt_set_shard(o, host[0], host[1], host[2]);
+    } else {
+      opt_set_params(o, host[0]);
+      opt_set_moments(o, host[1], host[2]);
+    }
     *step = meta.step;
     *samples_seen = meta.samples_seen;
     if (h8.scale) fp8_from_host(m, &h8, meta.step);
@@ -384,6 +517,7 @@ int run_ckpt_load(const char *path, const cfg *c, model *m, opt_state *o, int64_
   free(list);
   free(res);
   fp8_host_free(&h8);
+  shards_free(&sh);
   for (int s = 0; s < 3; s++) free(host[s]);
   return rc;
 }

@@ -81,5 +81,18 @@ void opt_set_tensor(opt_state *o, int i, const float *block);
 void opt_weights_set(opt_state *o);
 void opt_set_params(opt_state *o, const float *params_host);
 void opt_init_weights(opt_state *o, uint64_t seed);
+// This rank's shard alone, where the optimizer is sharded over dp (parallel.shard >= optimizer,
+// dp > 1; opt_sharded), so that a checkpoint holds each part once and no rank gathers the rest:
+// opt_shard_ranges lists its runs (offset in the shard, p_offset in the flat buffer, each inside
+// one tensor; *n of them); opt_shard_writes says whether this rank writes them (with shard
+// groups, the first group's ranks do); opt_get_shard copies the master weights and both moments
+// (shard_n elements each, shard order) into host memory, and opt_set_shard puts them back and
+// refreshes what the model reads (collective over dp, as opt_weights_set).
+int opt_sharded(const opt_state *o);
+int64_t opt_shard_elems(const opt_state *o);
+const k_range *opt_shard_ranges(const opt_state *o, int *n);
+int opt_shard_writes(const opt_state *o);
+void opt_get_shard(opt_state *o, float *params_host, float *exp_avg_host, float *exp_avg_sq_host);
+void opt_set_shard(opt_state *o, const float *params_host, const float *exp_avg_host, const float *exp_avg_sq_host);
 
 #endif

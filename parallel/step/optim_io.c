@@ -111,3 +111,29 @@ void opt_init_weights(opt_state *o, uint64_t seed) {
   }
   opt_weights_set(o);
 }
+
+int opt_sharded(const opt_state *o) { return o->zero; }
+int64_t opt_shard_elems(const opt_state *o) { return o->shard_n; }
+int opt_shard_writes(const opt_state *o) { return !o->replica || o->replica->rank == 0; }
+
+const k_range *opt_shard_ranges(const opt_state *o, int *n) {
+  *n = o->n_upd_ranges;
+  return o->upd_ranges;
+}
+
+void opt_get_shard(opt_state *o, float *params_host, float *exp_avg_host, float *exp_avg_sq_host) {
+  CHECK(o->zero, "opt_get_shard: the optimizer is not sharded over dp");
+  o->engine.settle(o);
+  opt_state_to_host(o, OPT_MASTER, params_host);
+  opt_state_to_host(o, OPT_EXP_AVG, exp_avg_host);
+  opt_state_to_host(o, OPT_EXP_AVG_SQ, exp_avg_sq_host);
+}
+
+void opt_set_shard(opt_state *o, const float *params_host, const float *exp_avg_host, const float *exp_avg_sq_host) {
+  CHECK(o->zero, "opt_set_shard: the optimizer is not sharded over dp");
+  o->engine.settle(o);
+  opt_state_from_host(o, OPT_MASTER, params_host);
+  opt_state_from_host(o, OPT_EXP_AVG, exp_avg_host);
+  opt_state_from_host(o, OPT_EXP_AVG_SQ, exp_avg_sq_host);
+  opt_weights_set(o);
+}
