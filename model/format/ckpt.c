@@ -9,6 +9,7 @@
 #include "kernels/base/mpi_check.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <inttypes.h>
 #include <math.h>
@@ -395,12 +396,46 @@ static int ckpt_check_shape(hid_t ftype, hid_t fspace, const char *path, const c
   return 0;
 }
 
-static int ckpt_read_block(hid_t dset, hid_t fspace, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
+// Reads n_bytes at offset off, resuming after short reads and interrupted calls. 0, or -1 at the
+// end of the file or an error.
+static int ckpt_pread_all(int fd, char *p, size_t n_bytes, int64_t off) {
+  while (n_bytes > 0) {
+    ssize_t k = pread(fd, p, n_bytes, (off_t)off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    p += k, n_bytes -= (size_t)k, off += k;
+  }
+  return 0;
+}
+
+// This rank's block of a contiguous float32 dataset whose data starts at byte at, by plain reads
+// (each rank at once, not through MPI-IO's aggregators). 0, or -1.
+static int ckpt_read_runs(int fd, int64_t at, ckpt_tensor *t) {
+  ckpt_runs b;
+  if (!ckpt_runs_init(&b, t->ndim, t->full, t->start, t->count)) return 0;
+  for (int64_t r = 0; r < b.n_runs; r++)
+    if (ckpt_pread_all(fd, (char *)(t->data + r * b.run), (size_t)b.run * sizeof(float),
+                       at + ckpt_run_offset(&b, r) * (int64_t)sizeof(float)) != 0)
+      return -1;
+  return 0;
+}
+
+// The block, by plain reads (fd >= 0) where the dataset is contiguous little-endian float32 with
+// its place in the file allocated, as every file this trainer writes; else with a collective
+// HDF5 read. Both depend only on the file, so every rank takes the same path.
+static int ckpt_read_block(hid_t dset, hid_t ftype, hid_t fspace, int fd, const char *path, ckpt_tensor *t,
+                           hid_t dxpl, char *msg) {
   int reads = !ckpt_block_empty(t);
-  hid_t mspace = ckpt_select(t, reads, fspace);
-  float dummy = 0.0f;
-  herr_t r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
-  H5Sclose(mspace);
+  haddr_t at = fd >= 0 && H5Tequal(ftype, H5T_IEEE_F32LE) > 0 ? H5Dget_offset(dset) : HADDR_UNDEF;
+  herr_t r = 0;
+  if (at != HADDR_UNDEF) {
+    r = reads && ckpt_read_runs(fd, (int64_t)at, t) != 0 ? -1 : 0;
+  } else {
+    hid_t mspace = ckpt_select(t, reads, fspace);
+    float dummy = 0.0f;
+    r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
+    H5Sclose(mspace);
+  }
   if (r < 0) return ckpt_damaged_read(path, t->name, msg);
   int64_t bad = reads ? ckpt_first_nonfinite(t->data, ckpt_n_elem(t->ndim, t->count)) : -1;
   if (bad >= 0) {
@@ -412,7 +447,7 @@ static int ckpt_read_block(hid_t dset, hid_t fspace, const char *path, ckpt_tens
   return 0;
 }
 
-static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
+static int ckpt_read_tensor(hid_t file, int fd, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
   if (!ckpt_path_exists(file, t->name)) {
     ckpt_msgf(msg, "checkpoint %s has no tensor '%s': it was written by a different model or trainer version",
               path, t->name);
@@ -428,7 +463,7 @@ static int ckpt_read_tensor(hid_t file, const char *path, ckpt_tensor *t, hid_t 
   hid_t ftype = H5Dget_type(dset), fspace = H5Dget_space(dset);
   int rc = ftype < 0 || fspace < 0 ? ckpt_damaged_read(path, t->name, msg)
                                     : ckpt_check_shape(ftype, fspace, path, t, msg);
-  if (rc == 0) rc = ckpt_read_block(dset, fspace, path, t, dxpl, msg);
+  if (rc == 0) rc = ckpt_read_block(dset, ftype, fspace, fd, path, t, dxpl, msg);
   if (fspace >= 0) H5Sclose(fspace);
   if (ftype >= 0) H5Tclose(ftype);
   H5Dclose(dset);
@@ -514,9 +549,13 @@ static int ckpt_load_open(hid_t file, const char *path, MPI_Comm comm, ckpt_tens
   H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
   uint32_t *crc = XCALLOC((size_t)n_tensors + 1, sizeof *crc);
   int64_t *covered = XCALLOC((size_t)n_tensors + 1, sizeof *covered);
+  // Plain reads where every rank can open the file for them (else HDF5's reads on every rank).
+  int fd = open(path, O_RDONLY | O_CLOEXEC), all_open = fd >= 0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_open, 1, MPI_INT, MPI_MIN, comm));
+  if (!all_open && fd >= 0) close(fd), fd = -1;
   for (int i = 0; i < n_tensors && rc == 0; i++) {
     ckpt_tensor *t = &tensors[i];
-    rc = ckpt_agree(comm, ckpt_read_tensor(file, path, t, dxpl, msg), msg, CKPT_MSG);
+    rc = ckpt_agree(comm, ckpt_read_tensor(file, fd, path, t, dxpl, msg), msg, CKPT_MSG);
     if (rc == 0 && (t->write || n_ranks == 1) && !ckpt_block_empty(t)) {
       int first = ckpt_first_index(tensors, i);
       crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, NULL);
@@ -526,6 +565,7 @@ static int ckpt_load_open(hid_t file, const char *path, MPI_Comm comm, ckpt_tens
   if (rc == 0)
     rc = ckpt_agree(comm, ckpt_check_checksums(file, comm, path, version, tensors, n_tensors, crc, covered, msg), msg,
                     CKPT_MSG);
+  if (fd >= 0) close(fd);
   free(crc);
   free(covered);
   H5Pclose(dxpl);

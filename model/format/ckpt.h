@@ -1,7 +1,8 @@
-// Checkpoints: one HDF5 file per checkpoint, every tensor at its full logical shape, each
-// rank writing and reading its own hyperslab with collective parallel I/O (or, for an
-// asynchronous save, writing it from a background thread). Written to a temporary name and
-// renamed, so a crash mid-write leaves the previous checkpoint intact.
+// Checkpoints: one HDF5 file per checkpoint, every tensor at its full logical shape. The ranks
+// create the file and its datasets together (parallel HDF5); each rank then writes and reads its
+// own blocks with plain pwrite/pread at the datasets' places in the file (for an asynchronous
+// save, from a background thread). Written to a temporary name and renamed, so a crash mid-write
+// leaves the previous checkpoint intact.
 // Layout: docs/checkpoint.md.
 #ifndef TRAINER_CKPT_H
 #define TRAINER_CKPT_H

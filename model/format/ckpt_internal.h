@@ -56,9 +56,9 @@ hid_t ckpt_fapl(MPI_Comm comm);
 
 // One checkpoint being written (ckpt_write.c). ckpt_save runs the stages in a row:
 // ckpt_write_begin (collective: the temporary file, its root attributes and every dataset, so the
-// file's layout is fixed before any data), ckpt_write_blocks (collective HDF5 writes), then
+// file's layout is fixed before any data), ckpt_write_blocks (this rank's blocks), then
 // ckpt_write_end (collective: agree, checksum attributes, close, publish, rotate). An asynchronous
-// save (ckpt_async.c) runs ckpt_write_blocks_posix in a background thread instead.
+// save (ckpt_async.c) runs ckpt_write_blocks in a background thread.
 typedef struct ckpt_writer {
   MPI_Comm comm;
   int rank, n_ranks, keep;
@@ -80,12 +80,11 @@ typedef struct ckpt_writer {
 // temporary is removed). The tensors must stay unchanged until ckpt_write_end.
 int ckpt_write_begin(ckpt_writer *w, const char *dir, MPI_Comm comm, const ckpt_tensor *tensors, int n_tensors,
                      const ckpt_meta *meta, int keep, const ckpt_faults *faults);
-// Collective: every rank's blocks with collective MPI-IO, stopping every rank at the first failed
-// tensor. 0, or -1 with w->msg (the same on every rank).
+// Not collective, no MPI and no HDF5: this rank's blocks by plain writes at their datasets'
+// offsets (which HDF5 never writes: no fill values), then fsync. Every rank writes at once, so a
+// save runs at the file system's speed rather than through MPI-IO's aggregators. 0, or -1 with
+// w->msg at this rank's first failure (ckpt_write_end agrees on it).
 int ckpt_write_blocks(ckpt_writer *w);
-// Not collective, no MPI and no HDF5 (ckpt_async.c): this rank's blocks by plain writes at their
-// datasets' offsets, then fsync. 0, or -1 with w->msg at this rank's first failure.
-int ckpt_write_blocks_posix(ckpt_writer *w);
 // Entry i's block, just written, into its dataset's checksum contribution and non-finite count.
 void ckpt_write_count(ckpt_writer *w, int i);
 // The test hooks (ckpt_faults) as the block writers apply them: the slow write (delay_s), the

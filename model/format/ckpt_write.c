@@ -1,6 +1,6 @@
 // Checkpoint saving (ckpt_save, ckpt.h) in the stages an asynchronous save shares (ckpt_async.c):
-// begin (the temporary file, its attributes and every dataset), the blocks (here with collective
-// MPI-IO; there by a background thread), end (agree, checksums, close, publish, rotate). Atomic:
+// begin (the temporary file, its attributes and every dataset), the blocks (each rank its own with
+// plain writes; there in a background thread), end (agree, checksums, close, publish, rotate). Atomic:
 // written as dir/.ckpt_<step>.h5.tmp, synced, renamed. Layout: docs/checkpoint.md.
 #include "model/format/ckpt.h"
 #include "model/format/ckpt_crc.h"
@@ -8,6 +8,8 @@
 #include "kernels/base/check.h"
 #include "kernels/base/mpi_check.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -199,40 +201,13 @@ int ckpt_write_begin(ckpt_writer *w, const char *dir, MPI_Comm comm, const ckpt_
 }
 
 // ---------------------------------------------------------------------------------------------
-// The blocks, with collective MPI-IO.
+// The blocks: each rank writes its own with plain writes at its datasets' offsets.
 
 void ckpt_write_failed(ckpt_writer *w, int i, const char *reason) {
   ckpt_msgf(w->msg,
             "writing tensor '%s' to %s failed (%s): the disk may be full or the file system unavailable; free "
             "space in %s (or lower checkpoint.keep) and retry",
             w->tensors[i].name, w->tmp, reason, w->dir);
-}
-
-// Writes entry i's block (or nothing, collectively). 0, or -1 with w->msg on an I/O error (the
-// test hook's injected one too: the write still joins the collective).
-static int ckpt_write_tensor(ckpt_writer *w, int i, hid_t dxpl) {
-  const ckpt_tensor *t = &w->tensors[i];
-  hid_t dset = H5Dopen2(w->file, t->name, H5P_DEFAULT);
-  H5_CHECK(dset);
-  hid_t fspace = H5Dget_space(dset);
-  H5_CHECK(fspace);
-  int writes = t->write && !ckpt_block_empty(t);
-  hid_t mspace = ckpt_select(t, writes, fspace);
-  static const float dummy = 0.0f;  // HDF5 rejects a NULL buffer even for an empty selection
-  char reason[300] = "";
-  herr_t rc = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, writes ? (const void *)t->data : &dummy);
-  if (rc < 0) {
-    char h5[256];
-    ckpt_h5_reason(h5);
-    snprintf(reason, sizeof reason, "HDF5: %s", h5);
-  }
-  if (ckpt_fault_fails(w, i)) rc = -1, snprintf(reason, sizeof reason, "HDF5: injected write error (test hook)");
-  H5_CHECK(H5Sclose(mspace));
-  H5_CHECK(H5Sclose(fspace));
-  H5_CHECK(H5Dclose(dset));
-  if (rc >= 0) return 0;
-  ckpt_write_failed(w, i, reason);
-  return -1;
 }
 
 void ckpt_write_count(ckpt_writer *w, int i) {
@@ -246,18 +221,60 @@ void ckpt_write_count(ckpt_writer *w, int i) {
   w->nonfinite[first] += nf;
 }
 
+// The file's tensors are float32 little-endian (H5T_IEEE_F32LE): the thread writes memory as is.
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ckpt_async writes floats as they lie in memory");
+
+// Writes n_bytes at offset off, resuming after short writes and interrupted calls. 0, or errno.
+static int ckpt_pwrite_all(int fd, const char *p, size_t n_bytes, int64_t off) {
+  while (n_bytes > 0) {
+    ssize_t k = pwrite(fd, p, n_bytes, (off_t)off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return k < 0 ? errno : EIO;
+    p += k, n_bytes -= (size_t)k, off += k;
+  }
+  return 0;
+}
+
+// Entry i's block, one contiguous run of the file at a time, into its dataset's bytes. 0, or -1
+// with w->msg.
+static int ckpt_write_block(ckpt_writer *w, int fd, int i) {
+  const ckpt_tensor *t = &w->tensors[i];
+  ckpt_runs b;
+  int e = 0;
+  if (t->write && ckpt_runs_init(&b, t->ndim, t->full, t->start, t->count)) {
+    const int64_t base = w->offset[ckpt_first_index(w->tensors, i)];
+    const size_t n_run = (size_t)b.run * sizeof(float);
+    for (int64_t r = 0; r < b.n_runs && e == 0; r++)
+      e = ckpt_pwrite_all(fd, (const char *)(t->data + r * b.run), n_run,
+                          base + ckpt_run_offset(&b, r) * (int64_t)sizeof(float));
+  }
+  if (e == 0 && !ckpt_fault_fails(w, i)) return 0;
+  ckpt_write_failed(w, i, e ? strerror(e) : "injected write error (test hook)");
+  return -1;
+}
+
 int ckpt_write_blocks(ckpt_writer *w) {
   ckpt_fault_delay(w);
-  hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5_CHECK(dxpl);
-  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+  int fd = open(w->tmp, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    ckpt_msgf(w->msg, "cannot open checkpoint file %s to write this rank's tensors (%s): check that %s is on a file "
+                      "system every rank shares", w->tmp, strerror(errno), w->dir);
+    return -1;
+  }
   int rc = 0;
   for (int i = 0; i < w->n_tensors && rc == 0; i++) {
     ckpt_fault_kill(w, i);
-    rc = ckpt_agree(w->comm, ckpt_write_tensor(w, i, dxpl), w->msg, CKPT_MSG);  // every rank stops together
+    rc = ckpt_write_block(w, fd, i);
     if (rc == 0) ckpt_write_count(w, i);
   }
-  H5_CHECK(H5Pclose(dxpl));
+  // This rank's data is durable before the end publishes the file: the flush there syncs only
+  // what went through MPI-IO.
+  if (rc == 0 && fsync(fd) != 0) {
+    ckpt_msgf(w->msg, "cannot sync checkpoint file %s to disk (%s): the file system may be full or failing; free "
+                      "space in %s and retry", w->tmp, strerror(errno), w->dir);
+    rc = -1;
+  }
+  close(fd);
   return rc;
 }
 
