@@ -146,12 +146,24 @@ static int trainer_resume(trainer *t, char *path, size_t n_path, char *err, size
   return rc == 0 ? 0 : -1;
 }
 
+// The size of the file at path in bytes, -1 when it cannot be read: what the checkpoint lines
+// divide by the time to give the speed.
+static double trainer_file_bytes(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (double)st.st_size : -1;
+}
+
 // Sets the weights the start point names: the random init, a checkpoint or Hugging Face weights.
 static int trainer_load_start(trainer *t, trainer_start start, char *path, size_t n_path, char *err, size_t n_err) {
   if (start == TRAINER_START_FRESH) opt_init_weights(&t->o, t->c->train.seed);
   if (start == TRAINER_START_RESUME) {
+    const double t0 = MPI_Wtime();
     if (trainer_resume(t, path, n_path, err, n_err) != 0) return -1;
+    const double seconds = MPI_Wtime() - t0, n_bytes = t->g->world_rank == 0 ? trainer_file_bytes(path) : -1;
     if (t->g->world_rank == 0) printf("resumed from %s at step %lld\n", path, (long long)t->step);
+    if (t->g->world_rank == 0 && n_bytes >= 0)
+      printf("checkpoint: loaded %s (%.2f GB) in %.2f s (%.2f GB/s)\n", path, n_bytes / 1e9, seconds,
+             seconds > 0 ? n_bytes / seconds / 1e9 : 0.0);
     if (t->g->world_rank == 0 && t->step >= t->c->train.steps)
       printf("checkpoint %s is at step %lld and train.steps is %d: the run is already complete; raise train.steps "
              "to train further\n", path, (long long)t->step, t->c->train.steps);
@@ -342,9 +354,14 @@ int trainer_checkpoint(trainer *t, char *err, size_t n_err) {
   if (t->c->checkpoint.async) return trainer_checkpoint_async(t, err, n_err);
   double t0 = MPI_Wtime();
   if (run_ckpt_save(t->c, &t->m, &t->o, t->step, t->samples_seen, &t->hooks.ckpt, err, n_err) != 0) return -1;
-  if (t->g->world_rank == 0)
-    printf("checkpoint: step %lld saved to %s in %.2f s\n", (long long)t->step, t->c->checkpoint.dir,
-           MPI_Wtime() - t0);
+  const double seconds = MPI_Wtime() - t0;
+  if (t->g->world_rank == 0) {
+    char path[CFG_STR + 64];  // the name ckpt_write.c publishes the file under
+    snprintf(path, sizeof path, "%s/ckpt_%08lld.h5", t->c->checkpoint.dir, (long long)t->step);
+    const double n_bytes = trainer_file_bytes(path);
+    printf("checkpoint: step %lld saved to %s in %.2f s (%.2f GB/s)\n", (long long)t->step, t->c->checkpoint.dir,
+           seconds, seconds > 0 && n_bytes > 0 ? n_bytes / seconds / 1e9 : 0.0);
+  }
   return 0;
 }
 
