@@ -7,7 +7,10 @@
 # scaling's parity, FP8 weights all-gathered as codes against the bf16 gather (bitwise), the
 # sharded weights' update beside the next forward against the update before it (bitwise), the
 # tp transports against each other (bitwise), killing a rank of a dp2 run (and of a tp2 run with
-# peer copies), the optimizer state in host memory (both engines
+# peer copies), stopping a rank of a dp run on 2 GPUs (4 where there are) with SIGSTOP so that the
+# NCCL watchdog must end the others, asynchronous checkpoints against synchronous ones (same files,
+# bitwise resume, write faults, ranks killed during the background write), the optimizer state in
+# host memory (both engines
 # against the on-GPU optimizer, resume), sampling on the GPU against the CPU, and the
 # default config on 1 GPU (bf16, FP8, FP8 block scaling). On a host with one GPU, the 2-rank
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
@@ -93,7 +96,12 @@ export TRAINER_PARITY_RTOL=2e-2 TRAINER_TEST_ARGS="train.device=cuda train.steps
 step "kill a rank of a dp2 run on $on: the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_kill_rank.sh > '$logs/kill_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank.log'; exit \$r"
 if [ "$n_gpus" -ge 2 ]; then
   step "kill a rank of a tp2 + SP run with peer copies (parallel.tp_overlap=p2p): the job ends with a message" bash -c "TRAINER_TEST_ARGS='train.device=cuda parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true parallel.tp_overlap=p2p' sh tests/e2e/test_kill_rank.sh > '$logs/kill_rank_p2p.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/kill_rank_p2p.log'; exit \$r"
+  # A stopped rank is alive to mpirun: only the NCCL watchdog of the ranks waiting for it ends the
+  # job (the test runs parallel.dp=NP, parallel.comm_timeout_s=20).
+  stop_np=2; [ "$n_gpus" -ge 4 ] && stop_np=4
+  step "stop a rank (SIGSTOP) of a dp run on $stop_np GPUs: the others end within parallel.comm_timeout_s, naming the group and the operation" bash -c "TRAINER_KILL_SIGNAL=STOP TRAINER_KILL_NP=$stop_np TRAINER_TEST_ARGS='train.device=cuda' sh tests/e2e/test_kill_rank.sh > '$logs/stop_rank.log' 2>&1; r=\$?; grep -E 'ok:|FAIL' '$logs/stop_rank.log'; exit \$r"
 fi
+step "asynchronous checkpoints on $on: same files as synchronous, bitwise resume, write faults, a rank killed during the background write" bash -c "TRAINER_TEST_ARGS='train.device=cuda $comm_arg' sh tests/e2e/test_ckpt_async.sh > '$logs/ckpt_async.log' 2>&1; r=\$?; grep -E 'FAIL|passed' '$logs/ckpt_async.log'; exit \$r"
 # Optimizer state in host memory: both engines, fractions 1 and 0.5, against the on-GPU optimizer
 # over 20 steps within 2e-2 relative (the cpu engine's host arithmetic may round differently from
 # the GPU kernel's; a last-bit change of a master weight can flip a bf16 rounding of the compute

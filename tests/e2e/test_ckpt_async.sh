@@ -7,10 +7,12 @@
 #   uninterrupted synchronous run;
 # - a write error or a non-finite value in the background write ends every rank with one line
 #   and exit 1, the previous checkpoint intact and no temporary left (the hooks of
-#   test_ckpt_write_fault.sh), on 1 and 2 ranks; a process killed during it leaves the previous
-#   checkpoint, from which resume=auto continues;
+#   test_ckpt_write_fault.sh), on 1 and 2 ranks; a process killed during it (1 rank, and dp 2
+#   with the sharded optimizer) leaves the previous checkpoint, from which resume=auto continues
+#   bitwise;
 # - training goes on while a slow write (TRAINER_TEST_CKPT_DELAY_S) runs, and at SIGTERM the
 #   write in flight completes and is published before the process exits 143.
+# Every run takes TRAINER_TEST_ARGS (lib.sh) too: train.device=cuda runs it all on GPUs.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 T="$SRC/configs/tiny.yaml"
@@ -97,7 +99,8 @@ for np in 1 2; do
       pattern="checkpoint: step 4 not saved: tensor 'model/layers.2.wq' holds 1 non-finite value (NaN or Inf).*the previous checkpoint stays"
     fi
     export "TRAINER_TEST_${fault}_IN_CKPT=7"
-    expect_error "async, $fault in the write of step 4, $np rank(s)" "$pattern" $np "$T" "$D" "$V" \
+    # shellcheck disable=SC2086
+    expect_error "async, $fault in the write of step 4, $np rank(s)" "$pattern" $np "$T" "$D" "$V" $EXTRA_ARGS \
       "checkpoint.dir=$dir" checkpoint.resume=auto checkpoint.every=2 checkpoint.async=true parallel.tp=$np
     unset "TRAINER_TEST_${fault}_IN_CKPT"
     intact "$dir" "async, $fault in the write, $np rank(s)"
@@ -105,21 +108,32 @@ for np in 1 2; do
   done
 done
 
-# A process killed while its background write runs (after 5 tensors of the step-4 checkpoint)
-# leaves the step-3 checkpoint and a temporary; resume=auto continues from step 3 to the same end.
-mkdir -p "$WORK/crash/ckpt"
-cp "$WORK/sync_one/ckpt/ckpt_00000003.h5" "$WORK/crash/ckpt/"
-status=0
-TRAINER_TEST_KILL_IN_CKPT=5 run crash 1 checkpoint.every=2 checkpoint.async=true checkpoint.resume=auto || status=$?
-[ "$status" != 0 ] && [ ! -f "$WORK/crash/ckpt/ckpt_00000004.h5" ] && [ -f "$WORK/crash/ckpt/.ckpt_00000004.h5.tmp" ] \
-  && pass "killed during the background write of step 4 (exit $status): only a temporary of it" \
-  || fail "kill during the background write: exit $status, $(ls -A "$WORK/crash/ckpt" | tr '\n' ' ')"
-run crash 1 checkpoint.every=3 checkpoint.async=true checkpoint.resume=auto || fail "resume after the crash"
-grep -q "resumed from .*ckpt_00000003.h5 at step 3" "$WORK/crash/log" && pass "resume=auto picked checkpoint 3" \
-  || fail "resume=auto did not pick checkpoint 3"
-"$BUILD/ckpt_compare" "$WORK/sync_one/ckpt/ckpt_00000006.h5" "$WORK/crash/ckpt/ckpt_00000006.h5" --rtol 0 --prefix "" \
-  > /dev/null && pass "after the crash and resume, the step-6 checkpoint is bitwise the uninterrupted one" \
-  || fail "after the crash, the step-6 checkpoint differs"
+# A process killed while its background write runs (every rank's writer kills its process after
+# 5 tensors of the step-4 checkpoint) leaves the step-3 checkpoint and a temporary; resume=auto
+# continues from step 3 to the same end as the uninterrupted synchronous run. On 1 rank, and on
+# dp 2 with the sharded optimizer, where both ranks write their parts into the one temporary.
+for layout in "one 1" "dp2 2 parallel.dp=2 parallel.shard=optimizer"; do
+  # shellcheck disable=SC2086
+  set -- $layout
+  name=$1 np=$2
+  shift 2
+  mkdir -p "$WORK/crash_$name/ckpt"
+  cp "$WORK/sync_$name/ckpt/ckpt_00000003.h5" "$WORK/crash_$name/ckpt/"
+  status=0
+  TRAINER_TEST_KILL_IN_CKPT=5 run "crash_$name" "$np" checkpoint.every=2 checkpoint.async=true checkpoint.resume=auto \
+    "$@" || status=$?
+  left=$(LC_ALL=C ls -A "$WORK/crash_$name/ckpt" | tr '\n' ' ')
+  [ "$status" != 0 ] && [ "$left" = ".ckpt_00000004.h5.tmp ckpt_00000003.h5 " ] \
+    && pass "$name: killed during the background write of step 4 (exit $status): only a temporary of it" \
+    || fail "$name: kill during the background write: exit $status, the folder holds $left"
+  run "crash_$name" "$np" checkpoint.every=3 checkpoint.async=true checkpoint.resume=auto "$@" \
+    || fail "$name: resume after the crash"
+  grep -q "resumed from .*ckpt_00000003.h5 at step 3" "$WORK/crash_$name/log" \
+    && pass "$name: resume=auto picked checkpoint 3" || fail "$name: resume=auto did not pick checkpoint 3"
+  "$BUILD/ckpt_compare" "$WORK/sync_$name/ckpt/ckpt_00000006.h5" "$WORK/crash_$name/ckpt/ckpt_00000006.h5" --rtol 0 \
+    --prefix "" > /dev/null && pass "$name: after the crash and resume, the step-6 checkpoint is bitwise the uninterrupted one" \
+    || fail "$name: after the crash, the step-6 checkpoint differs"
+done
 
 # A slow write: training goes on meanwhile (the write of step 2 takes at least 2 s, a step of the
 # tiny model milliseconds), and each checkpoint waits for the one before.
@@ -136,7 +150,8 @@ esac
 # SIGTERM with a slow write: the checkpoint of the stop step is in flight when the loop ends; it
 # completes and is published before exit 143, and resume=auto continues from it.
 mkdir -p "$WORK/term"
-"$TRAINER" "$T" "$D" data.val= train.steps=1000000 checkpoint.every=0 checkpoint.async=true log.every=1 \
+# shellcheck disable=SC2086
+"$TRAINER" "$T" "$D" $EXTRA_ARGS data.val= train.steps=1000000 checkpoint.every=0 checkpoint.async=true log.every=1 \
   log.metrics= "checkpoint.dir=$WORK/term/ckpt" > "$WORK/term/log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do grep -q "^step  *3/" "$WORK/term/log" && break; sleep 0.1; done
@@ -151,7 +166,8 @@ if [ -n "$at" ] && grep -q "checkpoint: step $at saved to .* in the background" 
    "$BUILD/ckpt_verify" "$ckpt" > /dev/null; then
   pass "SIGTERM: the write in flight of step $at completed before exit"
 else fail "SIGTERM: no complete checkpoint of the stop step: $(tail -n 4 "$WORK/term/log")"; fi
-"$TRAINER" "$T" "$D" data.val= train.steps=1000000 checkpoint.async=true checkpoint.resume=auto log.metrics= \
+# shellcheck disable=SC2086
+"$TRAINER" "$T" "$D" $EXTRA_ARGS data.val= train.steps=1000000 checkpoint.async=true checkpoint.resume=auto log.metrics= \
   "train.stop_at=$((${at:-0} + 1))" "checkpoint.dir=$WORK/term/ckpt" > "$WORK/term/log2" 2>&1 \
   || fail "resume after SIGTERM"
 grep -q "resumed from .* at step ${at:-x}$" "$WORK/term/log2" && pass "resume=auto continued from step $at" \

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <cuda_runtime_api.h>
@@ -139,6 +140,8 @@ static void comm_nccl_abort_all(comm_nccl_world *w) {
   }
 }
 
+#define COMM_NCCL_ABORT_S 10  // longest wait for the communicators' abort before the process ends
+
 // Same layout as check_fail (kernels/base/check.c), but the message is printed before the
 // communicators are aborted: ncclCommAbort can block on a wedged GPU, and the reason must be
 // out by then. Never returns.
@@ -155,6 +158,10 @@ static void comm_nccl_die(const comm *c, const char *func, const char *file, int
   fprintf(stderr, "[rank %d] error in %s (%s:%d): %s\n  group '%s' rank %d of %d, device %d\n  failed: %s\n", rank,
           func, file, line, msg, c->name, c->rank, c->size, nccl_check_device(), what);
   fflush(stderr);
+  // A peer that is stopped rather than dead (SIGSTOP, a wedged host) can hold NCCL's teardown
+  // forever: past COMM_NCCL_ABORT_S the process ends on SIGALRM, which the launcher sees as a dead
+  // rank and ends the job for.
+  alarm(COMM_NCCL_ABORT_S);
   comm_nccl_abort_all(((const comm_nccl *)c->impl)->world);
   if (inited) MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
