@@ -1,10 +1,12 @@
 // export_hf: a trainer checkpoint as a Hugging Face Llama model directory that
 // transformers' LlamaForCausalLM.from_pretrained(OUT_DIR) loads.
-//   build/export_hf CKPT OUT_DIR [--dtype bf16|fp32] [--force] [--shard-mb N]
+//   build/export_hf CKPT OUT_DIR [--dtype bf16|fp32] [--force] [--shard-mb N] [--tokenizer JSON]
 // Writes OUT_DIR/config.json and the weights in safetensors: model.safetensors, or past
 // --shard-mb (MB = 10^6 bytes, default 5000, as the Hub's 5GB) files model-0000k-of-0000n.safetensors
-// with model.safetensors.index.json. One tensor is in memory at a time. docs/hf.md.
+// with model.safetensors.index.json; with --tokenizer, that tokenizer.json beside them, so that
+// AutoTokenizer loads the export too. One tensor is in memory at a time. docs/hf.md.
 #include "app/config.h"
+#include "data/bpe.h"
 #include "kernels/base/check.h"
 #include "kernels/base/fs.h"
 #include "model/format/ckpt.h"
@@ -22,7 +24,7 @@
 #include <unistd.h>
 
 typedef struct export_args {
-  const char *ckpt, *out;
+  const char *ckpt, *out, *tokenizer;
   st_dtype dtype;
   int force;
   double shard_mb;
@@ -30,11 +32,12 @@ typedef struct export_args {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: export_hf CKPT OUT_DIR [--dtype bf16|fp32] [--force] [--shard-mb N]\n"
+          "usage: export_hf CKPT OUT_DIR [--dtype bf16|fp32] [--force] [--shard-mb N] [--tokenizer JSON]\n"
           "  writes the model of trainer checkpoint CKPT as a Hugging Face Llama directory (docs/hf.md)\n"
           "  --dtype      weights in fp32 (default, exact) or bf16 (rounded to nearest even)\n"
           "  --force      write into OUT_DIR even if it exists (its earlier export files are replaced)\n"
-          "  --shard-mb N largest safetensors file in MB (10^6 bytes) before sharding; default 5000\n");
+          "  --shard-mb N largest safetensors file in MB (10^6 bytes) before sharding; default 5000\n"
+          "  --tokenizer JSON  the tokenizer.json the data was prepared with, copied into OUT_DIR\n");
 }
 
 // 0, or 2 after printing what is wrong with the command line.
@@ -49,6 +52,8 @@ static int parse_args(export_args *a, int argc, char **argv) {
       if (strcmp(d, "fp32") && strcmp(d, "bf16"))
         return fprintf(stderr, "error: --dtype %s: expected fp32 or bf16\n", d), 2;
       a->dtype = strcmp(d, "bf16") == 0 ? ST_BF16 : ST_F32;
+    } else if (strcmp(s, "--tokenizer") == 0 && i + 1 < argc) {
+      a->tokenizer = argv[++i];
     } else if (strcmp(s, "--shard-mb") == 0 && i + 1 < argc) {
       char *end = NULL;
       a->shard_mb = strtod(argv[++i], &end);
@@ -152,10 +157,36 @@ static int write_shard(const export_args *a, const hf_tensor *list, const st_ent
   return 0;
 }
 
+// The tokenizer at path, checked (it loads; its ids fit the model's vocab_size), copied to
+// dir/tokenizer.json. 0 or -1.
+static int copy_tokenizer(const char *path, const model_config *mc, const char *dir, char *err, size_t n_err) {
+  bpe *b = bpe_load(path, err, n_err);
+  if (!b) return -1;
+  int32_t n = bpe_vocab_size(b);
+  bpe_free(b);
+  if (n > mc->vocab_size)
+    return snprintf(err, n_err, "tokenizer %s has %d tokens, more than the model's vocab_size %d: it is not the one "
+                    "the model was trained with", path, n, mc->vocab_size), -1;
+  char dst[4352];
+  snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
+  FILE *in = fopen(path, "rb"), *out = in ? fopen(dst, "wb") : NULL;
+  char buf[1 << 16];
+  size_t k;
+  int ok = in && out;
+  while (ok && (k = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, k, out) == k;
+  ok = ok && !ferror(in);
+  if (out && fclose(out) != 0) ok = 0;
+  if (in) fclose(in);
+  if (!ok) return snprintf(err, n_err, "cannot copy %s into %s: %s", path, dir, strerror(errno)), -1;
+  printf("export_hf: wrote %s (%d tokens)\n", dst, n);
+  return 0;
+}
+
 static int export_model(const export_args *a, char *err, size_t n_err) {
   cfg c;
   int64_t step = 0;
   if (read_config(a->ckpt, &c, &step, err, n_err) != 0 || prepare_dir(a->out, a->force, err, n_err) != 0) return -1;
+  if (a->tokenizer && copy_tokenizer(a->tokenizer, &c.model, a->out, err, n_err) != 0) return -1;
   hf_tensor *list = NULL;
   int n = hf_tensor_list(&c.model, &list);
   st_entry *entries = XCALLOC((size_t)n, sizeof(st_entry));

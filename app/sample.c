@@ -1,13 +1,15 @@
 // sample: text from a trainer checkpoint, generated in fp32 with a KV cache (model/decode.h) on
 // the CPU or a GPU (--device, named as train.device). The prompt is encoded with the byte-level
-// vocabulary of the default corpus (docs/data.md: token = byte); the continuation is printed as
-// text, non-printable bytes escaped.
-//   build/sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]
+// vocabulary of the default corpus (docs/data.md: token = byte), the continuation printed as
+// text, non-printable bytes escaped; or, with --tokenizer, with the byte-level BPE tokenizer the
+// data was prepared with (data/bpe.h), the continuation printed as the bytes it decodes to.
+//   build/sample CKPT --prompt TEXT [--tokenizer JSON] [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]
 //   build/sample CKPT --stream-loss [--data GLOB] [--device D]
 // --stream-loss prints the mean cross-entropy, decoded token by token through the cache, of the
 // global_batch training windows the checkpoint's next step would read: the trainer's step loss.
 #include "app/config.h"
 #include "app/factory.h"
+#include "data/bpe.h"
 #include "data/data.h"
 #include "kernels/base/check.h"
 #include "model/format/ckpt.h"
@@ -23,7 +25,7 @@
 #include <time.h>
 
 typedef struct sample_args {
-  const char *ckpt, *prompt, *data;
+  const char *ckpt, *prompt, *data, *tokenizer;
   cfg_device device;
   long tokens;
   float temperature, top_p;
@@ -33,9 +35,11 @@ typedef struct sample_args {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: sample CKPT --prompt TEXT [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]\n"
+          "usage: sample CKPT --prompt TEXT [--tokenizer JSON] [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]\n"
           "       sample CKPT --stream-loss [--data GLOB] [--device D]\n"
           "  generates text from trainer checkpoint CKPT (fp32, KV cache); prompt bytes are tokens\n"
+          "  --tokenizer JSON the Hugging Face tokenizer.json the data was prepared with (build/prepare\n"
+          "                   --tokenizer): the prompt is encoded and the output decoded with it\n"
           "  --tokens N       tokens to generate (default 200; generation also stops at the model's seq_len)\n"
           "  --temperature T  softmax temperature (default 0.8); 0 = greedy\n"
           "  --top-p P        nucleus sampling: keep the most likely tokens up to mass P (default 0.95)\n"
@@ -58,6 +62,8 @@ static int parse_option(sample_args *a, const char *opt, const char *val) {
   double v;
   if (strcmp(opt, "--prompt") == 0) {
     a->prompt = val;
+  } else if (strcmp(opt, "--tokenizer") == 0) {
+    a->tokenizer = val;
   } else if (strcmp(opt, "--data") == 0) {
     a->data = val;
   } else if (strcmp(opt, "--device") == 0) {
@@ -158,21 +164,58 @@ static void print_token(int32_t t) {
     printf("\\x%02x", (unsigned)t);
 }
 
+// The prompt encoded with the tokenizer, checked as encode_prompt does; *ids malloc'd. 0 or -1.
+static int encode_prompt_bpe(bpe *tok, const char *prompt, const model_config *mc, int32_t **ids, int *n, char *err,
+                             size_t n_err) {
+  int64_t n_ids = 0, cap = 0;
+  bpe_encode(tok, prompt, strlen(prompt), ids, &n_ids, &cap);
+  if (n_ids == 0) return snprintf(err, n_err, "the prompt is empty: give some text"), -1;
+  if (n_ids > mc->seq_len)
+    return snprintf(err, n_err, "the prompt is %lld tokens, longer than the model's seq_len %d: shorten it",
+                    (long long)n_ids, mc->seq_len), -1;
+  for (int64_t i = 0; i < n_ids; i++)
+    if ((*ids)[i] >= mc->vocab_size)
+      return snprintf(err, n_err, "prompt token %d is outside the model's vocabulary (vocab_size %d): the model was "
+                      "not trained with this tokenizer", (*ids)[i], mc->vocab_size), -1;
+  *n = (int)n_ids;
+  return 0;
+}
+
+// A token as the bytes the tokenizer decodes it to, or as print_token without one.
+static void emit_token(const bpe *tok, int32_t t) {
+  if (!tok) {
+    print_token(t);
+    return;
+  }
+  char *out = NULL;
+  size_t n_out = 0, cap = 0;
+  if (bpe_decode(tok, &t, 1, &out, &n_out, &cap) == 0) fwrite(out, 1, n_out, stdout);
+  else printf("<%d>", (int)t);
+  free(out);
+}
+
 static int generate(const sample_args *a, decode_model *m, char *err, size_t n_err) {
   const model_config *mc = &m->cfg;
-  int32_t *prompt = XMALLOC((size_t)mc->seq_len * sizeof(int32_t));
+  int32_t *prompt = NULL;
   int n = 0;
-  if (encode_prompt(a->prompt, mc, prompt, &n, err, n_err) != 0) return free(prompt), -1;
+  bpe *tok = NULL;
+  if (a->tokenizer) {
+    if (!(tok = bpe_load(a->tokenizer, err, n_err))) return -1;
+    if (encode_prompt_bpe(tok, a->prompt, mc, &prompt, &n, err, n_err) != 0) return free(prompt), bpe_free(tok), -1;
+  } else {
+    prompt = XMALLOC((size_t)mc->seq_len * sizeof(int32_t));
+    if (encode_prompt(a->prompt, mc, prompt, &n, err, n_err) != 0) return free(prompt), -1;
+  }
   decode_rng rng = {a->have_seed ? a->seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32)};
   if (a->temperature > 0)
     fprintf(stderr, "sample: temperature %g, top-p %g, seed %llu\n", a->temperature, a->top_p,
             (unsigned long long)rng.state);
   const float *logits = NULL;
-  for (int i = 0; i < n; i++) print_token(prompt[i]), logits = decode_step(m, prompt[i]);
+  for (int i = 0; i < n; i++) emit_token(tok, prompt[i]), logits = decode_step(m, prompt[i]);
   long made = 0;
   while (made < a->tokens) {
     int32_t t = decode_sample(logits, mc->vocab_size, a->temperature, a->top_p, &rng);
-    print_token(t);
+    emit_token(tok, t);
     fflush(stdout);
     made++;
     if (m->n_pos >= mc->seq_len) break;
@@ -183,6 +226,7 @@ static int generate(const sample_args *a, decode_model *m, char *err, size_t n_e
     fprintf(stderr, "sample: stopped after %ld tokens: the context reached the model's seq_len %d\n", made,
             mc->seq_len);
   free(prompt);
+  bpe_free(tok);
   return 0;
 }
 

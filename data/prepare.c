@@ -1,8 +1,11 @@
 // build/prepare: turns raw UTF-8 text files into token shards for the trainer. Byte-level
-// tokens (token = byte value, vocab 256), so any text works with no tokenizer files; the last
-// --val-fraction of the concatenated bytes becomes the validation split.
-//   build/prepare --out DIR [--val-fraction 0.05] [--shard-tokens N] FILE...
+// tokens (token = byte value, vocab 256) by default, so any text works with no tokenizer files;
+// or a Hugging Face byte-level BPE tokenizer (--tokenizer tokenizer.json, data/bpe.h), each file
+// encoded whole and followed by --eos's token if given. The last --val-fraction of the
+// concatenated tokens becomes the validation split.
+//   build/prepare --out DIR [--val-fraction 0.05] [--shard-tokens N] [--tokenizer JSON [--eos TOKEN]] FILE...
 // Writes DIR/train_000.bin, train_001.bin, ... and DIR/val_000.bin (docs/data.md).
+#include "data/bpe.h"
 #include "data/data.h"
 #include "kernels/base/fs.h"
 
@@ -17,13 +20,17 @@
 
 static void prepare_usage(FILE *f) {
   fprintf(f,
-          "usage: prepare --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
-          "  Tokenises text files byte by byte (vocab 256) into DIR/train_NNN.bin and\n"
-          "  DIR/val_NNN.bin (this project's shard format, docs/data.md).\n"
+          "usage: prepare --out DIR [--val-fraction F] [--shard-tokens N] [--tokenizer JSON [--eos TOKEN]] FILE...\n"
+          "  Tokenises text files byte by byte (vocab 256), or with a byte-level BPE tokenizer,\n"
+          "  into DIR/train_NNN.bin and DIR/val_NNN.bin (this project's shard format, docs/data.md).\n"
           "  --out DIR           output directory (created if missing)\n"
-          "  --val-fraction F    last fraction of the bytes kept for validation, 0 <= F < 1\n"
+          "  --val-fraction F    last fraction of the tokens kept for validation, 0 <= F < 1\n"
           "                      (default 0.05; 0 writes no val shard)\n"
-          "  --shard-tokens N    at most N tokens per shard (default 100000000)\n");
+          "  --shard-tokens N    at most N tokens per shard (default 100000000)\n"
+          "  --tokenizer JSON    a Hugging Face tokenizer.json (byte-level BPE: GPT-2's or Llama 3's\n"
+          "                      family); each file is read whole and encoded\n"
+          "  --eos TOKEN         with --tokenizer: the token written after each file, e.g.\n"
+          "                      '<|endoftext|>' (the document separator)\n");
 }
 
 // The input files read as one byte stream, so shards may span file boundaries.
@@ -32,12 +39,20 @@ typedef struct prepare_stream {
   int n_paths;
   int i_path;
   FILE *f;
+  const int32_t *tokens;  // with --tokenizer: every file's ids, in memory; NULL: bytes from the files
+  int64_t n_tokens, pos;
 } prepare_stream;
 
 // Reads up to n bytes as tokens; returns the count (short only at the end of the last file).
 static int64_t prepare_read(prepare_stream *s, int32_t *out, int64_t n) {
   static unsigned char buf[1 << 16];
   int64_t got = 0;
+  if (s->tokens) {
+    got = s->n_tokens - s->pos < n ? s->n_tokens - s->pos : n;
+    memcpy(out, s->tokens + s->pos, (size_t)got * sizeof *out);
+    s->pos += got;
+    return got;
+  }
   while (got < n && s->i_path < s->n_paths) {
     if (!s->f) {
       s->f = fopen(s->paths[s->i_path], "rb");
@@ -131,8 +146,57 @@ static void prepare_remove_stale(const char *dir, const char *name, int n_writte
   closedir(dd);
 }
 
+// Every file read whole and encoded with the tokenizer at path, eos's id after each (eos NULL:
+// none), into *tokens; returns the count. Errors end the program with one line.
+static int64_t prepare_encode(char **files, int n_files, const char *path, const char *eos, int32_t **tokens,
+                              int32_t *vocab) {
+  char err[1024];
+  bpe *b = bpe_load(path, err, sizeof err);
+  if (!b) {
+    fprintf(stderr, "prepare: %s\n", err);
+    exit(1);
+  }
+  int32_t eos_id = eos ? bpe_token_id(b, eos) : -1;
+  if (eos && eos_id < 0) {
+    fprintf(stderr, "prepare: --eos '%s' is not a token of %s: name one of its added tokens, e.g. "
+            "'<|endoftext|>' (GPT-2) or '<|end_of_text|>' (Llama 3)\n", eos, path);
+    exit(1);
+  }
+  int64_t n = 0, cap = 0;
+  for (int i = 0; i < n_files; i++) {
+    FILE *f = fopen(files[i], "rb");
+    char *text = NULL;
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+      text = malloc((size_t)size + 1);
+      if (!text || fread(text, 1, (size_t)size, f) != (size_t)size) size = -1;
+    }
+    if (f) fclose(f);
+    if (size < 0) {
+      fprintf(stderr, "prepare: cannot read %s: %s; expected a readable text file\n", files[i], strerror(errno));
+      exit(1);
+    }
+    bpe_encode(b, text, (size_t)size, tokens, &n, &cap);
+    if (eos) {
+      if (n == cap) {
+        *tokens = realloc(*tokens, (size_t)(cap = cap ? 2 * cap : 1) * sizeof **tokens);
+        if (!*tokens) {
+          fprintf(stderr, "prepare: out of memory for %lld tokens\n", (long long)n);
+          exit(1);
+        }
+      }
+      (*tokens)[n++] = eos_id;
+    }
+    printf("%s: %ld bytes, %lld tokens so far\n", files[i], size, (long long)n);
+    free(text);
+  }
+  *vocab = bpe_vocab_size(b);
+  bpe_free(b);
+  return n;
+}
+
 int main(int argc, char **argv) {
-  const char *out = NULL;
+  const char *out = NULL, *tokenizer = NULL, *eos = NULL;
   double val_fraction = 0.05;
   int64_t shard_tokens = 100000000;
   char **files = calloc((size_t)argc, sizeof *files);
@@ -143,7 +207,8 @@ int main(int argc, char **argv) {
       prepare_usage(stdout);
       return 0;
     }
-    if (!strcmp(a, "--out") || !strcmp(a, "--val-fraction") || !strcmp(a, "--shard-tokens")) {
+    if (!strcmp(a, "--out") || !strcmp(a, "--val-fraction") || !strcmp(a, "--shard-tokens") ||
+        !strcmp(a, "--tokenizer") || !strcmp(a, "--eos")) {
       if (i + 1 >= argc) {
         fprintf(stderr, "prepare: %s expects a value, found the end of the arguments\n", a);
         prepare_usage(stderr);
@@ -153,6 +218,10 @@ int main(int argc, char **argv) {
       char *end;
       if (!strcmp(a, "--out")) {
         out = v;
+      } else if (!strcmp(a, "--tokenizer")) {
+        tokenizer = v;
+      } else if (!strcmp(a, "--eos")) {
+        eos = v;
       } else if (!strcmp(a, "--val-fraction")) {
         val_fraction = strtod(v, &end);
         if (end == v || *end || !(val_fraction >= 0 && val_fraction < 1)) {
@@ -169,13 +238,18 @@ int main(int argc, char **argv) {
         shard_tokens = st;
       }
     } else if (a[0] == '-' && a[1]) {
-      fprintf(stderr, "prepare: unknown option '%s'; expected --out, --val-fraction or "
-              "--shard-tokens\n", a);
+      fprintf(stderr, "prepare: unknown option '%s'; expected --out, --val-fraction, --shard-tokens, "
+              "--tokenizer or --eos\n", a);
       prepare_usage(stderr);
       return 2;
     } else {
       files[n_files++] = argv[i];
     }
+  }
+  if (eos && !tokenizer) {
+    fprintf(stderr, "prepare: --eos names a token of a tokenizer: pass --tokenizer too (byte-level tokens have "
+            "no separator)\n");
+    return 2;
   }
   if (!out || n_files == 0) {
     fprintf(stderr, "prepare: expected --out DIR and at least one text file, found %s\n",
@@ -205,10 +279,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "prepare: the %d input file(s) are empty; expected some text\n", n_files);
     return 1;
   }
+  int32_t *tokens = NULL, vocab = 256;
+  if (tokenizer) n_total = prepare_encode(files, n_files, tokenizer, eos, &tokens, &vocab);
   int64_t n_val = (int64_t)((double)n_total * val_fraction);
   int64_t n_train = n_total - n_val;
   if (val_fraction > 0 && n_val == 0) {
-    fprintf(stderr, "prepare: warning: %lld bytes x val fraction %g rounds to 0 val tokens; "
+    fprintf(stderr, "prepare: warning: %lld tokens x val fraction %g rounds to 0 val tokens; "
             "no val shard written\n", (long long)n_total, val_fraction);
   }
   if (fs_make_dirs(out, NULL, 0) != 0) {
@@ -234,7 +310,7 @@ int main(int argc, char **argv) {
             "pass a smaller --shard-tokens\n", (long long)n_buf);
     return 1;
   }
-  prepare_stream s = {files, n_files, 0, NULL};
+  prepare_stream s = {files, n_files, 0, NULL, tokens, n_total, 0};
   int n_train_shards = prepare_write_split(&s, out, "train", n_train, shard_tokens, buf);
   int n_val_shards = n_val > 0 ? prepare_write_split(&s, out, "val", n_val, shard_tokens, buf) : 0;
   int32_t extra;
@@ -246,8 +322,10 @@ int main(int argc, char **argv) {
   prepare_remove_stale(out, "train", n_train_shards);
   prepare_remove_stale(out, "val", n_val_shards);
   printf("prepare: %lld tokens from %d file(s): %lld train in %d shard(s), %lld val in %d "
-         "shard(s); byte-level vocab: set model.vocab_size >= 256\n", (long long)n_total, n_files,
-         (long long)n_train, n_train_shards, (long long)n_val, n_val_shards);
+         "shard(s); %s vocab: set model.vocab_size >= %d\n", (long long)n_total, n_files,
+         (long long)n_train, n_train_shards, (long long)n_val, n_val_shards, tokenizer ? "the tokenizer's" : "byte-level",
+         vocab);
+  free(tokens);
   free(buf);
   free(files);
   return 0;
