@@ -169,15 +169,8 @@ static int copy_tokenizer(const char *path, const model_config *mc, const char *
                     "the model was trained with", path, n, mc->vocab_size), -1;
   char dst[4352];
   snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
-  FILE *in = fopen(path, "rb"), *out = in ? fopen(dst, "wb") : NULL;
-  char buf[1 << 16];
-  size_t k;
-  int ok = in && out;
-  while (ok && (k = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, k, out) == k;
-  ok = ok && !ferror(in);
-  if (out && fclose(out) != 0) ok = 0;
-  if (in) fclose(in);
-  if (!ok) return snprintf(err, n_err, "cannot copy %s into %s: %s", path, dir, strerror(errno)), -1;
+  if (fs_copy_file(path, dst) != 0)
+    return snprintf(err, n_err, "cannot copy %s into %s: %s", path, dir, strerror(errno)), -1;
   printf("export_hf: wrote %s (%d tokens)\n", dst, n);
   return 0;
 }

@@ -2,7 +2,8 @@
 // the CPU or a GPU (--device, named as train.device). The prompt is encoded with the byte-level
 // vocabulary of the default corpus (docs/data.md: token = byte), the continuation printed as
 // text, non-printable bytes escaped; or, with --tokenizer, with the byte-level BPE tokenizer the
-// data was prepared with (data/bpe.h), the continuation printed as the bytes it decodes to.
+// data was prepared with (data/bpe.h; by default the one build/prepare recorded beside the
+// checkpoint's data.train shards), the continuation printed as the bytes it decodes to.
 //   build/sample CKPT --prompt TEXT [--tokenizer JSON] [--tokens N] [--temperature T] [--top-p P] [--seed S] [--device D]
 //   build/sample CKPT --stream-loss [--data GLOB] [--device D]
 // --stream-loss prints the mean cross-entropy, decoded token by token through the cache, of the
@@ -39,7 +40,8 @@ static void usage(void) {
           "       sample CKPT --stream-loss [--data GLOB] [--device D]\n"
           "  generates text from trainer checkpoint CKPT (fp32, KV cache); prompt bytes are tokens\n"
           "  --tokenizer JSON the Hugging Face tokenizer.json the data was prepared with (build/prepare\n"
-          "                   --tokenizer): the prompt is encoded and the output decoded with it\n"
+          "                   --tokenizer): the prompt is encoded and the output decoded with it; default:\n"
+          "                   tokenizer.json beside the checkpoint's data.train shards, where prepare wrote one\n"
           "  --tokens N       tokens to generate (default 200; generation also stops at the model's seq_len)\n"
           "  --temperature T  softmax temperature (default 0.8); 0 = greedy\n"
           "  --top-p P        nucleus sampling: keep the most likely tokens up to mass P (default 0.95)\n"
@@ -194,13 +196,28 @@ static void emit_token(const bpe *tok, int32_t t) {
   free(out);
 }
 
-static int generate(const sample_args *a, decode_model *m, char *err, size_t n_err) {
+// The tokenizer the data was prepared with, where build/prepare recorded it: tokenizer.json in
+// the folder of the checkpoint's data.train shards. Written into path (n_path bytes); NULL: none.
+static const char *recorded_tokenizer(const cfg *c, char *path, size_t n_path) {
+  const char *slash = strrchr(c->data.train, '/');
+  int n_dir = slash ? (int)(slash - c->data.train) : 1;
+  struct stat st;
+  if (snprintf(path, n_path, "%.*s/tokenizer.json", n_dir, slash ? c->data.train : ".") >= (int)n_path ||
+      stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    return NULL;
+  fprintf(stderr, "sample: the tokenizer recorded with the data: %s (--tokenizer names another)\n", path);
+  return path;
+}
+
+static int generate(const sample_args *a, const cfg *c, decode_model *m, char *err, size_t n_err) {
   const model_config *mc = &m->cfg;
   int32_t *prompt = NULL;
   int n = 0;
   bpe *tok = NULL;
-  if (a->tokenizer) {
-    if (!(tok = bpe_load(a->tokenizer, err, n_err))) return -1;
+  char recorded[4352];
+  const char *tokenizer = a->tokenizer ? a->tokenizer : recorded_tokenizer(c, recorded, sizeof recorded);
+  if (tokenizer) {
+    if (!(tok = bpe_load(tokenizer, err, n_err))) return -1;
     if (encode_prompt_bpe(tok, a->prompt, mc, &prompt, &n, err, n_err) != 0) return free(prompt), bpe_free(tok), -1;
   } else {
     prompt = XMALLOC((size_t)mc->seq_len * sizeof(int32_t));
@@ -278,7 +295,8 @@ static int run(const sample_args *a, char *err, size_t n_err) {
           named ? ")" : "");
   decode_model m;
   int rc = decode_init(&m, be, &c.model, ckpt_read_decode, (void *)a->ckpt, err, n_err);
-  if (rc == 0) rc = a->stream_loss ? stream_loss(a, &m, &c, meta.samples_seen, err, n_err) : generate(a, &m, err, n_err);
+  if (rc == 0)
+    rc = a->stream_loss ? stream_loss(a, &m, &c, meta.samples_seen, err, n_err) : generate(a, &c, &m, err, n_err);
   decode_free(&m);  // safe after a failed decode_init
   k_backend_free(&be);
   return rc;

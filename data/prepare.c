@@ -195,6 +195,25 @@ static int64_t prepare_encode(char **files, int n_files, const char *path, const
   return n;
 }
 
+// The tokenizer beside the shards (DIR/tokenizer.json), where build/sample and export_hf find
+// it; without one, an earlier run's is removed, as stale shards are.
+static void prepare_record_tokenizer(const char *dir, const char *tokenizer) {
+  char path[4352];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  if (!tokenizer) {
+    if (remove(path) == 0) printf("removed stale %s (these shards are byte-level)\n", path);
+    return;
+  }
+  struct stat a, b;
+  if (stat(tokenizer, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return;
+  if (fs_copy_file(tokenizer, path) != 0) {
+    fprintf(stderr, "prepare: cannot copy %s to %s: %s; the shards are written, pass --tokenizer to build/sample "
+            "yourself\n", tokenizer, path, strerror(errno));
+    exit(1);
+  }
+  printf("wrote %s: the tokenizer, recorded with the data for build/sample\n", path);
+}
+
 int main(int argc, char **argv) {
   const char *out = NULL, *tokenizer = NULL, *eos = NULL;
   double val_fraction = 0.05;
@@ -321,6 +340,7 @@ int main(int argc, char **argv) {
   }
   prepare_remove_stale(out, "train", n_train_shards);
   prepare_remove_stale(out, "val", n_val_shards);
+  prepare_record_tokenizer(out, tokenizer);
   printf("prepare: %lld tokens from %d file(s): %lld train in %d shard(s), %lld val in %d "
          "shard(s); %s vocab: set model.vocab_size >= %d\n", (long long)n_total, n_files,
          (long long)n_train, n_train_shards, (long long)n_val, n_val_shards, tokenizer ? "the tokenizer's" : "byte-level",

@@ -1,4 +1,4 @@
-// mkdir -p (see fs.h).
+// mkdir -p and a file copy (see fs.h).
 #include "kernels/base/fs.h"
 
 #include <errno.h>
@@ -34,4 +34,20 @@ int fs_make_parent_dirs(const char *path, char *failed, size_t n_failed) {
   if (!slash || slash == p) return 0;
   *slash = '\0';
   return fs_make_dirs(p, failed, n_failed);
+}
+
+int fs_copy_file(const char *src, const char *dst) {
+  FILE *in = fopen(src, "rb");
+  if (!in) return -1;
+  FILE *out = fopen(dst, "wb");
+  char buf[1 << 16];
+  size_t k;
+  int ok = out != NULL, saved = out ? 0 : errno;
+  while (ok && (k = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, k, out) != k) ok = 0, saved = errno;
+  if (ok && ferror(in)) ok = 0, saved = EIO;
+  if (out && fclose(out) != 0 && ok) ok = 0, saved = errno;
+  fclose(in);
+  if (!ok) errno = saved;
+  return ok ? 0 : -1;
 }

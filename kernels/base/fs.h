@@ -1,5 +1,5 @@
 // Folders the trainer and its tools write into (checkpoints, metrics, event files, exports,
-// shards): one `mkdir -p` for every layer.
+// shards): one `mkdir -p` for every layer; and one file copy.
 #ifndef TRAINER_FS_H
 #define TRAINER_FS_H
 
@@ -13,5 +13,7 @@
 int fs_make_dirs(const char *dir, char *failed, size_t n_failed);
 // The folders above the file at path (its dirname), as fs_make_dirs; nothing for a bare name.
 int fs_make_parent_dirs(const char *path, char *failed, size_t n_failed);
+// Copies the file src to dst (created or replaced). 0, or -1 with errno set.
+int fs_copy_file(const char *src, const char *dst);
 
 #endif

@@ -23,6 +23,12 @@ ids=$(for f in "$WORK"/shards/train_*.bin "$WORK"/shards/val_*.bin; do tail -c +
   model.vocab_size=657 train.steps=3 train.warmup_steps=1 log.metrics= "checkpoint.dir=$WORK/ckpt" checkpoint.every=3 \
   $EXTRA_ARGS > "$WORK/train.log" 2>&1 && pass "the tiny model trains on them" || fail "training: $(tail -n 2 "$WORK/train.log")"
 ckpt=$WORK/ckpt/ckpt_00000003.h5
+cmp -s "$TOK" "$WORK/shards/tokenizer.json" && pass "prepare records the tokenizer beside the shards" ||
+  fail "no tokenizer.json beside the shards"
+out=$("$BUILD/sample" "$ckpt" --prompt "In the beginning" --tokens 5 --temperature 0 --device cpu 2> "$WORK/sample.err")
+case "$out" in "In the beginning"*) grep -q "the tokenizer recorded with the data" "$WORK/sample.err" &&
+  pass "sample finds the recorded tokenizer by itself" || fail "sample: no note of the recorded tokenizer" ;;
+  *) fail "sample with the recorded tokenizer: '$out'" ;; esac
 out=$("$BUILD/sample" "$ckpt" --tokenizer "$TOK" --prompt "In the beginning" --tokens 5 --temperature 0 --device cpu 2> "$WORK/sample.err")
 case "$out" in "In the beginning"*) pass "sample prints the prompt decoded: '$(echo "$out" | head -n 1)'" ;;
   *) fail "sample with --tokenizer: '$out'" ;; esac
@@ -37,4 +43,8 @@ json.dump(t, open(sys.argv[2], "w"))' "$TOK" "$WORK/big.json"
 err=$("$BUILD/export_hf" "$WORK/small/ckpt_00000001.h5" "$WORK/hf2" --tokenizer "$WORK/big.json" 2>&1) || true
 case "$err" in *"has 901 tokens, more than the model's vocab_size 700"*) pass "a tokenizer larger than the model is refused" ;;
   *) fail "larger tokenizer: '$err'" ;; esac
+printf 'bytes again\n' > "$WORK/c.txt"
+"$BUILD/prepare" --out "$WORK/shards" "$WORK/c.txt" > "$WORK/prepare2.log" 2>&1
+[ ! -e "$WORK/shards/tokenizer.json" ] && grep -q "removed stale .*tokenizer.json" "$WORK/prepare2.log" &&
+  pass "byte-level shards into the same folder remove the recorded tokenizer" || fail "stale tokenizer.json kept"
 summary
