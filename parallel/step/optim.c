@@ -374,7 +374,7 @@ static void opt_skip_update(opt_state *o) {
 // The update also writes the compute copy of this rank's elements (when the copy is not the
 // master itself). With ZeRO the other ranks' parts of the copy are then all-gathered, piece by
 // piece: only the compute copy, so the master weights outside this rank's shard are stale (where
-// the optimizer holds the master, not held at all; opt_get_params gathers them) except the norms,
+// the optimizer holds the master, not held at all; a checkpoint takes each rank's shard) except the norms,
 // which forward reads in fp32 (opt_share_norms).
 static void opt_update(opt_state *o, const float *grad, const opt_hparams *h) {
   model *m = o->m;

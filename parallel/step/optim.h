@@ -65,8 +65,9 @@ double opt_step(opt_state *o, float lr, int64_t t);
 // or the one offload_layer_wait left pending. Checkpoints call it first, so a run resumed from
 // one continues bitwise. No-op otherwise.
 void opt_flush(opt_state *o);
-// Master weights and moments for this rank's whole flat buffer (gathered over dp with ZeRO),
-// into host arrays of m->n_params elements; and the moments back. Collective over dp with ZeRO.
+// Master weights and moments of this rank's whole flat buffer, into host arrays of m->n_params
+// elements; and the moments back. Only where the optimizer is not sharded over dp (checked);
+// sharded, each rank takes its shard alone (opt_get_shard below).
 void opt_get_params(opt_state *o, float *params_host);
 void opt_get_moments(opt_state *o, float *exp_avg_host, float *exp_avg_sq_host);
 void opt_set_moments(opt_state *o, const float *exp_avg_host, const float *exp_avg_sq_host);

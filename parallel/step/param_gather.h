@@ -13,7 +13,7 @@
 // FP8 weights' parts in it are cast from the gathered copy. Then the transposes are made from the
 // codes. A bucket's parts are flat ranges, so buckets and parts cut weights and rows anywhere.
 // The compute copy of the FP8 weights in code buckets is then stale outside this rank's parts:
-// only the FP8 GEMMs read those weights, and checkpoints take the fp32 masters (opt_get_params).
+// only the FP8 GEMMs read those weights, and checkpoints take the fp32 masters (opt_get_shard).
 #ifndef TRAINER_PARAM_GATHER_H
 #define TRAINER_PARAM_GATHER_H
 
