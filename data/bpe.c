@@ -12,7 +12,8 @@
 #include <string.h>
 
 // ---------------------------------------------------------------------------------------------
-// Hash maps: byte strings to ids, and id pairs to merges.
+// A hash map from byte strings to ids: the vocab, the merges (keyed by the pair's two ids) and the
+// cache of encoded pre-tokens.
 
 typedef struct strmap {
   char **keys;
@@ -69,43 +70,6 @@ static void strmap_free(strmap *m) {
   for (size_t i = 0; i < m->cap; i++) free(m->keys[i]);
   free(m->keys), free(m->lens), free(m->vals);
   memset(m, 0, sizeof *m);
-}
-
-typedef struct pairmap {
-  uint64_t *keys;  // (a << 32 | b) + 1; 0: empty
-  int32_t *rank, *merged;
-  size_t cap, n;
-} pairmap;
-
-static size_t pair_slot(const pairmap *m, uint64_t key) {
-  size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (m->cap - 1);
-  while (m->keys[i] && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
-  return i;
-}
-
-static void pair_grow(pairmap *m) {
-  pairmap old = *m;
-  m->cap = old.cap ? old.cap * 2 : 1024;
-  m->keys = XCALLOC(m->cap, sizeof *m->keys);
-  m->rank = XCALLOC(m->cap, sizeof *m->rank);
-  m->merged = XCALLOC(m->cap, sizeof *m->merged);
-  for (size_t i = 0; i < old.cap; i++) {
-    if (!old.keys[i]) continue;
-    size_t j = pair_slot(m, old.keys[i]);
-    m->keys[j] = old.keys[i], m->rank[j] = old.rank[i], m->merged[j] = old.merged[i];
-  }
-  free(old.keys), free(old.rank), free(old.merged);
-}
-
-static uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1; }
-
-// The merge of (a, b): its rank, or -1 (*merged then untouched).
-static int32_t pair_get(const pairmap *m, int32_t a, int32_t b, int32_t *merged) {
-  if (!m->cap) return -1;
-  size_t i = pair_slot(m, pair_key(a, b));
-  if (!m->keys[i]) return -1;
-  *merged = m->merged[i];
-  return m->rank[i];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,7 +181,8 @@ static size_t match_llama3(const uint32_t *c, size_t n, size_t i) {
 
 struct bpe {
   strmap vocab;            // byte-level strings (UTF-8 of the mapped characters) -> id
-  pairmap merges;
+  strmap merges;           // the ids (a, b) of a merge's parts, as 8 bytes -> its rank
+  int32_t *merged;         // (ranks) the id each merge makes
   char **text;             // (n_ids) each id's string: byte-level for the vocab, raw for added tokens
   size_t *text_len;
   unsigned char *added;    // (n_ids) 1 for an added token
@@ -328,6 +293,7 @@ static int read_vocab(bpe *b, const json_value *model, const json_value *added, 
       return fail(err, n_err, path, "vocab entry '%s' appears twice", k);
     set_text(b, (int32_t)vocab->items[i].integer, k, strlen(k), 0);
   }
+  b->merged = XCALLOC(merges->n + 1, sizeof *b->merged);
   for (size_t r = 0; r < merges->n; r++) {
     const json_value *m = &merges->items[r];
     const char *a = NULL, *bb = NULL;
@@ -352,10 +318,9 @@ static int read_vocab(bpe *b, const json_value *model, const json_value *added, 
     if (ia < 0 || ib < 0 || ij < 0)
       return fail(err, n_err, path, "merge %zu ('%s' + '%s') refers to a token not in the vocab ('%s'): the merges "
                                     "and the vocab do not belong together", r, a, bb, ia < 0 ? a : ib < 0 ? bb : "the merged one");
-    if (2 * (b->merges.n + 1) > b->merges.cap) pair_grow(&b->merges);
-    size_t s = pair_slot(&b->merges, pair_key(ia, ib));
-    if (b->merges.keys[s]) continue;  // a repeated merge keeps its first rank
-    b->merges.keys[s] = pair_key(ia, ib), b->merges.rank[s] = (int32_t)r, b->merges.merged[s] = ij, b->merges.n++;
+    const int32_t key[2] = {ia, ib};
+    b->merged[r] = ij;
+    (void)strmap_put(&b->merges, (const char *)key, sizeof key, (int32_t)r);  // a repeated merge keeps its first rank
   }
   return 0;
 }
@@ -430,7 +395,8 @@ void bpe_free(bpe *b) {
   if (!b) return;
   strmap_free(&b->vocab);
   strmap_free(&b->cache);
-  free(b->merges.keys), free(b->merges.rank), free(b->merges.merged);
+  strmap_free(&b->merges);
+  free(b->merged);
   for (int32_t i = 0; i < b->n_ids; i++) free(b->text[i]);
   free(b->text), free(b->text_len), free(b->added);
   free(b->added_text), free(b->added_len), free(b->added_id);
@@ -448,6 +414,14 @@ int32_t bpe_token_id(const bpe *b, const char *s) {
 
 // ---------------------------------------------------------------------------------------------
 // Encoding.
+
+// The merge of the ids (a, c): its rank, *merged the id it makes; or -1.
+static int32_t pair_get(const bpe *b, int32_t a, int32_t c, int32_t *merged) {
+  const int32_t key[2] = {a, c};
+  const int32_t r = strmap_get(&b->merges, (const char *)key, sizeof key);
+  if (r >= 0) *merged = b->merged[r];
+  return r;
+}
 
 // p grown to n_bytes (realloc), or the run ends with a message.
 static void *grow(void *p, size_t n_bytes) {
@@ -483,7 +457,7 @@ static void encode_word(bpe *b, const unsigned char *w, size_t n, int32_t **ids,
       for (;;) {  // merge every occurrence of the lowest-ranked pair, left to right
         int32_t best = -1, merged = -1, m;
         for (size_t i = 0; i + 1 < ns; i++) {
-          int32_t r = pair_get(&b->merges, sym[i], sym[i + 1], &m);
+          int32_t r = pair_get(b, sym[i], sym[i + 1], &m);
           if (r >= 0 && (best < 0 || r < best)) best = r, merged = m;
         }
         if (best < 0) break;
@@ -491,7 +465,7 @@ static void encode_word(bpe *b, const unsigned char *w, size_t n, int32_t **ids,
         size_t k = 0;
         for (size_t i = 0; i < ns; i++) {
           a = sym[i];
-          if (i + 1 < ns && pair_get(&b->merges, a, sym[i + 1], &x) == best) sym[k++] = merged, i++;
+          if (i + 1 < ns && pair_get(b, a, sym[i + 1], &x) == best) sym[k++] = merged, i++;
           else sym[k++] = a;
         }
         ns = k;
