@@ -4,8 +4,10 @@
 // contractions in both cases, numbers, runs of spaces, tabs and newlines, CRLF, letters and
 // digits outside ASCII, emoji, an added token inside and between words) as the independent
 // reference (tests/tools/bpe_reference.py, the patterns run by Python's regex module) gives
-// them. Each text must encode to the same ids and decode back to itself byte for byte. Then the
-// bad inputs: a WordPiece model, a merge of unknown tokens, another pre-tokenizer, a vocab
+// them. Then the same texts against the Hugging Face tokenizers library itself: two tokenizers its
+// BpeTrainer made from the whole KJV text (the same two pre-tokenizers, the added token at id 0)
+// and the ids its encode() gives (scripts/tools/bpe_hf_fixtures.py). Each text must encode to the
+// same ids and decode back to itself byte for byte. Then the bad inputs: a WordPiece model, a merge of unknown tokens, another pre-tokenizer, a vocab
 // without every byte, a file that is not JSON.
 #include "data/bpe.h"
 #include "kernels/base/json.h"
@@ -20,7 +22,9 @@ static const char *src_dir(void) {
   return s ? s : ".";
 }
 
-static void check_cases(const char *style) {
+// style names the fixture pair <style>_style.json and <style>_cases.json; eot_id is where the
+// trainer that made it put the added token <|endoftext|>.
+static void check_cases(const char *style, int eot_id) {
   char tok_path[1024], cases_path[1024], err[1024] = "";
   snprintf(tok_path, sizeof tok_path, "%s/tests/fixtures/bpe/%s_style.json", src_dir(), style);
   snprintf(cases_path, sizeof cases_path, "%s/tests/fixtures/bpe/%s_cases.json", src_dir(), style);
@@ -58,9 +62,10 @@ static void check_cases(const char *style) {
     free(out);
     free(ids);
   }
-  EXPECT(n_same == (int)cases->n, "%s: %d of %zu texts encode to the reference's ids", style, n_same, cases->n);
+  EXPECT(n_same == (int)cases->n, "%s: %d of %zu texts encode to the fixture's ids", style, n_same, cases->n);
   EXPECT(n_round == (int)cases->n, "%s: %d of %zu texts decode back to themselves", style, n_round, cases->n);
-  EXPECT(bpe_token_id(b, "<|endoftext|>") == bpe_vocab_size(b) - 1, "%s: the added token's id", style);
+  EXPECT(bpe_token_id(b, "<|endoftext|>") == (eot_id < 0 ? bpe_vocab_size(b) - 1 : eot_id), "%s: the added token's id",
+         style);
   printf("%s: %zu texts, %lld tokens, vocab %d\n", style, cases->n, (long long)n_tokens, bpe_vocab_size(b));
   json_free(cases);
   bpe_free(b);
@@ -119,8 +124,10 @@ static void check_bad_input(void) {
 }
 
 int main(void) {
-  check_cases("gpt2");
-  check_cases("llama3");
+  check_cases("gpt2", -1);  // the reference puts the added token last
+  check_cases("llama3", -1);
+  check_cases("hf_gpt2", 0);  // tokenizers' BpeTrainer puts its special tokens first
+  check_cases("hf_llama3", 0);
   check_bad_input();
   return test_summary();
 }
