@@ -19,7 +19,7 @@
 // fp32 buffers are float *; act-dtype buffers (the backend's activation dtype) are void *.
 struct model_work {
   void *block;                 // the single allocation the buffers below live in
-  float *s1, *s2;              // (rs, d) fp32
+  float *reduce_scratch;       // (rs, d) fp32: the tp reductions' scratch
   float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
   void *fa;                    // (rows, d) act: f1 cast for a GEMM
   int fa_ready;                // fa already holds the act copy of the residual gradient g
@@ -69,7 +69,7 @@ static inline void *at(const model *m, void *p, int64_t i) { return (char *)p + 
 
 static void carve_work(const model_dims *dm, struct model_work *w, carve *c) {
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
-  w->s1 = take(c, rs * d); w->s2 = take(c, rs * d);
+  w->reduce_scratch = take(c, rs * d);
   w->f1 = take(c, rows * d); w->f2 = take(c, rows * d);
   w->fa = take_act(c, rows * d);
   w->q1 = take_act(c, rows * qd);
@@ -216,6 +216,12 @@ static void reduce_start(const model *m, float *y, float *y_s, int d) {
 static void reduce_finish(const model *m, float *y, float *y_s, int d) {
   m->comm.ops->reduce_finish(m->comm.ctx, y, y_s, d);
 }
+static void reduce_add_start(const model *m, float *y, float *y_s, int d) {
+  m->comm.ops->reduce_add_start(m->comm.ctx, y, y_s, m->work->reduce_scratch, d);
+}
+static void reduce_add_finish(const model *m, float *y, float *y_s, int d) {
+  m->comm.ops->reduce_add_finish(m->comm.ctx, y, y_s, m->work->reduce_scratch, d);
+}
 static void tp_all_reduce(const model *m, float *x, int64_t n, model_reduce_op op) {
   m->comm.ops->tp_all_reduce(m->comm.ctx, x, n, op);
 }
@@ -243,10 +249,20 @@ static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const v
 static int fp8_on(const model *m, const model_layer *ly) { return model_fp8_layer_on(m, ly->wq->layer); }
 
 // Whether ly's norm output hn, the input of projection p, holds its FP8 codes (rows, d bytes)
-// instead of its values: where its scale is known before hn is made (model_fp8_fused_casts) and
-// this rank makes every row (no SP gather: the other ranks' rows would arrive in the act dtype).
+// instead of its values: where its scale is known before hn is made (model_fp8_fused_casts).
+// With SP each rank makes its own rows' codes and the codes are gathered.
 static int hn_is_codes(const model *m, const model_layer *ly) {
-  return ly && enter_is_copy(m) && fp8_on(m, ly) && model_fp8_fused_casts(m);
+  return ly && fp8_on(m, ly) && model_fp8_fused_casts(m);
+}
+
+// FP8 codes (rows, d bytes) gathered into the region: moved as bf16 pairs (d is even).
+static void gather_codes_start(const model *m, uint8_t *codes, int d) { gather_start(m, codes, d / 2, K_BF16); }
+
+// Whether the residual gradient leaving a region into ly's projections is gathered as its FP8
+// codes (SP, the gradient's scale known before the cast): each rank casts its own rows, the codes
+// cross (half the bytes of the act dtype) and the data gradient starts on this rank's rows.
+static int grad_gathers_codes(const model *m, const model_layer *ly) {
+  return !enter_is_copy(m) && fp8_on(m, ly) && model_fp8_fused_casts(m);
 }
 
 // hn (rows, d) act = norm(x) inside the region; rstd (rs) saved. The norm writes this rank's
@@ -261,7 +277,9 @@ static void norm_enter_start(model *m, const model_layer *ly, int p, const float
   uint8_t *codes;
   float *amax;
   if (hn_is_codes(m, ly) && model_fp8_fused_cast(m, ly->fp8, p, hn, &scale, &codes, &amax)) {
-    m->be->rmsnorm_fwd_fp8(m->be, x, w, NULL, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale, codes, amax);
+    m->be->rmsnorm_fwd_fp8(m->be, x, w, NULL, rstd, dm->rows_s, dm->d, m->cfg.norm_eps, scale,
+                           codes + own_row(m) * dm->d, amax);
+    if (!enter_is_copy(m)) gather_codes_start(m, codes, dm->d);
     return;
   }
   m->be->rmsnorm_fwd_act(m->be, x, w, at(m, hn, own_row(m) * dm->d), rstd, dm->rows_s, dm->d, m->cfg.norm_eps);
@@ -306,11 +324,16 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
     return;
   }
   const int64_t r0 = own_row(m), r1 = r0 + m->dims.rows_s;
-  model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r1, K);
+  const int codes = hn_is_codes(m, ly);  // made by the norm, gathered: no cast
+  if (!codes) model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r1, K);
   proj_rows(m, ly, w, p, r0, r1, N, K, x, (char *)y + r0 * N * k_dtype_bytes(ct), ct, 0);
   gather_finish(m);
-  model_fp8_cast_input_rows(m, ly->fp8, p, x, 0, r0, K);
-  model_fp8_cast_input_rows(m, ly->fp8, p, x, r1, rows, K);
+  if (codes) {
+    model_fp8_cast_input(m, ly->fp8, p, NULL, rows, K);  // made: taken
+  } else {
+    model_fp8_cast_input_rows(m, ly->fp8, p, x, 0, r0, K);
+    model_fp8_cast_input_rows(m, ly->fp8, p, x, r1, rows, K);
+  }
   proj_rows(m, ly, w, p, 0, r0, N, K, x, y, ct, 0);
   proj_rows(m, ly, w, p, r1, rows, N, K, x, (char *)y + r1 * N * k_dtype_bytes(ct), ct, 0);
 }
@@ -325,19 +348,30 @@ static void proj_dgrad(model *m, const model_layer *ly, const model_tensor *w, i
     return;
   }
   model_fp8_cast_grad(m, ly->fp8, p, g, rows, N);
-  model_fp8_dgrad(m, ly->fp8, p, rows, N, K, dx, ct);
+  model_fp8_dgrad(m, ly->fp8, p, 0, rows, N, K, dx, ct);
 }
 
-// The same with g gathered into the region by gather_start (the gather completes in FP8
-// before the cast; else the GEMM starts on this rank's rows).
+// The same with g gathered into the region by grad_exit_start: the GEMM starts on this rank's
+// rows while the others arrive; in FP8 where grad_gathers_codes, g's codes were cast by rows and
+// gathered, and their transpose is made once every row is there; else, in FP8, the gather
+// completes before the cast.
 static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
                                 const void *g, void *dx, k_dtype ct) {
   if (!fp8_on(m, ly)) {
     gemm_gathered(m, 0, K, N, g, w->pc, K, dx, ct);
     return;
   }
+  if (!grad_gathers_codes(m, ly)) {
+    gather_finish(m);
+    proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
+    return;
+  }
+  const int64_t rows = m->dims.rows, r0 = own_row(m), r1 = r0 + m->dims.rows_s;
+  model_fp8_dgrad(m, ly->fp8, p, r0, r1, N, K, dx, ct);
   gather_finish(m);
-  proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
+  model_fp8_dgrad(m, ly->fp8, p, 0, r0, N, K, dx, ct);
+  model_fp8_dgrad(m, ly->fp8, p, r1, rows, N, K, dx, ct);
+  model_fp8_grad_rows_done(m, rows, N);
 }
 
 // Weight gradient w->g (N, K) += g^T x (= where model_grad_written), g (rows, N) the output
@@ -355,8 +389,8 @@ static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, 
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
-// go first, and their reduce-scatter (this rank's rows zero in it) into s2 runs while this rank's
-// rows are computed, with the residual in the GEMM's epilogue, into xout; then xout += s2.
+// go first, and their reduce-scatter runs while this rank's rows are computed, with the residual
+// in the GEMM's epilogue, into xout; its finish adds the other ranks' sums of this rank's rows.
 static void proj_residual(model *m, const model_layer *ly, const model_tensor *w, int p, const void *a, int K,
                           const float *xin, float *xout) {
   k_backend *be = m->be;
@@ -364,67 +398,64 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
   const model_dims *dm = &m->dims;
   int d = dm->d, fp8 = fp8_on(m, ly);
   int64_t rs = dm->rows_s, rows = dm->rows, r0 = own_row(m), r1 = r0 + rs;
-  size_t n_bytes = (size_t)(rs * d) * sizeof(float);
   if (fp8) model_fp8_cast_input(m, ly->fp8, p, a, rows, K);
   if (exit_is_copy(m)) {
     if (!fp8) be->linear_residual(be, (int)rows, d, K, a, w->pc, xin, xout);
     else model_fp8_fwd_rows(m, ly->fp8, p, 0, rows, d, K, xin, xout, K_F32, 1);  // xout = xin + a w^T
     return;
   }
-  if (!m->sp) {
+  if (!m->sp) {  // all-reduced in place
     proj_rows(m, ly, w, p, 0, rows, d, K, a, wk->f1, K_F32, 0);
-    reduce_start(m, wk->f1, wk->s2, d);
-    reduce_finish(m, wk->f1, wk->s2, d);
-    be->copy(be, xout, xin, n_bytes);
-  } else {
-    proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
-    proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
-    be->zero(be, wk->f1 + r0 * d, n_bytes);
-    reduce_start(m, wk->f1, wk->s2, d);
-    if (!fp8) be->linear_residual(be, (int)rs, d, K, at(m, (void *)a, r0 * K), w->pc, xin, xout);
-    else model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, d, K, xin, xout, K_F32, 1);
-    reduce_finish(m, wk->f1, wk->s2, d);
+    reduce_start(m, wk->f1, wk->f1, d);
+    reduce_finish(m, wk->f1, wk->f1, d);
+    be->copy(be, xout, xin, (size_t)(rs * d) * sizeof(float));
+    be->add(be, xout, wk->f1, rs * d);
+    return;
   }
-  be->add(be, xout, wk->s2, rs * d);
+  proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
+  proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
+  reduce_add_start(m, wk->f1, xout, d);
+  if (!fp8) be->linear_residual(be, (int)rs, d, K, at(m, (void *)a, r0 * K), w->pc, xin, xout);
+  else model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, d, K, xin, xout, K_F32, 1);
+  reduce_add_finish(m, wk->f1, xout, d);
 }
 
 // The act-dtype GEMM operand (rows, d) in w->fa of the residual gradient g (rs, d) leaving a
-// region: this rank's rows, rounded, and their gather starts (SP; rounding commutes with the
-// gather); gemm_gathered or gather_finish completes it.
-static void grad_exit_start(model *m, const float *g) {
+// region into ly's projection p: this rank's rows, rounded (unless grad_enter_norm wrote them),
+// and their gather starts (SP; rounding commutes with the gather), or, where
+// grad_gathers_codes, the gather of their FP8 codes; proj_dgrad_gathered completes it.
+static void grad_exit_start(model *m, const model_layer *ly, int p, const float *g) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
-  if (enter_is_copy(m)) {
-    if (!wk->fa_ready) be->cast(be, wk->fa, be->act, g, K_F32, dm->rows * dm->d);
-    wk->fa_ready = 0;
-    return;
-  }
-  be->cast(be, at(m, wk->fa, own_row(m) * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
-  gather_start(m, wk->fa, dm->d, be->act);
+  const int64_t r0 = own_row(m);
+  if (!wk->fa_ready) be->cast(be, at(m, wk->fa, r0 * dm->d), be->act, g, K_F32, dm->rows_s * dm->d);
+  wk->fa_ready = 0;
+  if (enter_is_copy(m)) return;
+  if (grad_gathers_codes(m, ly))
+    gather_codes_start(m, model_fp8_cast_grad_rows(m, ly->fp8, p, wk->fa, r0, r0 + dm->rows_s, dm->d), dm->d);
+  else
+    gather_start(m, wk->fa, dm->d, be->act);
 }
 
 // Starts summing the region's input gradient dh (rows, d), partial per tp rank, into this
-// rank's rows (s1); the weight-gradient GEMM queued next runs meanwhile. grad_enter_norm ends it.
+// rank's rows of it (in place); the weight-gradient GEMM queued next runs meanwhile.
+// grad_enter_norm ends it.
 static void grad_enter_start(model *m, float *dh) {
-  struct model_work *wk = m->work;
-  if (!exit_is_copy(m)) reduce_start(m, dh, wk->s1, m->dims.d);
+  if (!exit_is_copy(m)) reduce_start(m, dh, dh + own_row(m) * m->dims.d, m->dims.d);
 }
 
-// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. Where grad_exit_start
-// would only cast g, the norm's backward writes that cast too.
+// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. The norm's backward
+// also writes the cast of g that grad_exit_start would make (this rank's rows of w->fa).
 static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
                             float *g) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
-  const float *dn = dh;
-  if (!exit_is_copy(m)) {
-    reduce_finish(m, dh, wk->s1, dm->d);
-    dn = wk->s1;
-  }
-  wk->fa_ready = enter_is_copy(m);
-  be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, wk->fa_ready ? wk->fa : NULL, dm->rows_s, dm->d);
+  float *dn = dh + own_row(m) * dm->d;
+  if (!exit_is_copy(m)) reduce_finish(m, dh, dn, dm->d);
+  wk->fa_ready = 1;
+  be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, at(m, wk->fa, own_row(m) * dm->d), dm->rows_s, dm->d);
 }
 
 // Whether act holds the down projection's FP8 input codes (rows, ffn bytes) instead of its values:
@@ -516,7 +547,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   if (fp8_on(m, ly)) model_fp8_weights_ready(m, ly->fp8);
 
   // MLP: out = x2 + down(swiglu(gate(h2), up(h2))), h2 = norm(x2).
-  grad_exit_start(m, g);
+  grad_exit_start(m, ly, FP8_DOWN, g);
   proj_dgrad_gathered(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, w->ff1, A);
   proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act, act_is_codes(m, ly));
   const void *dgu = swiglu_bwd_into_up(m, ly, &L);
@@ -526,7 +557,7 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
-  grad_exit_start(m, g);
+  grad_exit_start(m, ly, FP8_O, g);
   proj_dgrad_gathered(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, w->q1, A);
   proj_wgrad(m, ly, ly->wo, FP8_O, d, (int)qd, w->fa, L.att, 0);
   be->attn_bwd(be, w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
@@ -587,7 +618,7 @@ static void head_dgrad(model *m, const model_tensor *w, model_acts *a, float *dx
   }
   model_fp8_weights_ready(m, hs);  // as in layer_bwd: a no-op unless its bank was given away
   model_fp8_cast_grad(m, hs, 0, a->logits, dm->rows, dm->vocab);
-  model_fp8_dgrad(m, hs, 0, dm->rows, dm->vocab, dm->d, dx, K_F32);
+  model_fp8_dgrad(m, hs, 0, 0, dm->rows, dm->vocab, dm->d, dx, K_F32);
 }
 
 static void head_wgrad(model *m, model_tensor *w, model_acts *a) {

@@ -473,16 +473,31 @@ void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows,
   fp8_cast_slot(m, fp8_g_slot(slot, p), fp8_grad_format(f), g, rows, n, f->g8, f->g8t);
 }
 
-void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type) {
+void model_fp8_dgrad(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *dx, k_dtype c_type) {
+  if (r1 <= r0) return;
   model_fp8 *f = m->fp8;
   int64_t ig = fp8_g_slot(slot, p), j = (int64_t)slot * FP8_N_PROJ + p;
-  if (fp8_block(f)) {
-    m->be->gemm_fp8_block(m->be, (int)rows, k, n, f->g8, 1, f->g_si, f->w8t[j], K_FP8_BLOCK, f->wst[j], 0, dx, c_type);
+  void *out = (char *)dx + r0 * k * (int64_t)k_dtype_bytes(c_type);
+  if (fp8_block(f)) {  // every row: the tile scales' layout is the kernel's
+    CHECK(r0 == 0, "FP8 block scaling: a data gradient over rows from %lld (a bug in the caller)", (long long)r0);
+    m->be->gemm_fp8_block(m->be, (int)r1, k, n, f->g8, 1, f->g_si, f->w8t[j], K_FP8_BLOCK, f->wst[j], 0, dx, c_type);
     return;
   }
-  m->be->gemm_fp8(m->be, (int)rows, k, n, f->g8, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->w8t[j], K_E4M3,
-                  fp8_inv(f->w_scale_inv, j), 0, NULL, dx, c_type, 0);
+  m->be->gemm_fp8(m->be, (int)(r1 - r0), k, n, f->g8 + r0 * n, fp8_grad_format(f), fp8_inv(f->scale_inv, ig), f->w8t[j],
+                  K_E4M3, fp8_inv(f->w_scale_inv, j), 0, NULL, out, c_type, 0);
 }
+
+uint8_t *model_fp8_cast_grad_rows(model *m, int slot, int p, const void *g, int64_t r0, int64_t r1, int n) {
+  model_fp8 *f = m->fp8;
+  CHECK(fp8_scale_known(f), "FP8: a gradient cast by rows needs its scale before the cast");
+  const int64_t i = fp8_g_slot(slot, p);
+  if (r1 > r0)
+    m->be->fp8_cast(m->be, (const char *)g + r0 * n * (int64_t)k_dtype_bytes(m->be->act), r1 - r0, n, f->scale + i,
+                    fp8_grad_format(f), f->g8 + r0 * n, NULL, fp8_slot_amax(f, i));
+  return f->g8;
+}
+
+void model_fp8_grad_rows_done(model *m, int64_t rows, int n) { m->be->fp8_transpose(m->be, m->fp8->g8, rows, n, m->fp8->g8t); }
 
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
                      float beta, float *dw) {

@@ -182,7 +182,18 @@ void model_fp8_fwd_rows(model *m, int slot, int p, int64_t r0, int64_t r1, int n
 // where x_codes is given (the codes model_fp8_fused_cast's op kept, x then unused), those codes
 // transposed: the same codes either way.
 void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows, int n);
-void model_fp8_dgrad(model *m, int slot, int p, int64_t rows, int n, int k, void *dx, k_dtype c_type);
+// Rows [r0, r1) of dX from rows [r0, r1) of G's codes, into rows [r0, r1) of dx (block scaling:
+// r0 0).
+void model_fp8_dgrad(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *dx, k_dtype c_type);
+// The output gradient cast a range of rows at a time, for a gather of its codes (sequence
+// parallelism: each rank casts its own rows and the codes cross, half the bytes of the act
+// dtype): rows [r0, r1) of G (rows, N) act into the codes the data gradient reads, with the
+// slot's scale (the amax the max over the calls); returns those codes (rows, N bytes), for the
+// caller to gather the other rows into. Only where model_fp8_fused_casts (the scale known before
+// the cast). Once every row is there, model_fp8_grad_rows_done makes the transposed codes for
+// the weight gradient: the same codes as model_fp8_cast_grad of the whole G.
+uint8_t *model_fp8_cast_grad_rows(model *m, int slot, int p, const void *g, int64_t r0, int64_t r1, int n);
+void model_fp8_grad_rows_done(model *m, int64_t rows, int n);
 void model_fp8_wgrad(model *m, int slot, int p, const void *x, const uint8_t *x_codes, int64_t rows, int n, int k,
                      float beta, float *dw);
 

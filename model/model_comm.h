@@ -20,9 +20,17 @@ typedef struct model_comm_ops {
   void (*gather_start)(void *ctx, void *x, int d, k_dtype t);
   void (*gather_finish)(void *ctx);
   // y (rows, d) partial per tp rank -> y_s (rows_s, d), the sum over ranks of this rank's rows
-  // (SP: reduce-scatter; else all-reduce and a copy; one rank: a copy). y may be clobbered.
+  // (SP: reduce-scatter; else all-reduce and a copy; one rank: a copy). y may be clobbered;
+  // y_s may be this rank's own rows of y (in place).
   void (*reduce_start)(void *ctx, float *y, float *y_s, int d);
   void (*reduce_finish)(void *ctx, float *y, float *y_s, int d);
+  // SP only: y_s (rows_s, d) += the other tp ranks' partial sums of this rank's rows, from y
+  // (rows, d) of partials per rank. This rank's own rows of y are not read (they may be
+  // overwritten), and y_s is read and written only by the finish, so the work queued between
+  // the halves may compute this rank's share into y_s (the row-parallel projection's own rows).
+  // scratch (rows_s, d) may be used.
+  void (*reduce_add_start)(void *ctx, float *y, float *y_s, float *scratch, int d);
+  void (*reduce_add_finish)(void *ctx, float *y, float *y_s, float *scratch, int d);
   // Blocking in queue order, backend memory, in place: over the tp group (the cross-entropy's
   // statistics, FP8 amaxes) and over the dp group (FP8 amaxes).
   void (*tp_all_reduce)(void *ctx, float *x, int64_t n, model_reduce_op op);

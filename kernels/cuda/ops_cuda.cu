@@ -718,8 +718,26 @@ __global__ void k_add(float *y, const float *x, int64_t n) {
   GRID_STRIDE(i, n) y[i] += x[i];
 }
 
+// Four floats a thread per load and store: the tensor-parallel reductions' adds are 64 MiB and
+// more, where the scalar kernel reached about half the memory bandwidth.
+__global__ void k_add_x4(float4 *y, const float4 *x, int64_t n4) {
+  GRID_STRIDE(i, n4) {
+    float4 a = y[i];
+    const float4 b = x[i];
+    a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+    y[i] = a;
+  }
+}
+
 extern "C" void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n) {
   if (n <= 0) return;
-  k_add<<<k_cuda_blocks(n, K_CUDA_THREADS), K_CUDA_THREADS, 0, k_cuda_ctx_of(b)->stream>>>(y, x, n);
+  cudaStream_t s = k_cuda_ctx_of(b)->stream;
+  int64_t n4 = ((uintptr_t)y | (uintptr_t)x) % 16 == 0 ? n / 4 : 0;
+  if (n4) {
+    k_add_x4<<<k_cuda_blocks(n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((float4 *)y, (const float4 *)x, n4);
+    CUDA_LAUNCH_CHECK("k_add_x4");
+  }
+  if (n > 4 * n4)
+    k_add<<<k_cuda_blocks(n - 4 * n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(y + 4 * n4, x + 4 * n4, n - 4 * n4);
   CUDA_LAUNCH_CHECK("k_add");
 }

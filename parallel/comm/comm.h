@@ -45,6 +45,12 @@ typedef struct comm_ops {
   // written after its start is not sent, as on GPUs). NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
+  // recv (n_elem, fp32) += the sum over the other ranks of their block c->rank of send (fp32,
+  // size * n_elem); this rank's block of send is not read, and recv is read and written only by
+  // the wait, so work queued between start and wait may write recv (the sequence-parallel
+  // row-parallel projection's own rows). NULL where the communicator has no such operation
+  // (all but the peer copies): tp.c composes it from reduce_scatter_start.
+  void (*reduce_scatter_add_start)(comm *c, const void *send, void *recv, int64_t n_elem);
   // all_to_all, started (the int8 gradient reduction's exchange of blocks).
   void (*all_to_all_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // In place, over regions: region i starts at element at[i] of buf and holds size blocks of

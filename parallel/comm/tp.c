@@ -1,6 +1,8 @@
 // Tensor/sequence-parallel collectives in two halves (see tp.h).
 #include "parallel/comm/tp.h"
 
+#include "kernels/base/check.h"
+
 // Timed from the compute queued before the finish being done (a sync) to the collective's end,
 // so the figure is its exposed part; tp 1 adds no syncs.
 static double start(const tp_region *r) { return r->timing && r->c->size > 1 ? timing_now(r->be) : 0; }
@@ -47,8 +49,26 @@ void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d) {
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   double t0 = start(r);
   if (r->c->size > 1) r->c->ops->wait(r->c);
-  if (!gathers(r)) r->be->copy(r->be, y_s, y, (size_t)(r->rows_s * d) * sizeof(float));
+  if (!gathers(r) && y_s != y) r->be->copy(r->be, y_s, y, (size_t)(r->rows_s * d) * sizeof(float));
   stop(r, t0);
+}
+
+void tp_reduce_add_start(const tp_region *r, float *y, float *y_s, float *scratch, int d) {
+  CHECK(gathers(r), "tp_reduce_add_start: only with sequence parallelism over more than one tp rank");
+  const int64_t n = r->rows_s * d;
+  if (r->c->ops->reduce_scatter_add_start) {
+    r->c->ops->reduce_scatter_add_start(r->c, y, y_s, n);
+  } else {
+    r->be->zero(r->be, y + tp_own_row(r) * d, (size_t)n * sizeof(float));
+    r->c->ops->reduce_scatter_start(r->c, y, scratch, n, COMM_F32, COMM_SUM);
+  }
+  serial_wait(r);
+}
+
+void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d) {
+  (void)y;
+  timed_wait(r);
+  if (!r->c->ops->reduce_scatter_add_start) r->be->add(r->be, y_s, scratch, r->rows_s * d);
 }
 
 // A blocking all-reduce over the group, timed like the collectives above.
@@ -72,6 +92,12 @@ static void bound_reduce_start(void *ctx, float *y, float *y_s, int d) {
 static void bound_reduce_finish(void *ctx, float *y, float *y_s, int d) {
   tp_reduce_finish(&((tp_model_comm *)ctx)->region, y, y_s, d);
 }
+static void bound_reduce_add_start(void *ctx, float *y, float *y_s, float *scratch, int d) {
+  tp_reduce_add_start(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d);
+}
+static void bound_reduce_add_finish(void *ctx, float *y, float *y_s, float *scratch, int d) {
+  tp_reduce_add_finish(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d);
+}
 static void bound_tp_all_reduce(void *ctx, float *x, int64_t n, model_reduce_op op) {
   tp_all_reduce(&((tp_model_comm *)ctx)->region, x, n, redop_of(op));
 }
@@ -89,6 +115,8 @@ static const model_comm_ops tp_model_ops = {
     .gather_finish = bound_gather_finish,
     .reduce_start = bound_reduce_start,
     .reduce_finish = bound_reduce_finish,
+    .reduce_add_start = bound_reduce_add_start,
+    .reduce_add_finish = bound_reduce_add_finish,
     .tp_all_reduce = bound_tp_all_reduce,
     .dp_all_reduce = bound_dp_all_reduce,
     .world_all_reduce = bound_world_all_reduce,

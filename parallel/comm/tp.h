@@ -38,6 +38,12 @@ void tp_gather_finish(const tp_region *r);
 // SP: reduce-scatter; else all-reduce (y is clobbered) and a copy; one rank: a copy.
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d);
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
+// SP: y_s (rows_s, d) += the other ranks' partial sums of this rank's rows (y's own rows are not
+// read; y_s is touched only by the finish). Where the communicator adds into y_s itself
+// (comm_ops.reduce_scatter_add_start: peer copies) scratch is unused; else y's own rows are
+// zeroed, reduce-scattered into scratch (rows_s, d) and added.
+void tp_reduce_add_start(const tp_region *r, float *y, float *y_s, float *scratch, int d);
+void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d);
 // What no region pair carries, reduced over the tp group: the vocab-parallel cross-entropy's
 // per-row statistics (each tp rank holds the logits of its vocabulary slice: the row max and the
 // sums of exponentials and of target logits) and FP8's amaxes of tensors split over the group.

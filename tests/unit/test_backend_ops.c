@@ -1127,24 +1127,27 @@ static const op_shape ce_shapes[] = {
     SH(11, 4099, 0, 1)};
 
 // ---------------------------------------------------------------------------------------------
-// add (the residual add of the tensor-parallel path): exact. Shapes {n}.
+// add (the residual add of the tensor-parallel path): exact. Shapes {n, y offset, x offset}: the
+// offsets (elements) move the operands off 16-byte alignment, where the four-wide kernel is not
+// used, and off each other.
 
 static void run_add(const op_case *c, const op_shape *s, int idx) {
   (void)idx;
-  const int64_t n = s->i[0];
-  char what[64];
-  float *x = rand_buf(n, 3.0), *y = rand_buf(n, 1.0);
-  if (n >= 10) x[n / 3] = NAN, y[n / 2] = INFINITY;
-  float *d_x = dev_putf(x, n), *d_y = dev_putf(y, n);
-  k_cpu_add(y, x, n);
-  G->add(G, d_y, d_x, n);
-  snprintf(what, sizeof what, "add n=%lld", (long long)n);
-  compare_dev(what, d_y, y, n, tol_f32(c));
+  const int64_t n = s->i[0], oy = s->i[1], ox = s->i[2];
+  char what[80];
+  float *x = rand_buf(n + ox, 3.0), *y = rand_buf(n + oy, 1.0);
+  if (n >= 10) x[ox + n / 3] = NAN, y[oy + n / 2] = INFINITY;
+  float *d_x = dev_putf(x, n + ox), *d_y = dev_putf(y, n + oy);
+  k_cpu_add(y + oy, x + ox, n);
+  G->add(G, d_y + oy, d_x + ox, n);
+  snprintf(what, sizeof what, "add n=%lld (offsets %lld, %lld)", (long long)n, (long long)oy, (long long)ox);
+  compare_dev(what, d_y, y, n + oy, tol_f32(c));
   free(x), free(y);
   dev_free(d_x), dev_free(d_y);
 }
 
-static const op_shape add_shapes[] = {SH(1), SH(1000), SH(1000003), SH(5000000)};
+static const op_shape add_shapes[] = {SH(1, 0, 0),       SH(7, 0, 0),    SH(1000, 0, 0), SH(1000003, 0, 0),
+                                      SH(5000000, 0, 0), SH(4099, 1, 1), SH(4099, 0, 2)};
 
 // ---------------------------------------------------------------------------------------------
 // Multi-tensor optimizer ops over ranges of very different sizes with gaps between them (the

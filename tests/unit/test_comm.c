@@ -469,6 +469,24 @@ static void test_i8_moves(const suite *s, comm *c) {
   buf_free(s, db);
 }
 
+// A started reduce-scatter in place (recv = this rank's block of send, as NCCL defines it; the
+// backward's tp reductions): the same sums as out of place.
+static void test_reduce_in_place(const suite *s, comm *c) {
+  const int n = c->size, r = c->rank;
+  const int64_t N = sized(s, 1 << 20, 1000);
+  float *h = XMALLOC((size_t)(n * N) * sizeof *h), *y = buf_alloc(s, (size_t)(n * N) * sizeof *h);
+  for (int64_t i = 0; i < n * N; i++) h[i] = (float)(r * 3 + (i / N) * 10 + i % 5);
+  buf_put(s, y, h, (size_t)(n * N) * sizeof *h);
+  c->ops->reduce_scatter_start(c, y, y + r * N, N, COMM_F32, COMM_SUM);
+  c->ops->wait(c);
+  buf_get(s, h, y + r * N, (size_t)N * sizeof *h);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < N; i++) bad += h[i] != (float)(3 * n * (n - 1) / 2 + n * (r * 10 + (r * N + i) % 5));
+  EXPECT(bad == 0, "%s: reduce_scatter_start in place: %lld wrong of %lld", s->label, (long long)bad, (long long)N);
+  free(h);
+  buf_free(s, y);
+}
+
 static void test_comm_all(const suite *s, comm *c) {
   static const comm_dtype types[] = {COMM_F32, COMM_BF16, COMM_F64, COMM_I32, COMM_I64, COMM_F16};
   for (size_t k = 0; k < sizeof types / sizeof *types; k++) test_dtype(s, c, types[k]);
@@ -478,6 +496,7 @@ static void test_comm_all(const suite *s, comm *c) {
   test_nested_group(s, c);
   test_large(s, c);
   test_started(s, c);
+  test_reduce_in_place(s, c);
   test_xfer(s, c);
   test_empty(s, c);
 }
@@ -840,6 +859,20 @@ static void test_peer_sizes(const suite *s, comm *c) {
         bad += h[i] != (float)(3 * n * (n - 1) / 2 + n * (round + r * 10 + (r * N + i) % 5));
       EXPECT(bad == 0, "%s: reduce-scatter of %lld per rank, round %d: %lld wrong", s->label, (long long)N, round,
              (long long)bad);
+      // reduce_scatter_add_start: the other ranks' blocks added onto what ys holds at the wait
+      // (written after the start here); this rank's own block (NaN) is not read.
+      for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? NAN : (float)(r * 3 + round + (i / N) * 10 + i % 5);
+      buf_put_queued(s, y, h, (size_t)(n * N) * sizeof *h);
+      c->ops->reduce_scatter_add_start(c, y, ys, N);
+      for (int64_t i = 0; i < N; i++) h[i] = (float)(i % 3);
+      buf_put_queued(s, ys, h, (size_t)N * sizeof *h);
+      c->ops->wait(c);
+      buf_get(s, h, ys, (size_t)N * sizeof *h);
+      bad = 0;
+      for (int64_t i = 0; i < N; i++)
+        bad += h[i] != (float)(i % 3 + 3 * n * (n - 1) / 2 - 3 * r + (n - 1) * (round + r * 10 + (r * N + i) % 5));
+      EXPECT(bad == 0, "%s: reduce-scatter added into recv, %lld per rank, round %d: %lld wrong", s->label,
+             (long long)N, round, (long long)bad);
     }
     free(h);
     buf_free(s, g);

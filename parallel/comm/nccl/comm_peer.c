@@ -175,7 +175,7 @@ typedef struct peer_pending {
   peer_op op;
   uint64_t seq;
   char *buf;         // gather: the buffer; reduce: recv
-  const char *own;   // reduce: this rank's block of send
+  const char *own;   // reduce: this rank's block of send; NULL: recv accumulates
   int n_regions;
   int64_t at_bytes[PEER_MAX_REGIONS], block_bytes[PEER_MAX_REGIONS];  // gather: region i's start and block
   int64_t n_elem;    // reduce: elements of a block
@@ -290,6 +290,21 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
   CUDA_CHECK(cudaEventRecord(impl(c)->pushed, impl(c)->copy));
 }
 
+// The other ranks' blocks of send (fp32) pushed to them; own: this rank's block, summed into
+// recv first (NULL: recv accumulates the peers' blocks onto what it holds at the wait).
+static void peer_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, const char *own) {
+  comm_peer *p = impl(c);
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  const size_t block = (size_t)n_elem * sizeof(float);
+  peer_pending *o = op_begin(c, PEER_REDUCE, block);
+  o->buf = recv;
+  o->own = own;
+  o->n_elem = n_elem;
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) push(c, r, (const char *)send + (size_t)r * block, 0, block, 1, 1);
+  CUDA_CHECK(cudaEventRecord(p->pushed, p->copy));
+}
+
 static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                       comm_redop op) {
   comm_peer *p = impl(c);
@@ -297,15 +312,11 @@ static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int
     p->inner->ops->reduce_scatter_start(p->inner, send, recv, n_elem, t, op);
     return;
   }
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  const size_t block = (size_t)n_elem * sizeof(float);
-  peer_pending *o = op_begin(c, PEER_REDUCE, block);
-  o->buf = recv;
-  o->own = (const char *)send + (size_t)c->rank * block;
-  o->n_elem = n_elem;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) push(c, r, (const char *)send + (size_t)r * block, 0, block, 1, 1);
-  CUDA_CHECK(cudaEventRecord(p->pushed, p->copy));
+  peer_reduce_start(c, send, recv, n_elem, (const char *)send + (size_t)c->rank * (size_t)n_elem * sizeof(float));
+}
+
+static void peer_reduce_scatter_add_start(comm *c, const void *send, void *recv, int64_t n_elem) {
+  peer_reduce_start(c, send, recv, n_elem, NULL);
 }
 
 // Pending operation i's blocks into place on the compute stream, its arrivals waited for.
@@ -327,8 +338,9 @@ static void op_finish(comm *c, int i) {
     }
     return;
   }
-  // Own block first, then the peers' in rank order; the sum of two is the same either way round.
-  if (o->buf != o->own) p->be->copy(p->be, o->buf, o->own, (size_t)o->n_elem * sizeof(float));
+  // Own block (or what recv holds) first, then the peers' in rank order; the sum of two is the
+  // same either way round.
+  if (o->own && o->buf != o->own) p->be->copy(p->be, o->buf, o->own, (size_t)o->n_elem * sizeof(float));
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) p->be->add(p->be, (float *)o->buf, (const float *)(st->mine + (size_t)r * st->slot_bytes), o->n_elem);
 }
@@ -434,6 +446,7 @@ static const comm_ops comm_peer_ops = {
     .free = peer_free,
     .all_reduce_start = fwd_all_reduce_start,
     .reduce_scatter_start = peer_reduce_scatter_start,
+    .reduce_scatter_add_start = peer_reduce_scatter_add_start,
     .all_to_all_start = fwd_all_to_all_start,
     .all_gather_regions_start = peer_all_gather_regions_start,
     .wait = peer_wait,
