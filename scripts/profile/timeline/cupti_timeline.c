@@ -1,10 +1,11 @@
 // A GPU timeline of any CUDA program, for scripts/profile/profile_timeline.sh: loaded through
 // CUDA_INJECTION64_PATH, it records with CUPTI's activity API every kernel, copy and memset as
-// it ran (start and end on the GPU clock, stream, name) and every CUDA runtime call of the
-// host (start and end on the same clock, name), and at exit writes them as CSV to
-// $TRAINER_TIMELINE_OUT (default timeline.csv; ".<pid>" is appended when several processes
-// write). Unlike Nsight Compute's per-kernel replay, kernels run as in a normal run: at the
-// clocks a busy GPU holds, overlapping where streams allow, and with the idle gaps between them.
+// it ran (start and end on the GPU clock, stream, name; copies between GPUs as "memcpy PtoP")
+// and every CUDA runtime call of the host (start and end on the same clock, name), and at exit
+// writes them as CSV to $TRAINER_TIMELINE_OUT (default timeline.csv; ".rankR" is appended under
+// mpirun, one file per rank). Unlike Nsight Compute's per-kernel replay, kernels run as in a
+// normal run: at the clocks a busy GPU holds, overlapping where streams allow, and with the idle
+// gaps between them.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,12 @@ static void CUPTIAPI timeline_buffer_completed(CUcontext ctx, uint32_t stream, u
                 (unsigned long long)m->bytes);
         break;
       }
+      case CUPTI_ACTIVITY_KIND_MEMCPY2: {  // between devices: the peer copies of parallel.tp_overlap=p2p
+        const CUpti_ActivityMemcpyPtoP4 *m = (const CUpti_ActivityMemcpyPtoP4 *)rec;
+        fprintf(timeline_out, "copy,%llu,%llu,%u,\"memcpy PtoP %llu B\"\n", (unsigned long long)m->start,
+                (unsigned long long)m->end, m->streamId, (unsigned long long)m->bytes);
+        break;
+      }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
         fprintf(timeline_out, "memset,%llu,%llu,%u,\"memset %llu B\"\n", (unsigned long long)m->start,
@@ -109,6 +116,7 @@ static void timeline_start(void) {
   CUPTI_OK(cuptiActivityRegisterCallbacks(timeline_buffer_requested, timeline_buffer_completed));
   CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+  CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2));
   CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
   CUPTI_OK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
   atexit(timeline_finish);

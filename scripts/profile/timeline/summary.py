@@ -46,21 +46,27 @@ def overlap(a, b):
     return total
 
 
+def is_comm(name):
+    """NCCL's kernels, and copies from one GPU to another (the peer copies of
+    parallel.tp_overlap=p2p, on the copy engines)."""
+    return "ncclDevKernel" in name or "ncclKernel" in name or name.startswith("memcpy PtoP")
+
+
 def comm_beside_compute(gpu, t0, t1, n_steps):
-    """Collectives (NCCL's kernels) against the rest of the GPU's work, per step: how long each ran,
-    how much of the collectives' time had computation beside it, and how long the GPU ran
-    collectives only (communication the step waited for)."""
+    """Collectives (NCCL's kernels, peer copies) against the rest of the GPU's work, per step: how
+    long each ran, how much of the collectives' time had computation beside it, and how long the
+    GPU ran collectives only (communication the step waited for)."""
     comm, comp = [], []
     for s, e, n, k in gpu:
         if e > t0 and s < t1:
-            (comm if "ncclDevKernel" in n or "ncclKernel" in n else comp).append((max(s, t0), min(e, t1)))
+            (comm if is_comm(n) else comp).append((max(s, t0), min(e, t1)))
     if not comm:
         return
     comm, comp = merged(comm), merged(comp)
     c_len, p_len = sum(e - s for s, e in comm), sum(e - s for s, e in comp)
     both = overlap(comm, comp)
     ms = lambda v: v / n_steps / 1e6  # noqa: E731
-    print(f"\ncollectives (NCCL kernels) beside the rest, ms per step: collectives running {ms(c_len):.2f}, of "
+    print(f"\ncollectives (NCCL kernels, peer copies) beside the rest, ms per step: collectives running {ms(c_len):.2f}, of "
           f"which beside other work {ms(both):.2f} ({100 * both / c_len:.1f}%) and alone {ms(c_len - both):.2f}; "
           f"other work running {ms(p_len):.2f}")
 
