@@ -3,7 +3,10 @@
 # a Megatron dataset holding the same tokens as a native shard gives bitwise the native losses
 # (uint16 and int32 tokens, one dataset and a glob of three), and each damaged dataset gets its
 # one-line error (expect_error in lib.sh). The datasets come from tests/tools/megatron_dataset.py,
-# a writer independent of the reader.
+# a writer independent of the reader. Where Megatron-Core's own builder can be imported (installed,
+# or its megatron/core/datasets/indexed_dataset.py named by TRAINER_MEGATRON_INDEXED_DATASET),
+# tests/tools/megatron_core_dataset.py writes the same datasets with it: byte for byte the same
+# files, and the same losses.
 . "$(dirname "$0")/lib.sh"
 make_corpus
 PY=$(numpy_python) || { echo "no python3 with numpy: install python3-numpy (scripts/setup/setup.sh)"; exit 1; }
@@ -39,6 +42,20 @@ launch_retried_args native || { fail "native run"; cat "$WORK/native/log"; }
 REF=native
 same_run mm16 "uint16 Megatron dataset" "data.train=$WORK/mm16/train.bin" "data.val=$WORK/mm16/val.bin"
 same_run mm32 "int32 Megatron dataset" "data.train=$WORK/mm32/train.bin"
+MC="$PY $SRC/tests/tools/megatron_core_dataset.py ${TRAINER_MEGATRON_INDEXED_DATASET:+--module $TRAINER_MEGATRON_INDEXED_DATASET}"
+if $MC --probe 2> /dev/null; then
+  for t in uint16 int32; do
+    mkdir -p "$WORK/mc_$t"
+    $MC "$WORK/data/train_000.bin" "$WORK/mc_$t/train" --dtype $t > /dev/null
+    ours="$WORK/mm16/train"; [ $t = int32 ] && ours="$WORK/mm32/train"
+    cmp -s "$WORK/mc_$t/train.idx" "$ours.idx" && cmp -s "$WORK/mc_$t/train.bin" "$ours.bin" &&
+      pass "$t: Megatron-Core's IndexedDatasetBuilder writes the test's dataset byte for byte" ||
+      fail "$t: Megatron-Core's builder and tests/tools/megatron_dataset.py wrote different files"
+    same_run "mc_$t" "$t dataset of Megatron-Core's builder" "data.train=$WORK/mc_$t/train.bin"
+  done
+else
+  echo "skip: Megatron-Core's IndexedDatasetBuilder (not installed; TRAINER_MEGATRON_INDEXED_DATASET names no copy of its file)"
+fi
 launch_retried_args native3 "data.train=$WORK/data3/train_*.bin" || { fail "native 3-shard run"; cat "$WORK/native3/log"; }
 REF=native3
 same_run mm3 "glob of three Megatron datasets" "data.train=$WORK/mm3/train_*.bin"
