@@ -163,17 +163,20 @@ typedef enum peer_op { PEER_GATHER, PEER_REDUCE } peer_op;
 #define PEER_MAX_PENDING 4
 
 // Where peers put what they send for one operation: size slots of slot_bytes, slot s holding
-// what rank s sent here; mapped on every rank.
+// what rank s sent here; mapped on every rank. last_seq: the operation that used it last (the
+// same on every rank: every rank starts the same operations in the same order).
 typedef struct peer_staging {
   char *mine;
   void **of;
   size_t slot_bytes;
+  uint64_t last_seq;
 } peer_staging;
 
 // An operation started and not yet waited for; the i-th pending one uses staging i.
 typedef struct peer_pending {
   peer_op op;
   uint64_t seq;
+  uint64_t prev_seq; // the operation that used the same staging before (0: none)
   char *buf;         // gather: the buffer; reduce: recv
   const char *own;   // reduce: this rank's block of send; NULL: recv accumulates
   int n_regions;
@@ -186,7 +189,9 @@ typedef struct comm_peer {
   k_backend *be;
   cudaStream_t stream, copy;  // the compute stream; this rank's outgoing copies
   cudaEvent_t queued, pushed;
-  uint64_t *flags;            // this rank's counters: [0, size) ready of each rank, [size, 2 size) arrived from it
+  uint64_t *flags;            // this rank's counters: [i size, (i + 1) size) for staging i, the last operation
+                              // each rank has consumed from it there; [PEER_MAX_PENDING size, + size) the
+                              // last operation arrived from each rank
   void **flags_of;            // every rank's counters, mapped
   peer_staging stage[PEER_MAX_PENDING];
   uint64_t seq;               // operations started so far (the same on every rank)
@@ -198,9 +203,14 @@ static const comm_ops comm_peer_ops;
 int comm_peer_is(const comm *c) { return c && c->ops == &comm_peer_ops; }
 
 static comm_peer *impl(const comm *c) { return c->impl; }
-static uint64_t *ready_flag(comm_peer *p, int of_rank, int from) { return (uint64_t *)p->flags_of[of_rank] + from; }
+// In of_rank's memory, written by from: the last operation of which from has consumed what
+// of_rank put into from's staging i.
+static uint64_t *freed_flag(comm_peer *p, int of_rank, int i, int from, int size) {
+  return (uint64_t *)p->flags_of[of_rank] + (size_t)i * (size_t)size + from;
+}
+// In of_rank's memory, written by from: the last operation whose blocks from has put there.
 static uint64_t *arrived_flag(comm_peer *p, int of_rank, int from, int size) {
-  return (uint64_t *)p->flags_of[of_rank] + size + from;
+  return (uint64_t *)p->flags_of[of_rank] + (size_t)PEER_MAX_PENDING * (size_t)size + from;
 }
 
 static void staging_free(comm *c, peer_staging *st) {
@@ -228,9 +238,10 @@ static void staging_reserve(comm *c, int i, size_t n_bytes) {
   peer_map_all(c->mpi, st->mine, st->of);
 }
 
-// The common start: staging for n_bytes; this rank's staging is free for the operation (said to
-// every peer after the compute queued so far), and its copy stream waits for that compute (the
-// data). Returns the operation's record.
+// The common start: staging for n_bytes, and this rank's copy stream waits for the compute
+// queued so far (the data). Returns the operation's record. No rendezvous: a push waits only
+// until the peer has consumed the operation that used the same staging before (op_finish says
+// so), so a rank ahead of its peer delivers early and the peer finds its blocks there.
 static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   comm_peer *p = impl(c);
   CHECK(p->n_pending < PEER_MAX_PENDING, "comm %s: more than %d gathers and reduce-scatters started before a wait",
@@ -240,21 +251,21 @@ static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   memset(o, 0, sizeof *o);
   o->op = op;
   o->seq = ++p->seq;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) peer_signal(p->stream, ready_flag(p, r, c->rank), o->seq);
+  o->prev_seq = p->stage[p->n_pending - 1].last_seq;
+  p->stage[p->n_pending - 1].last_seq = o->seq;
   CUDA_CHECK(cudaEventRecord(p->queued, p->stream));
   CUDA_CHECK(cudaStreamWaitEvent(p->copy, p->queued, 0));
   return o;
 }
 
-// On the copy stream, for the newest pending operation: once rank r's staging is free, n_bytes
-// from src into its slot for this rank at offset; with last, r's arrival counter for this rank
-// is raised after.
+// On the copy stream, for the newest pending operation: once rank r has consumed the previous
+// operation in its staging, n_bytes from src into its slot for this rank at offset; with last,
+// r's arrival counter for this rank is raised after.
 static void push(comm *c, int r, const void *src, size_t offset, size_t n_bytes, int first, int last) {
   comm_peer *p = impl(c);
   const int i = p->n_pending - 1;
-  const uint64_t seq = p->pending[i].seq;
-  if (first) peer_await(p->copy, ready_flag(p, c->rank, r), seq);
+  const uint64_t seq = p->pending[i].seq, prev = p->pending[i].prev_seq;
+  if (first && prev) peer_await(p->copy, freed_flag(p, c->rank, i, r, c->size), prev);
   char *dst = (char *)p->stage[i].of[r] + (size_t)c->rank * p->stage[i].slot_bytes + offset;
   if (n_bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, p->copy));
   if (last) peer_signal(p->copy, arrived_flag(p, r, c->rank, c->size), seq);
@@ -355,7 +366,11 @@ static void peer_wait(comm *c) {
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) peer_await(p->stream, arrived_flag(p, c->rank, r, c->size), p->seq);
   CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->pushed, 0));
-  for (int i = 0; i < p->n_pending; i++) op_finish(c, i);
+  for (int i = 0; i < p->n_pending; i++) {
+    op_finish(c, i);
+    for (int r = 0; r < c->size; r++)  // staging i consumed: each peer may fill it again
+      if (r != c->rank) peer_signal(p->stream, freed_flag(p, r, i, c->rank, c->size), p->pending[i].seq);
+  }
   p->n_pending = 0;
 }
 
@@ -480,7 +495,7 @@ comm *comm_peer_create(comm *inner, k_backend *be) {
   CUDA_CHECK(cudaEventCreateWithFlags(&p->queued, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&p->pushed, cudaEventDisableTiming));
   p->flags_of = XCALLOC((size_t)c->size, sizeof *p->flags_of);
-  p->flags = k_alloc_as(be, 2 * (size_t)c->size * sizeof(uint64_t), K_MEM_WORKSPACE);  // zero-filled
+  p->flags = k_alloc_as(be, (PEER_MAX_PENDING + 1) * (size_t)c->size * sizeof(uint64_t), K_MEM_WORKSPACE);  // zero-filled
   CUDA_CHECK(cudaStreamSynchronize(p->stream));
   peer_map_all(c->mpi, p->flags, p->flags_of);
   return c;
