@@ -187,8 +187,11 @@ typedef struct peer_pending {
 typedef struct comm_peer {
   comm *inner;  // NCCL: every other call
   k_backend *be;
-  cudaStream_t stream, copy;  // the compute stream; this rank's outgoing copies
-  cudaEvent_t queued, pushed;
+  cudaStream_t stream;        // the compute stream
+  cudaStream_t *copy;         // (size) this rank's copies to rank r on copy[r], one stream per peer so the
+                              // copies to several peers run at once, each on a copy engine
+  cudaEvent_t queued;         // the compute queued before the newest operation
+  cudaEvent_t *pushed;        // (size) copy[r]'s copies of the newest operation done
   uint64_t *flags;            // this rank's counters: [i size, (i + 1) size) for staging i, the last operation
                               // each rank has consumed from it there; [PEER_MAX_PENDING size, + size) the
                               // last operation arrived from each rank
@@ -203,6 +206,18 @@ static const comm_ops comm_peer_ops;
 int comm_peer_is(const comm *c) { return c && c->ops == &comm_peer_ops; }
 
 static comm_peer *impl(const comm *c) { return c->impl; }
+
+// Every copy stream of this rank drained.
+static void copies_synchronize(const comm *c) {
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) CUDA_CHECK(cudaStreamSynchronize(impl(c)->copy[r]));
+}
+
+// The copies queued so far on every copy stream, marked for peer_wait.
+static void copies_mark(const comm *c) {
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) CUDA_CHECK(cudaEventRecord(impl(c)->pushed[r], impl(c)->copy[r]));
+}
 // In of_rank's memory, written by from: the last operation of which from has consumed what
 // of_rank put into from's staging i.
 static uint64_t *freed_flag(comm_peer *p, int of_rank, int i, int from, int size) {
@@ -229,7 +244,7 @@ static void staging_reserve(comm *c, int i, size_t n_bytes) {
   peer_staging *st = &p->stage[i];
   if (n_bytes <= st->slot_bytes) return;
   CUDA_CHECK(cudaStreamSynchronize(p->stream));
-  CUDA_CHECK(cudaStreamSynchronize(p->copy));
+  copies_synchronize(c);
   staging_free(c, st);
   st->slot_bytes = (n_bytes + 255) / 256 * 256;
   st->mine = k_alloc_as(p->be, st->slot_bytes * (size_t)c->size, K_MEM_WORKSPACE);
@@ -254,7 +269,8 @@ static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   o->prev_seq = p->stage[p->n_pending - 1].last_seq;
   p->stage[p->n_pending - 1].last_seq = o->seq;
   CUDA_CHECK(cudaEventRecord(p->queued, p->stream));
-  CUDA_CHECK(cudaStreamWaitEvent(p->copy, p->queued, 0));
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) CUDA_CHECK(cudaStreamWaitEvent(p->copy[r], p->queued, 0));
   return o;
 }
 
@@ -265,10 +281,10 @@ static void push(comm *c, int r, const void *src, size_t offset, size_t n_bytes,
   comm_peer *p = impl(c);
   const int i = p->n_pending - 1;
   const uint64_t seq = p->pending[i].seq, prev = p->pending[i].prev_seq;
-  if (first && prev) peer_await(p->copy, freed_flag(p, c->rank, i, r, c->size), prev);
+  if (first && prev) peer_await(p->copy[r], freed_flag(p, c->rank, i, r, c->size), prev);
   char *dst = (char *)p->stage[i].of[r] + (size_t)c->rank * p->stage[i].slot_bytes + offset;
-  if (n_bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, p->copy));
-  if (last) peer_signal(p->copy, arrived_flag(p, r, c->rank, c->size), seq);
+  if (n_bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, p->copy[r]));
+  if (last) peer_signal(p->copy[r], arrived_flag(p, r, c->rank, c->size), seq);
 }
 
 static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at, const int64_t *n_elem, int n_regions,
@@ -298,13 +314,12 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
       off += (size_t)o->block_bytes[i];
     }
   }
-  CUDA_CHECK(cudaEventRecord(impl(c)->pushed, impl(c)->copy));
+  copies_mark(c);
 }
 
 // The other ranks' blocks of send (fp32) pushed to them; own: this rank's block, summed into
 // recv first (NULL: recv accumulates the peers' blocks onto what it holds at the wait).
 static void peer_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, const char *own) {
-  comm_peer *p = impl(c);
   CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
   const size_t block = (size_t)n_elem * sizeof(float);
   peer_pending *o = op_begin(c, PEER_REDUCE, block);
@@ -313,7 +328,7 @@ static void peer_reduce_start(comm *c, const void *send, void *recv, int64_t n_e
   o->n_elem = n_elem;
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) push(c, r, (const char *)send + (size_t)r * block, 0, block, 1, 1);
-  CUDA_CHECK(cudaEventRecord(p->pushed, p->copy));
+  copies_mark(c);
 }
 
 static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
@@ -365,7 +380,8 @@ static void peer_wait(comm *c) {
   if (!p->n_pending) return;
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) peer_await(p->stream, arrived_flag(p, c->rank, r, c->size), p->seq);
-  CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->pushed, 0));
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->pushed[r], 0));
   for (int i = 0; i < p->n_pending; i++) {
     op_finish(c, i);
     for (int r = 0; r < c->size; r++)  // staging i consumed: each peer may fill it again
@@ -383,19 +399,24 @@ static void peer_drain(comm *c) {
     peer_wait(c);
     comm_nccl_wait(p->inner);
   }
-  CUDA_CHECK(cudaStreamSynchronize(p->copy));
+  copies_synchronize(c);
 }
 
 static void peer_free(comm *c) {
   comm_peer *p = impl(c);
   CUDA_CHECK(cudaStreamSynchronize(p->stream));
-  CUDA_CHECK(cudaStreamSynchronize(p->copy));
+  copies_synchronize(c);
   for (int i = 0; i < PEER_MAX_PENDING; i++) staging_free(c, &p->stage[i]);
   peer_unmap_all(c->mpi, p->flags_of);
   p->be->free(p->be, p->flags);
   CUDA_CHECK(cudaEventDestroy(p->queued));
-  CUDA_CHECK(cudaEventDestroy(p->pushed));
-  CUDA_CHECK(cudaStreamDestroy(p->copy));
+  for (int r = 0; r < c->size; r++) {
+    if (r == c->rank) continue;
+    CUDA_CHECK(cudaEventDestroy(p->pushed[r]));
+    CUDA_CHECK(cudaStreamDestroy(p->copy[r]));
+  }
+  free(p->pushed);
+  free(p->copy);
   comm_free(&p->inner);
   MPI_CHECK(MPI_Comm_free(&c->mpi));
   free(p->flags_of);
@@ -491,9 +512,14 @@ comm *comm_peer_create(comm *inner, k_backend *be) {
   stream_values_load();
   int lo = 0, hi = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  CUDA_CHECK(cudaStreamCreateWithPriority(&p->copy, cudaStreamNonBlocking, hi));
+  p->copy = XCALLOC((size_t)c->size, sizeof *p->copy);
+  p->pushed = XCALLOC((size_t)c->size, sizeof *p->pushed);
+  for (int r = 0; r < c->size; r++) {
+    if (r == c->rank) continue;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&p->copy[r], cudaStreamNonBlocking, hi));
+    CUDA_CHECK(cudaEventCreateWithFlags(&p->pushed[r], cudaEventDisableTiming));
+  }
   CUDA_CHECK(cudaEventCreateWithFlags(&p->queued, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventCreateWithFlags(&p->pushed, cudaEventDisableTiming));
   p->flags_of = XCALLOC((size_t)c->size, sizeof *p->flags_of);
   p->flags = k_alloc_as(be, (PEER_MAX_PENDING + 1) * (size_t)c->size * sizeof(uint64_t), K_MEM_WORKSPACE);  // zero-filled
   CUDA_CHECK(cudaStreamSynchronize(p->stream));
