@@ -23,8 +23,8 @@ struct model_work {
   float *f1, *f2;              // (rows, d) fp32: what crosses tp collectives
   void *fa;                    // (rows, d) act: f1 cast for a GEMM
   int fa_ready;                // fa already holds the act copy of the residual gradient g
-  void *q1;                    // (rows, qd) act: gradient of the attention output
-  void *qkv1;                  // (rows, qkvd) act: gradient of the fused q|k|v
+  void *q1;                    // (rows, qd) act: gradient of the attention output (ff1's memory)
+  void *qkv1;                  // (rows, qkvd) act: gradient of the fused q|k|v (gu1's memory)
   void *ff1;                   // (rows, ffn) act
   void *gu1;                   // (rows, 2 ffn) act: gradient of the fused gate|up
   float *ce_max, *ce_sum, *ce_tgt, *ce_gmax;  // (rows) backend memory
@@ -69,13 +69,13 @@ static inline void *at(const model *m, void *p, int64_t i) { return (char *)p + 
 
 static void carve_work(const model_dims *dm, struct model_work *w, carve *c) {
   int64_t rs = dm->rows_s, rows = dm->rows, d = dm->d, qd = (int64_t)dm->nh * dm->hd, kvd = (int64_t)dm->nkv * dm->hd;
-  w->reduce_scratch = take(c, rs * d);
+  int64_t qkvd = qd + 2 * kvd, ffn = dm->ffn;
+  w->reduce_scratch = rs < rows ? take(c, rs * d) : NULL;  // only sequence parallelism reduces into it
   w->f1 = take(c, rows * d); w->f2 = take(c, rows * d);
   w->fa = take_act(c, rows * d);
-  w->q1 = take_act(c, rows * qd);
-  w->qkv1 = take_act(c, rows * (qd + 2 * kvd));
-  w->ff1 = take_act(c, rows * dm->ffn);
-  w->gu1 = take_act(c, rows * 2 * dm->ffn);
+  // layer_bwd's MLP half, then its attention half: their gradients live in turn and share memory.
+  w->ff1 = w->q1 = take_act(c, rows * (ffn > qd ? ffn : qd));
+  w->gu1 = w->qkv1 = take_act(c, rows * (2 * ffn > qkvd ? 2 * ffn : qkvd));
   w->ce_max = take(c, rows); w->ce_sum = take(c, rows); w->ce_tgt = take(c, rows); w->ce_gmax = take(c, rows);
   w->ce_loss = take_bytes(c, sizeof(double));
 }
