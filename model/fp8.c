@@ -433,6 +433,16 @@ void model_fp8_cast_input(model *m, int slot, int p, const void *x, int64_t rows
   f->x8_in = f->x8;
 }
 
+// Rows [r0, r1) of an act-dtype tensor of `cols` columns cast with slot i's scale into codes at row r0,
+// recording the slot's amax (the scale must be known: delayed scaling after its first step).
+static void fp8_cast_rows(model *m, int64_t i, k_fp8 format, const void *x, int64_t r0, int64_t r1, int cols,
+                          uint8_t *codes) {
+  if (r1 <= r0) return;
+  const size_t row_bytes = (size_t)cols * k_dtype_bytes(m->be->act);
+  m->be->fp8_cast(m->be, (const char *)x + r0 * row_bytes, r1 - r0, cols, m->fp8->scale + i, format, codes + r0 * cols,
+                  NULL, fp8_slot_amax(m->fp8, i));
+}
+
 int model_fp8_input_by_rows(const model *m) { return fp8_block(m->fp8) || fp8_scale_known(m->fp8); }
 
 void model_fp8_cast_input_rows(model *m, int slot, int p, const void *x, int64_t r0, int64_t r1, int k) {
@@ -442,10 +452,7 @@ void model_fp8_cast_input_rows(model *m, int slot, int p, const void *x, int64_t
     f->x_src = x;
     return;
   }
-  const int64_t i = fp8_x_slot(slot, p);
-  if (r1 > r0)
-    m->be->fp8_cast(m->be, (const char *)x + r0 * k * (int64_t)k_dtype_bytes(m->be->act), r1 - r0, k, f->scale + i,
-                    K_E4M3, f->x8 + r0 * k, NULL, fp8_slot_amax(f, i));
+  fp8_cast_rows(m, fp8_x_slot(slot, p), K_E4M3, x, r0, r1, k, f->x8);
   f->x8_in = f->x8;
 }
 
@@ -490,10 +497,7 @@ void model_fp8_dgrad(model *m, int slot, int p, int64_t r0, int64_t r1, int n, i
 uint8_t *model_fp8_cast_grad_rows(model *m, int slot, int p, const void *g, int64_t r0, int64_t r1, int n) {
   model_fp8 *f = m->fp8;
   CHECK(fp8_scale_known(f), "FP8: a gradient cast by rows needs its scale before the cast");
-  const int64_t i = fp8_g_slot(slot, p);
-  if (r1 > r0)
-    m->be->fp8_cast(m->be, (const char *)g + r0 * n * (int64_t)k_dtype_bytes(m->be->act), r1 - r0, n, f->scale + i,
-                    fp8_grad_format(f), f->g8 + r0 * n, NULL, fp8_slot_amax(f, i));
+  fp8_cast_rows(m, fp8_g_slot(slot, p), fp8_grad_format(f), g, r0, r1, n, f->g8);
   return f->g8;
 }
 

@@ -16,15 +16,19 @@
 # steps run with both ranks on it over the staged MPI communicator (parallel.gpu_comm=mpi)
 # instead of NCCL, which needs a GPU
 # per rank; the staged communicator's own test runs either way.
-#   scripts/validate/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)] [PART/PARTS]
+#   scripts/validate/test_gpu.sh [BIN_DIR (default build)] [LOG_DIR (default runs/gpu-tests)] [PART/PARTS | STEPS]
 # PART/PARTS (e.g. 1/2): only every PARTS-th step from the PART-th on, so that the suite can run
-# in pieces of a few minutes each; the parts together run every step once.
+# in pieces of a few minutes each; the parts together run every step once. STEPS (e.g. 50,53):
+# only the steps of those numbers (each step's line starts with its number), to run again the
+# steps a part did not reach or that failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=$(cd "${1:-build}" && pwd); logs=${2:-runs/gpu-tests}; part=${3:-1/1}
-[[ $part =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ] \
-  || { echo "PART/PARTS must read like 1/2, not '$part'" >&2; exit 2; }
-part_k=$((BASH_REMATCH[1] - 1)); parts=${BASH_REMATCH[2]}
+only=""; part_k=0; parts=1
+if [[ $part =~ ^[0-9]+(,[0-9]+)*$ ]]; then only=",$part,"
+elif [[ $part =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ]; then
+  part_k=$((BASH_REMATCH[1] - 1)); parts=${BASH_REMATCH[2]}
+else echo "the third argument must read like 1/2 (a part) or 50,53 (step numbers), not '$part'" >&2; exit 2; fi
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (shared machines)
 # --bind-to none: for np <= 2 Open MPI binds each rank to one core, leaving OpenMP one thread (README)
@@ -32,8 +36,9 @@ mpi="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_E
 n_fail=0; n_pass=0; n_step=0
 step() {
   n_step=$((n_step + 1))
-  [ $(((n_step - 1) % parts)) = "$part_k" ] || return 0
-  echo "== $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi
+  if [ -n "$only" ]; then [[ $only == *",$n_step,"* ]] || return 0
+  else [ $(((n_step - 1) % parts)) = "$part_k" ] || return 0; fi
+  echo "== $n_step $1"; shift; if "$@" < /dev/null; then n_pass=$((n_pass + 1)); else n_fail=$((n_fail + 1)); fi
 }
 nvidia-smi -L
 n_gpus=$(nvidia-smi -L | grep -c '^GPU')
