@@ -210,14 +210,15 @@ static int64_t own_row(const model *m) { return m->sp ? m->tp_rank * m->dims.row
 // The region pairs and the tp reduction, through the collectives parallel/ bound (model_comm.h).
 static void gather_start(const model *m, void *x, int d, k_dtype t) { m->comm.ops->gather_start(m->comm.ctx, x, d, t); }
 static void gather_finish(const model *m) { m->comm.ops->gather_finish(m->comm.ctx); }
+static void gather_wait_from(const model *m, int from) { m->comm.ops->gather_wait_from(m->comm.ctx, from); }
 static void reduce_start(const model *m, float *y, float *y_s, int d) {
   m->comm.ops->reduce_start(m->comm.ctx, y, y_s, d);
 }
 static void reduce_finish(const model *m, float *y, float *y_s, int d) {
   m->comm.ops->reduce_finish(m->comm.ctx, y, y_s, d);
 }
-static void reduce_add_start(const model *m, float *y, float *y_s, int d) {
-  m->comm.ops->reduce_add_start(m->comm.ctx, y, y_s, m->work->reduce_scratch, d);
+static void reduce_add_block(const model *m, float *y, float *y_s, int d, int to) {
+  m->comm.ops->reduce_add_block(m->comm.ctx, y, y_s, m->work->reduce_scratch, d, to);
 }
 static void reduce_add_finish(const model *m, float *y, float *y_s, int d) {
   m->comm.ops->reduce_add_finish(m->comm.ctx, y, y_s, m->work->reduce_scratch, d);
@@ -234,14 +235,26 @@ static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, co
               (char *)C + r0 * N * (int64_t)k_dtype_bytes(ct), N, ct);
 }
 
+// The other tp ranks in ring order (model_comm.h), k = 1 .. tp - 1: the k-th whose gathered rows
+// arrive (tp_rank - k) and the k-th to send a reduction's block to (tp_rank + k).
+static int ring_from(const model *m, int k) { return (m->tp_rank - k + m->tp) % m->tp; }
+static int ring_to(const model *m, int k) { return (m->tp_rank + k) % m->tp; }
+
 // The same over every row of A, whose gather into the region gather_start began: this rank's
-// rows while the other ranks' rows arrive, then those.
+// rows while the other ranks' rows arrive, then each rank's as they arrive (SP).
 static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const void *B, int ldb, void *C, k_dtype ct) {
-  int64_t r0 = own_row(m), r1 = r0 + (enter_is_copy(m) ? m->dims.rows : m->dims.rows_s);
-  gemm_rows(m, r0, r1, tb, N, K, A, B, ldb, C, ct);
-  gather_finish(m);
-  gemm_rows(m, 0, r0, tb, N, K, A, B, ldb, C, ct);
-  gemm_rows(m, r1, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
+  if (enter_is_copy(m)) {
+    gather_finish(m);
+    gemm_rows(m, 0, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
+    return;
+  }
+  const int64_t rs = m->dims.rows_s, r0 = own_row(m);
+  gemm_rows(m, r0, r0 + rs, tb, N, K, A, B, ldb, C, ct);
+  for (int k = 1; k < m->tp; k++) {
+    const int64_t from = ring_from(m, k) * rs;
+    gather_wait_from(m, ring_from(m, k));
+    gemm_rows(m, from, from + rs, tb, N, K, A, B, ldb, C, ct);
+  }
 }
 
 // The block's projections (weights wq|wk|wv, wo, w_gate|w_up, w_down), each in FP8 where
@@ -323,19 +336,15 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
     proj_rows(m, ly, w, p, 0, rows, N, K, x, y, ct, 0);
     return;
   }
-  const int64_t r0 = own_row(m), r1 = r0 + m->dims.rows_s;
+  const int64_t rs = m->dims.rows_s;
   const int codes = hn_is_codes(m, ly);  // made by the norm, gathered: no cast
-  if (!codes) model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r1, K);
-  proj_rows(m, ly, w, p, r0, r1, N, K, x, (char *)y + r0 * N * k_dtype_bytes(ct), ct, 0);
-  gather_finish(m);
-  if (codes) {
-    model_fp8_cast_input(m, ly->fp8, p, NULL, rows, K);  // made: taken
-  } else {
-    model_fp8_cast_input_rows(m, ly->fp8, p, x, 0, r0, K);
-    model_fp8_cast_input_rows(m, ly->fp8, p, x, r1, rows, K);
+  if (codes) model_fp8_cast_input(m, ly->fp8, p, NULL, rows, K);  // made: taken
+  for (int k = 0; k < m->tp; k++) {  // this rank's rows, then each rank's as they arrive
+    const int64_t r0 = ring_from(m, k) * rs;
+    if (k) gather_wait_from(m, ring_from(m, k));
+    if (!codes) model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r0 + rs, K);
+    proj_rows(m, ly, w, p, r0, r0 + rs, N, K, x, (char *)y + r0 * N * k_dtype_bytes(ct), ct, 0);
   }
-  proj_rows(m, ly, w, p, 0, r0, N, K, x, y, ct, 0);
-  proj_rows(m, ly, w, p, r1, rows, N, K, x, (char *)y + r1 * N * k_dtype_bytes(ct), ct, 0);
 }
 
 // Data gradient dx (rows, K) = g (rows, N) w, w (N, K). In FP8 g is cast (with its transpose,
@@ -366,12 +375,13 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
     proj_dgrad(m, ly, w, p, N, K, g, dx, ct);
     return;
   }
-  const int64_t rows = m->dims.rows, r0 = own_row(m), r1 = r0 + m->dims.rows_s;
-  model_fp8_dgrad(m, ly->fp8, p, r0, r1, N, K, dx, ct);
-  gather_finish(m);
-  model_fp8_dgrad(m, ly->fp8, p, 0, r0, N, K, dx, ct);
-  model_fp8_dgrad(m, ly->fp8, p, r1, rows, N, K, dx, ct);
-  model_fp8_grad_rows_done(m, rows, N);
+  const int64_t rs = m->dims.rows_s;
+  for (int k = 0; k < m->tp; k++) {  // this rank's rows, then each rank's as they arrive
+    const int64_t r0 = ring_from(m, k) * rs;
+    if (k) gather_wait_from(m, ring_from(m, k));
+    model_fp8_dgrad(m, ly->fp8, p, r0, r0 + rs, N, K, dx, ct);
+  }
+  model_fp8_grad_rows_done(m, m->dims.rows, N);
 }
 
 // Weight gradient w->g (N, K) += g^T x (= where model_grad_written), g (rows, N) the output
@@ -412,9 +422,11 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
     be->add(be, xout, wk->f1, rs * d);
     return;
   }
-  proj_rows(m, ly, w, p, 0, r0, d, K, a, wk->f1, K_F32, 0);
-  proj_rows(m, ly, w, p, r1, rows, d, K, a, wk->f1 + r1 * d, K_F32, 0);
-  reduce_add_start(m, wk->f1, xout, d);
+  for (int k = 1; k < m->tp; k++) {  // each other rank's rows, sent while the next are computed
+    const int64_t t0 = ring_to(m, k) * rs;
+    proj_rows(m, ly, w, p, t0, t0 + rs, d, K, a, wk->f1 + t0 * d, K_F32, 0);
+    reduce_add_block(m, wk->f1, xout, d, ring_to(m, k));
+  }
   if (!fp8) be->linear_residual(be, (int)rs, d, K, at(m, (void *)a, r0 * K), w->pc, xin, xout);
   else model_fp8_fwd_rows(m, ly->fp8, p, r0, r1, d, K, xin, xout, K_F32, 1);
   reduce_add_finish(m, wk->f1, xout, d);

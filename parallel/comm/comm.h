@@ -46,11 +46,15 @@ typedef struct comm_ops {
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
   // recv (n_elem, fp32) += the sum over the other ranks of their block c->rank of send (fp32,
-  // size * n_elem); this rank's block of send is not read, and recv is read and written only by
-  // the wait, so work queued between start and wait may write recv (the sequence-parallel
-  // row-parallel projection's own rows). NULL where the communicator has no such operation
-  // (all but the peer copies): tp.c composes it from reduce_scatter_start.
-  void (*reduce_scatter_add_start)(comm *c, const void *send, void *recv, int64_t n_elem);
+  // size * n_elem), started block by block: each call says send's block for rank `to` is written
+  // (the work queued so far wrote it) and sends it, so the first blocks travel while the next are
+  // computed. Every rank calls it for to = rank + 1, rank + 2, ... (mod size), all but itself, in
+  // that order; the first call starts the operation and the wait completes it. This rank's block
+  // of send is not read, and recv is read and written only by the wait, so work queued between
+  // the calls and the wait may write recv (the sequence-parallel row-parallel projection's own
+  // rows). NULL where the communicator has no such operation (all but the peer copies): tp.c
+  // composes it from reduce_scatter_start.
+  void (*reduce_scatter_add_block)(comm *c, const void *send, void *recv, int64_t n_elem, int to);
   // all_to_all, started (the int8 gradient reduction's exchange of blocks).
   void (*all_to_all_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // In place, over regions: region i starts at element at[i] of buf and holds size blocks of
@@ -61,6 +65,11 @@ typedef struct comm_ops {
   // Work queued after wait (compute stream) sees the results of every collective started
   // before it. Never blocks the host.
   void (*wait)(comm *c);
+  // Where the only collective started is an all_gather_regions_start: work queued after it sees
+  // rank `from`'s blocks in place (the others may still be on their way), so the GEMM over those
+  // rows can start; wait after the last. Anything else started: as wait. NULL where the
+  // communicator cannot wait for one rank's blocks (all but the peer copies): tp.c waits for all.
+  void (*wait_from)(comm *c, int from);
   // Blocks the host until every started collective has completed. NCCL bounds the wait by the
   // communicator timeout and ends the job with a message naming the group and the operation.
   void (*drain)(comm *c);

@@ -37,6 +37,22 @@ void tp_gather_finish(const tp_region *r) {
   if (gathers(r)) timed_wait(r);
 }
 
+// The k-th other rank (k = 1 .. size - 1) in ring order: the k-th to send to, the k-th to hear from.
+static int ring_to(const tp_region *r, int k) { return (r->c->rank + k) % r->c->size; }
+static int ring_from(const tp_region *r, int k) { return (r->c->rank - k + r->c->size) % r->c->size; }
+
+void tp_gather_wait_from(const tp_region *r, int from) {
+  if (!gathers(r)) return;
+  if (!r->c->ops->wait_from) {  // every row at the first
+    if (from == ring_from(r, 1)) timed_wait(r);
+    return;
+  }
+  double t0 = start(r);
+  r->c->ops->wait_from(r->c, from);
+  if (from == ring_from(r, r->c->size - 1)) r->c->ops->wait(r->c);  // the last: the gather complete
+  stop(r, t0);
+}
+
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d) {
   if (r->c->size == 1) return;
   if (r->sp)
@@ -53,22 +69,23 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   stop(r, t0);
 }
 
-void tp_reduce_add_start(const tp_region *r, float *y, float *y_s, float *scratch, int d) {
-  CHECK(gathers(r), "tp_reduce_add_start: only with sequence parallelism over more than one tp rank");
+void tp_reduce_add_block(const tp_region *r, float *y, float *y_s, float *scratch, int d, int to) {
+  CHECK(gathers(r), "tp_reduce_add_block: only with sequence parallelism over more than one tp rank");
   const int64_t n = r->rows_s * d;
-  if (r->c->ops->reduce_scatter_add_start) {
-    r->c->ops->reduce_scatter_add_start(r->c, y, y_s, n);
-  } else {
+  const int last = to == ring_to(r, r->c->size - 1);
+  if (r->c->ops->reduce_scatter_add_block) {
+    r->c->ops->reduce_scatter_add_block(r->c, y, y_s, n, to);
+  } else if (last) {
     r->be->zero(r->be, y + tp_own_row(r) * d, (size_t)n * sizeof(float));
     r->c->ops->reduce_scatter_start(r->c, y, scratch, n, COMM_F32, COMM_SUM);
   }
-  serial_wait(r);
+  if (last) serial_wait(r);
 }
 
 void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d) {
   (void)y;
   timed_wait(r);
-  if (!r->c->ops->reduce_scatter_add_start) r->be->add(r->be, y_s, scratch, r->rows_s * d);
+  if (!r->c->ops->reduce_scatter_add_block) r->be->add(r->be, y_s, scratch, r->rows_s * d);
 }
 
 // A blocking all-reduce over the group, timed like the collectives above.
@@ -86,14 +103,15 @@ static void bound_gather_start(void *ctx, void *x, int d, k_dtype t) {
   tp_gather_start(&((tp_model_comm *)ctx)->region, x, d, t);
 }
 static void bound_gather_finish(void *ctx) { tp_gather_finish(&((tp_model_comm *)ctx)->region); }
+static void bound_gather_wait_from(void *ctx, int from) { tp_gather_wait_from(&((tp_model_comm *)ctx)->region, from); }
 static void bound_reduce_start(void *ctx, float *y, float *y_s, int d) {
   tp_reduce_start(&((tp_model_comm *)ctx)->region, y, y_s, d);
 }
 static void bound_reduce_finish(void *ctx, float *y, float *y_s, int d) {
   tp_reduce_finish(&((tp_model_comm *)ctx)->region, y, y_s, d);
 }
-static void bound_reduce_add_start(void *ctx, float *y, float *y_s, float *scratch, int d) {
-  tp_reduce_add_start(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d);
+static void bound_reduce_add_block(void *ctx, float *y, float *y_s, float *scratch, int d, int to) {
+  tp_reduce_add_block(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d, to);
 }
 static void bound_reduce_add_finish(void *ctx, float *y, float *y_s, float *scratch, int d) {
   tp_reduce_add_finish(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d);
@@ -113,9 +131,10 @@ static void bound_world_all_reduce(void *ctx, double *x, int n, model_reduce_op 
 static const model_comm_ops tp_model_ops = {
     .gather_start = bound_gather_start,
     .gather_finish = bound_gather_finish,
+    .gather_wait_from = bound_gather_wait_from,
     .reduce_start = bound_reduce_start,
     .reduce_finish = bound_reduce_finish,
-    .reduce_add_start = bound_reduce_add_start,
+    .reduce_add_block = bound_reduce_add_block,
     .reduce_add_finish = bound_reduce_add_finish,
     .tp_all_reduce = bound_tp_all_reduce,
     .dp_all_reduce = bound_dp_all_reduce,

@@ -34,15 +34,21 @@ int64_t tp_own_row(const tp_region *r);
 // rows are gathered into it; else there is nothing to do.
 void tp_gather_start(const tp_region *r, void *x, int d, k_dtype t);
 void tp_gather_finish(const tp_region *r);
+// Instead of tp_gather_finish, called for every other rank in ring order (rank - 1, rank - 2, ...
+// mod size): the work queued next may read rank from's rows. Where the communicator cannot wait
+// for one rank (comm_ops.wait_from NULL) the first call waits for every row.
+void tp_gather_wait_from(const tp_region *r, int from);
 // y (rows, d) partial per rank -> y_s (rows_s, d), the sum over ranks of this rank's rows.
 // SP: reduce-scatter; else all-reduce (y is clobbered) and a copy; one rank: a copy.
 void tp_reduce_start(const tp_region *r, float *y, float *y_s, int d);
 void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
 // SP: y_s (rows_s, d) += the other ranks' partial sums of this rank's rows (y's own rows are not
-// read; y_s is touched only by the finish). Where the communicator adds into y_s itself
-// (comm_ops.reduce_scatter_add_start: peer copies) scratch is unused; else y's own rows are
-// zeroed, reduce-scattered into scratch (rows_s, d) and added.
-void tp_reduce_add_start(const tp_region *r, float *y, float *y_s, float *scratch, int d);
+// read; y_s is touched only by the finish), started by a call per other rank `to` in ring order
+// (rank + 1, rank + 2, ... mod size) once y's rows of rank to are written. Where the
+// communicator sends block by block and adds into y_s itself (comm_ops.reduce_scatter_add_block:
+// peer copies) scratch is unused; else, at the last block, y's own rows are zeroed,
+// reduce-scattered into scratch (rows_s, d) and the finish adds it.
+void tp_reduce_add_block(const tp_region *r, float *y, float *y_s, float *scratch, int d, int to);
 void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d);
 // What no region pair carries, reduced over the tp group: the vocab-parallel cross-entropy's
 // per-row statistics (each tp rank holds the logits of its vocabulary slice: the row max and the

@@ -105,6 +105,7 @@ trainer_add_parity(pp4_vpp2_dp2 8 parallel.pp=4 parallel.vpp=2 parallel.dp=2 mod
 set(PARITY_ENV "TRAINER_PARITY_RTOL=2e-2" "TRAINER_TEST_ARGS=train.precision=fp8")
 trainer_add_parity(fp8_tp2 2 parallel.tp=2)
 trainer_add_parity(fp8_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true)
+trainer_add_parity(fp8_tp4_sp 4 parallel.tp=4 parallel.sequence_parallel=true model.n_kv_heads=4)
 trainer_add_parity(fp8_pp2_vpp2 2 parallel.pp=2 parallel.vpp=2)
 trainer_add_parity(fp8_dp2_distopt 2 parallel.dp=2 parallel.shard=optimizer)
 trainer_add_parity(fp8_dp2_shard_grads 2 parallel.dp=2 parallel.shard=grads)

@@ -838,6 +838,7 @@ static void test_peer_sizes(const suite *s, comm *c) {
   for (int64_t N = 1000; N <= (1 << 22); N *= 8) {
     float *h = XMALLOC((size_t)(n * N) * sizeof *h), *g = buf_alloc(s, (size_t)(n * N) * sizeof *h);
     float *y = buf_alloc(s, (size_t)(n * N) * sizeof *h), *ys = buf_alloc(s, (size_t)N * sizeof *h);
+    float *aside = buf_alloc(s, (size_t)(n * N) * sizeof *h);
     for (int round = 0; round < 3; round++) {
       for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? (float)(round + r + i % 7) : -1.0f;
       buf_put_queued(s, g, h, (size_t)(n * N) * sizeof *h);
@@ -845,7 +846,23 @@ static void test_peer_sizes(const suite *s, comm *c) {
       buf_put_queued(s, y, h, (size_t)(n * N) * sizeof *h);
       const int64_t at = 0;
       c->ops->all_gather_regions_start(c, g, &at, &N, 1, COMM_F32);
+      if (round == 1) {  // wait_from in ring order: each rank's block copied aside once it is there
+        for (int k = 1; k < n; k++) {
+          const int from = (r - k + n) % n;
+          c->ops->wait_from(c, from);
+          buf_copy_queued(s, aside + from * N, g + from * N, (size_t)N * sizeof *h);
+        }
+      }
       c->ops->wait(c);
+      if (round == 1) {
+        float *ha = XMALLOC((size_t)(n * N) * sizeof *ha);
+        buf_get(s, ha, aside, (size_t)(n * N) * sizeof *ha);
+        int64_t bad_aside = 0;
+        for (int64_t i = 0; i < n * N; i++) bad_aside += i / N != r && ha[i] != (float)(round + i / N + i % 7);
+        EXPECT(bad_aside == 0, "%s: gather of %lld per rank, each rank's block read after its wait_from: %lld wrong",
+               s->label, (long long)N, (long long)bad_aside);
+        free(ha);
+      }
       c->ops->reduce_scatter_start(c, y, ys, N, COMM_F32, COMM_SUM);
       if (round == 2) c->ops->drain(c);  // a drain completes a started operation as its wait does
       else c->ops->wait(c);
@@ -859,13 +876,21 @@ static void test_peer_sizes(const suite *s, comm *c) {
         bad += h[i] != (float)(3 * n * (n - 1) / 2 + n * (round + r * 10 + (r * N + i) % 5));
       EXPECT(bad == 0, "%s: reduce-scatter of %lld per rank, round %d: %lld wrong", s->label, (long long)N, round,
              (long long)bad);
-      // reduce_scatter_add_start: the other ranks' blocks added onto what ys holds at the wait
-      // (written after the start here); this rank's own block (NaN) is not read.
+      // reduce_scatter_add_block: each other rank's block written just before its call (a block
+      // sent early would carry the NaN there before), added onto what ys holds at the wait
+      // (written after the last block here); this rank's own block (NaN) is not read.
       for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? NAN : (float)(r * 3 + round + (i / N) * 10 + i % 5);
-      buf_put_queued(s, y, h, (size_t)(n * N) * sizeof *h);
-      c->ops->reduce_scatter_add_start(c, y, ys, N);
-      for (int64_t i = 0; i < N; i++) h[i] = (float)(i % 3);
-      buf_put_queued(s, ys, h, (size_t)N * sizeof *h);
+      float *nan_block = XMALLOC((size_t)(n * N) * sizeof *nan_block);
+      for (int64_t i = 0; i < n * N; i++) nan_block[i] = NAN;
+      buf_put_queued(s, y, nan_block, (size_t)(n * N) * sizeof *h);
+      for (int k = 1; k < n; k++) {
+        const int to = (r + k) % n;
+        buf_put_queued(s, y + to * N, h + to * N, (size_t)N * sizeof *h);
+        c->ops->reduce_scatter_add_block(c, y, ys, N, to);
+      }
+      float *h_ys = XMALLOC((size_t)N * sizeof *h_ys);
+      for (int64_t i = 0; i < N; i++) h_ys[i] = (float)(i % 3);
+      buf_put_queued(s, ys, h_ys, (size_t)N * sizeof *h);
       c->ops->wait(c);
       buf_get(s, h, ys, (size_t)N * sizeof *h);
       bad = 0;
@@ -873,11 +898,14 @@ static void test_peer_sizes(const suite *s, comm *c) {
         bad += h[i] != (float)(i % 3 + 3 * n * (n - 1) / 2 - 3 * r + (n - 1) * (round + r * 10 + (r * N + i) % 5));
       EXPECT(bad == 0, "%s: reduce-scatter added into recv, %lld per rank, round %d: %lld wrong", s->label,
              (long long)N, round, (long long)bad);
+      free(nan_block);
+      free(h_ys);
     }
     free(h);
     buf_free(s, g);
     buf_free(s, y);
     buf_free(s, ys);
+    buf_free(s, aside);
   }
 }
 

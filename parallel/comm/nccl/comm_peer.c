@@ -182,6 +182,7 @@ typedef struct peer_pending {
   int n_regions;
   int64_t at_bytes[PEER_MAX_REGIONS], block_bytes[PEER_MAX_REGIONS];  // gather: region i's start and block
   int64_t n_elem;    // reduce: elements of a block
+  uint64_t placed;   // bit r: rank r's blocks are in place (queued on the compute stream)
 } peer_pending;
 
 typedef struct comm_peer {
@@ -253,6 +254,19 @@ static void staging_reserve(comm *c, int i, size_t n_bytes) {
   peer_map_all(c->mpi, st->mine, st->of);
 }
 
+// Rank r's copy stream waits for the compute queued so far (the data of the next push to r).
+static void copy_after_compute(comm *c, int r) {
+  comm_peer *p = impl(c);
+  CUDA_CHECK(cudaEventRecord(p->queued, p->stream));
+  CUDA_CHECK(cudaStreamWaitEvent(p->copy[r], p->queued, 0));
+}
+
+// The other ranks in ring order from this one: the k-th (k = 1 .. size - 1) of rank + k (the
+// order this rank sends in) or of rank - k (the order its blocks arrive in, every rank sending
+// in its own ring order).
+static int ring_to(const comm *c, int k) { return (c->rank + k) % c->size; }
+static int ring_from(const comm *c, int k) { return (c->rank - k + c->size) % c->size; }
+
 // The common start: staging for n_bytes, and this rank's copy stream waits for the compute
 // queued so far (the data). Returns the operation's record. No rendezvous: a push waits only
 // until the peer has consumed the operation that used the same staging before (op_finish says
@@ -268,9 +282,8 @@ static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   o->seq = ++p->seq;
   o->prev_seq = p->stage[p->n_pending - 1].last_seq;
   p->stage[p->n_pending - 1].last_seq = o->seq;
-  CUDA_CHECK(cudaEventRecord(p->queued, p->stream));
   for (int r = 0; r < c->size; r++)
-    if (r != c->rank) CUDA_CHECK(cudaStreamWaitEvent(p->copy[r], p->queued, 0));
+    if (r != c->rank) copy_after_compute(c, r);
   return o;
 }
 
@@ -305,8 +318,8 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
     o->at_bytes[i] = at[i] * esz;
     o->block_bytes[i] = n_elem[i] * esz;
   }
-  for (int r = 0; r < c->size; r++) {
-    if (r == c->rank) continue;
+  for (int k = 1; k < c->size; k++) {  // ring order: each rank receives one block at a time
+    const int r = ring_to(c, k);
     size_t off = 0;
     for (int i = 0; i < n_regions; i++) {
       const char *mine = o->buf + o->at_bytes[i] + c->rank * o->block_bytes[i];
@@ -317,20 +330,8 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
   copies_mark(c);
 }
 
-// The other ranks' blocks of send (fp32) pushed to them; own: this rank's block, summed into
-// recv first (NULL: recv accumulates the peers' blocks onto what it holds at the wait).
-static void peer_reduce_start(comm *c, const void *send, void *recv, int64_t n_elem, const char *own) {
-  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
-  const size_t block = (size_t)n_elem * sizeof(float);
-  peer_pending *o = op_begin(c, PEER_REDUCE, block);
-  o->buf = recv;
-  o->own = own;
-  o->n_elem = n_elem;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) push(c, r, (const char *)send + (size_t)r * block, 0, block, 1, 1);
-  copies_mark(c);
-}
-
+// The other ranks' blocks of send (fp32) pushed to them in ring order; at the wait, recv = this
+// rank's block of send plus theirs.
 static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
                                       comm_redop op) {
   comm_peer *p = impl(c);
@@ -338,56 +339,95 @@ static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int
     p->inner->ops->reduce_scatter_start(p->inner, send, recv, n_elem, t, op);
     return;
   }
-  peer_reduce_start(c, send, recv, n_elem, (const char *)send + (size_t)c->rank * (size_t)n_elem * sizeof(float));
+  CHECK(n_elem >= 0, "comm %s: reduce_scatter of %lld elements", c->name, (long long)n_elem);
+  const size_t block = (size_t)n_elem * sizeof(float);
+  peer_pending *o = op_begin(c, PEER_REDUCE, block);
+  o->buf = recv;
+  o->own = (const char *)send + (size_t)c->rank * block;
+  o->n_elem = n_elem;
+  for (int k = 1; k < c->size; k++) {
+    const int to = ring_to(c, k);
+    push(c, to, (const char *)send + (size_t)to * block, 0, block, 1, 1);
+  }
+  copies_mark(c);
 }
 
-static void peer_reduce_scatter_add_start(comm *c, const void *send, void *recv, int64_t n_elem) {
-  peer_reduce_start(c, send, recv, n_elem, NULL);
-}
-
-// Pending operation i's blocks into place on the compute stream, its arrivals waited for.
-static void op_finish(comm *c, int i) {
+// Block `to` of send pushed as soon as the compute queued so far has written it; the first
+// block (to = rank + 1) starts the operation (comm.h: the blocks come in ring order).
+static void peer_reduce_scatter_add_block(comm *c, const void *send, void *recv, int64_t n_elem, int to) {
   comm_peer *p = impl(c);
-  const peer_pending *o = &p->pending[i];
+  CHECK(n_elem >= 0 && to >= 0 && to < c->size && to != c->rank, "comm %s: reduce_scatter_add_block of %lld elements "
+        "to rank %d", c->name, (long long)n_elem, to);
+  const size_t block = (size_t)n_elem * sizeof(float);
+  if (to == ring_to(c, 1)) {
+    peer_pending *o = op_begin(c, PEER_REDUCE, block);
+    o->buf = recv;
+    o->n_elem = n_elem;
+  } else {
+    CHECK(p->n_pending && p->pending[p->n_pending - 1].op == PEER_REDUCE && p->pending[p->n_pending - 1].buf == recv,
+          "comm %s: reduce_scatter_add_block to rank %d before the block to rank %d", c->name, to, ring_to(c, 1));
+    copy_after_compute(c, to);
+  }
+  push(c, to, (const char *)send + (size_t)to * block, 0, block, 1, 1);
+  copies_mark(c);
+}
+
+// Rank `from`'s blocks of pending operation i into place on the compute stream, once they have
+// arrived: a gather's blocks copied from the staging to their rows, a reduction's block added.
+static void op_place(comm *c, int i, int from) {
+  comm_peer *p = impl(c);
+  peer_pending *o = &p->pending[i];
   const peer_staging *st = &p->stage[i];
-  if (o->op == PEER_GATHER) {
-    for (int r = 0; r < c->size; r++) {
-      if (r == c->rank) continue;
-      size_t off = 0;
-      for (int k = 0; k < o->n_regions; k++) {
-        char *dst = o->buf + o->at_bytes[k] + r * o->block_bytes[k];
-        const char *src = st->mine + (size_t)r * st->slot_bytes + off;
-        if (o->block_bytes[k])
-          CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)o->block_bytes[k], cudaMemcpyDeviceToDevice, p->stream));
-        off += (size_t)o->block_bytes[k];
-      }
-    }
+  if (o->placed >> from & 1) return;
+  o->placed |= 1ull << from;
+  peer_await(p->stream, arrived_flag(p, c->rank, from, c->size), o->seq);
+  const char *slot = st->mine + (size_t)from * st->slot_bytes;
+  if (o->op == PEER_REDUCE) {
+    p->be->add(p->be, (float *)o->buf, (const float *)slot, o->n_elem);
     return;
   }
-  // Own block (or what recv holds) first, then the peers' in rank order; the sum of two is the
-  // same either way round.
-  if (o->own && o->buf != o->own) p->be->copy(p->be, o->buf, o->own, (size_t)o->n_elem * sizeof(float));
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) p->be->add(p->be, (float *)o->buf, (const float *)(st->mine + (size_t)r * st->slot_bytes), o->n_elem);
+  size_t off = 0;
+  for (int k = 0; k < o->n_regions; k++) {
+    char *dst = o->buf + o->at_bytes[k] + from * o->block_bytes[k];
+    if (o->block_bytes[k])
+      CUDA_CHECK(cudaMemcpyAsync(dst, slot + off, (size_t)o->block_bytes[k], cudaMemcpyDeviceToDevice, p->stream));
+    off += (size_t)o->block_bytes[k];
+  }
 }
 
-// The compute stream waits for every peer's arrivals and this rank's copies (the newest
-// operation's counters cover the ones before: each link runs in order), then the blocks are
-// put in place. Also waits for what was started on the NCCL communicator.
+// Every pending operation completes on the compute stream: the blocks put in place as they arrive
+// (ring order, the order they are sent in; a reduction adds them after this rank's own block, or
+// onto what recv holds: with two ranks the sum of two is the same either way round), the compute
+// stream waits for this rank's copies, and each peer may fill the stagings again. Also waits for
+// what was started on the NCCL communicator.
 static void peer_wait(comm *c) {
   comm_peer *p = impl(c);
   p->inner->ops->wait(p->inner);
   if (!p->n_pending) return;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) peer_await(p->stream, arrived_flag(p, c->rank, r, c->size), p->seq);
+  for (int i = 0; i < p->n_pending; i++) {
+    const peer_pending *o = &p->pending[i];
+    if (o->op == PEER_REDUCE && o->own && o->buf != o->own)
+      p->be->copy(p->be, o->buf, o->own, (size_t)o->n_elem * sizeof(float));
+    for (int k = 1; k < c->size; k++) op_place(c, i, ring_from(c, k));
+  }
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->pushed[r], 0));
-  for (int i = 0; i < p->n_pending; i++) {
-    op_finish(c, i);
+  for (int i = 0; i < p->n_pending; i++)
     for (int r = 0; r < c->size; r++)  // staging i consumed: each peer may fill it again
       if (r != c->rank) peer_signal(p->stream, freed_flag(p, r, i, c->rank, c->size), p->pending[i].seq);
-  }
   p->n_pending = 0;
+}
+
+// One gather pending: rank from's blocks in place (the rest at the wait); else peer_wait.
+static void peer_wait_from(comm *c, int from) {
+  comm_peer *p = impl(c);
+  CHECK(from >= 0 && from < c->size, "comm %s: wait_from rank %d of %d", c->name, from, c->size);
+  if (p->n_pending != 1 || p->pending[0].op != PEER_GATHER) {
+    peer_wait(c);
+    return;
+  }
+  p->inner->ops->wait(p->inner);
+  if (from != c->rank) op_place(c, 0, from);
 }
 
 // A started gather or reduce-scatter completes on the compute stream (its wait puts the blocks in
@@ -482,10 +522,11 @@ static const comm_ops comm_peer_ops = {
     .free = peer_free,
     .all_reduce_start = fwd_all_reduce_start,
     .reduce_scatter_start = peer_reduce_scatter_start,
-    .reduce_scatter_add_start = peer_reduce_scatter_add_start,
+    .reduce_scatter_add_block = peer_reduce_scatter_add_block,
     .all_to_all_start = fwd_all_to_all_start,
     .all_gather_regions_start = peer_all_gather_regions_start,
     .wait = peer_wait,
+    .wait_from = peer_wait_from,
     .drain = peer_drain,
     .xfer_open = fwd_xfer_open,
     .xfer_start = fwd_xfer_start,

@@ -5,17 +5,20 @@
 // soon as their data is written, whatever kernel holds the SMs. NCCL's collectives are kernels:
 // beside a GEMM that fills every SM they start only as its blocks drain.
 //
-// A start (all_gather_regions_start, reduce_scatter_start of f32, reduce_scatter_add_start) on
-// rank r, in stream order on the compute stream: r's copy stream to each peer q (one per peer, so
-// the copies to several peers run at once), once the data is written and q has consumed the
-// operation that used the same staging before (a counter q writes into r's memory with
-// cuStreamWriteValue64 after that operation's wait), copies r's block into q's staging slot for r
-// and raises q's arrival counter for r. No rendezvous: a rank ahead of its peers delivers early.
-// The wait makes the compute stream wait (on the GPU, cuStreamWaitValue64: no host takes part)
-// for every peer's arrival and for r's own copies, then moves what arrived into place: the
-// gather's blocks into the buffer, the reduction as this rank's block (or what recv holds, for
-// reduce_scatter_add_start) plus the peers' blocks in rank order (two ranks: the bits NCCL's sum
-// gives), and tells each peer its staging is free again.
+// A start (all_gather_regions_start, reduce_scatter_start of f32, each reduce_scatter_add_block)
+// on rank r, in stream order on the compute stream: r's copy stream to each peer q (one per
+// peer), once the data is written and q has consumed the operation that used the same staging
+// before (a counter q writes into r's memory with cuStreamWriteValue64 after that operation's
+// wait), copies r's block into q's staging slot for r and raises q's arrival counter for r. No
+// rendezvous: a rank ahead of its peers delivers early. Each rank sends in ring order (r + 1,
+// r + 2, ...; the copy engines run one copy at a time at the link's full rate), so a rank
+// receives one block at a time, from r - 1 first, and what was computed first travels first.
+// The waits run on the compute stream (cuStreamWaitValue64: no host takes part): wait_from waits
+// for one peer's arrival and moves its block into the gathered buffer, so the GEMM over those rows
+// can start while the next block travels; the wait does the same for every peer not yet placed,
+// in ring order, waits for r's own copies and tells each peer its staging is free again. A
+// reduction is this rank's block (or what recv holds, for reduce_scatter_add_block) plus the
+// peers' blocks in the order they arrive (two ranks: the bits NCCL's sum gives).
 // Operations are numbered in the order every rank starts them, so the counters match without
 // any host exchange. Up to four operations may be started before a wait, each with staging of its
 // own (the tp regions start one at a time).
