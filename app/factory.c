@@ -76,9 +76,6 @@ static int factory_tp_overlap(factory *f, const cfg *c, char *err, size_t n_err)
   const cfg_tp_overlap want = c->parallel.tp_overlap;
   f->tp_overlap = want == CFG_TP_OVERLAP_NONE ? CFG_TP_OVERLAP_NONE : CFG_TP_OVERLAP_NCCL;
   if (f->g.tp == 1 || (want != CFG_TP_OVERLAP_P2P && want != CFG_TP_OVERLAP_AUTO)) return 0;
-  // auto takes the peer copies at tp 2 only: at tp 4 NCCL's kernels ran faster (7b-layers on
-  // 4 H200: 34,167 against 32,358 tok/s per GPU in bf16, 42,631 against 35,895 in FP8).
-  if (want == CFG_TP_OVERLAP_AUTO && f->g.tp > 2) return 0;
   const int nccl = f->device >= 0 && c->parallel.gpu_comm == CFG_GPU_COMM_NCCL;
   char why[256] = "the ranks are not GPU ranks over NCCL (train.device=cuda, parallel.gpu_comm=nccl)";
 #ifdef TRAINER_HAVE_CUDA
