@@ -182,7 +182,8 @@ typedef struct peer_pending {
   int n_regions;
   int64_t at_bytes[PEER_MAX_REGIONS], block_bytes[PEER_MAX_REGIONS];  // gather: region i's start and block
   int64_t n_elem;    // reduce: elements of a block
-  uint64_t placed;   // bit r: rank r's blocks are in place (queued on the compute stream)
+  uint64_t placed;   // bit r: rank r's blocks are in place (queued on the compute stream); the group is
+                     // the GPUs of one host (comm_peer_possible), far fewer than 64
 } peer_pending;
 
 typedef struct comm_peer {
