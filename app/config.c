@@ -151,10 +151,11 @@ static const cfg_key cfg_keys[] = {
              "communicator of GPU ranks (mpi: device buffers copied through host memory, slow, but several ranks "
              "may share a GPU, e.g. to test a layout on one GPU; nccl needs one GPU per rank)"),
   CFG_CHOICE(parallel, tp_overlap, cfg_tp_overlap, CFG_TP_OVERLAP_AUTO,
-             "the tensor-parallel gathers and reduce-scatters (sequence parallelism), each run beside the GEMM "
-             "over this rank's own rows: p2p: peer copies on the copy engines, no SMs taken (GPUs of one host "
-             "with peer access, over NCCL); nccl: NCCL's kernels; none: each waited for before the GEMM, not "
-             "overlapped (a baseline); auto: p2p where every tp pair has peer access, else nccl; "
+             "the tensor-parallel gathers and reduce-scatters (sequence parallelism), each run beside the "
+             "GEMMs: p2p: peer copies on the copy engines in ring order, no SMs taken, the GEMM over each "
+             "rank's rows as they arrive (GPUs of one host with peer access, over NCCL); nccl: NCCL's kernels "
+             "beside the GEMM over this rank's own rows; none: each waited for before the GEMM, not overlapped "
+             "(a baseline); auto: p2p where every GPU of the tp group has peer access to the others, else nccl; "
              "docs/tensor-parallel.md"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
