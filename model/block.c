@@ -240,6 +240,14 @@ static void gemm_rows(model *m, int64_t r0, int64_t r1, int tb, int N, int K, co
 static int ring_from(const model *m, int k) { return (m->tp_rank - k + m->tp) % m->tp; }
 static int ring_to(const model *m, int k) { return (m->tp_rank + k) % m->tp; }
 
+// Walking a gathered region (SP) in arrival order, k = 0 .. tp - 1: the first row of the k-th
+// rank's rows (k 0: this rank's own, there from the start; then tp_rank - 1, ...), waited for
+// first, so the work queued next may read them.
+static int64_t gathered_rows(const model *m, int k) {
+  if (k) gather_wait_from(m, ring_from(m, k));
+  return ring_from(m, k) * m->dims.rows_s;
+}
+
 // The same over every row of A, whose gather into the region gather_start began: this rank's
 // rows while the other ranks' rows arrive, then each rank's as they arrive (SP).
 static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const void *B, int ldb, void *C, k_dtype ct) {
@@ -248,12 +256,9 @@ static void gemm_gathered(model *m, int tb, int N, int K, const void *A, const v
     gemm_rows(m, 0, m->dims.rows, tb, N, K, A, B, ldb, C, ct);
     return;
   }
-  const int64_t rs = m->dims.rows_s, r0 = own_row(m);
-  gemm_rows(m, r0, r0 + rs, tb, N, K, A, B, ldb, C, ct);
-  for (int k = 1; k < m->tp; k++) {
-    const int64_t from = ring_from(m, k) * rs;
-    gather_wait_from(m, ring_from(m, k));
-    gemm_rows(m, from, from + rs, tb, N, K, A, B, ldb, C, ct);
+  for (int k = 0; k < m->tp; k++) {
+    const int64_t r0 = gathered_rows(m, k);
+    gemm_rows(m, r0, r0 + m->dims.rows_s, tb, N, K, A, B, ldb, C, ct);
   }
 }
 
@@ -340,8 +345,7 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
   const int codes = hn_is_codes(m, ly);  // made by the norm, gathered: no cast
   if (codes) model_fp8_cast_input(m, ly->fp8, p, NULL, rows, K);  // made: taken
   for (int k = 0; k < m->tp; k++) {  // this rank's rows, then each rank's as they arrive
-    const int64_t r0 = ring_from(m, k) * rs;
-    if (k) gather_wait_from(m, ring_from(m, k));
+    const int64_t r0 = gathered_rows(m, k);
     if (!codes) model_fp8_cast_input_rows(m, ly->fp8, p, x, r0, r0 + rs, K);
     proj_rows(m, ly, w, p, r0, r0 + rs, N, K, x, (char *)y + r0 * N * k_dtype_bytes(ct), ct, 0);
   }
@@ -377,8 +381,7 @@ static void proj_dgrad_gathered(model *m, const model_layer *ly, const model_ten
   }
   const int64_t rs = m->dims.rows_s;
   for (int k = 0; k < m->tp; k++) {  // this rank's rows, then each rank's as they arrive
-    const int64_t r0 = ring_from(m, k) * rs;
-    if (k) gather_wait_from(m, ring_from(m, k));
+    const int64_t r0 = gathered_rows(m, k);
     model_fp8_dgrad(m, ly->fp8, p, r0, r0 + rs, N, K, dx, ct);
   }
   model_fp8_grad_rows_done(m, m->dims.rows, N);

@@ -167,6 +167,11 @@ void comm_free(comm **c);
 void *comm_no_buffer_alloc(comm *c, size_t n_bytes);
 void comm_no_buffer_free(comm *c, void *buf);
 int comm_dtype_bytes(comm_dtype t);
+// The other ranks in ring order from c's, k = 1 .. size - 1: the k-th to send to (rank + k) and
+// the k-th to hear from (rank - k), every rank sending in its own ring order (reduce_scatter_add_block,
+// wait_from).
+static inline int comm_ring_to(const comm *c, int k) { return (c->rank + k) % c->size; }
+static inline int comm_ring_from(const comm *c, int k) { return (c->rank - k + c->size) % c->size; }
 // Makes room for need entries of elem bytes in the array *p of capacity *cap (doubling; new
 // entries zeroed), for the lists a communicator implementation keeps; what names it in errors.
 void comm_grow(const comm *c, void **p, int *cap, int need, size_t elem, const char *what);

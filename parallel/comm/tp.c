@@ -37,19 +37,15 @@ void tp_gather_finish(const tp_region *r) {
   if (gathers(r)) timed_wait(r);
 }
 
-// The k-th other rank (k = 1 .. size - 1) in ring order: the k-th to send to, the k-th to hear from.
-static int ring_to(const tp_region *r, int k) { return (r->c->rank + k) % r->c->size; }
-static int ring_from(const tp_region *r, int k) { return (r->c->rank - k + r->c->size) % r->c->size; }
-
 void tp_gather_wait_from(const tp_region *r, int from) {
   if (!gathers(r)) return;
   if (!r->c->ops->wait_from) {  // every row at the first
-    if (from == ring_from(r, 1)) timed_wait(r);
+    if (from == comm_ring_from(r->c, 1)) timed_wait(r);
     return;
   }
   double t0 = start(r);
   r->c->ops->wait_from(r->c, from);
-  if (from == ring_from(r, r->c->size - 1)) r->c->ops->wait(r->c);  // the last: the gather complete
+  if (from == comm_ring_from(r->c, r->c->size - 1)) r->c->ops->wait(r->c);  // the last: the gather complete
   stop(r, t0);
 }
 
@@ -72,7 +68,7 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
 void tp_reduce_add_block(const tp_region *r, float *y, float *y_s, float *scratch, int d, int to) {
   CHECK(gathers(r), "tp_reduce_add_block: only with sequence parallelism over more than one tp rank");
   const int64_t n = r->rows_s * d;
-  const int last = to == ring_to(r, r->c->size - 1);
+  const int last = to == comm_ring_to(r->c, r->c->size - 1);
   if (r->c->ops->reduce_scatter_add_block) {
     r->c->ops->reduce_scatter_add_block(r->c, y, y_s, n, to);
   } else if (last) {

@@ -215,10 +215,11 @@ static void copies_synchronize(const comm *c) {
     if (r != c->rank) CUDA_CHECK(cudaStreamSynchronize(impl(c)->copy[r]));
 }
 
-// The copies queued so far on every copy stream, marked for peer_wait.
-static void copies_mark(const comm *c) {
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) CUDA_CHECK(cudaEventRecord(impl(c)->pushed[r], impl(c)->copy[r]));
+// The copies queued so far on the copy stream to rank r (on every copy stream where r < 0),
+// marked for peer_wait.
+static void copies_mark(const comm *c, int r) {
+  for (int q = 0; q < c->size; q++)
+    if (q != c->rank && (r < 0 || q == r)) CUDA_CHECK(cudaEventRecord(impl(c)->pushed[q], impl(c)->copy[q]));
 }
 // In of_rank's memory, written by from: the last operation of which from has consumed what
 // of_rank put into from's staging i.
@@ -255,23 +256,19 @@ static void staging_reserve(comm *c, int i, size_t n_bytes) {
   peer_map_all(c->mpi, st->mine, st->of);
 }
 
-// Rank r's copy stream waits for the compute queued so far (the data of the next push to r).
-static void copy_after_compute(comm *c, int r) {
+// The copy stream to rank r (to every peer where r < 0) waits for the compute queued so far (the
+// data of the next push).
+static void copies_after_compute(comm *c, int r) {
   comm_peer *p = impl(c);
   CUDA_CHECK(cudaEventRecord(p->queued, p->stream));
-  CUDA_CHECK(cudaStreamWaitEvent(p->copy[r], p->queued, 0));
+  for (int q = 0; q < c->size; q++)
+    if (q != c->rank && (r < 0 || q == r)) CUDA_CHECK(cudaStreamWaitEvent(p->copy[q], p->queued, 0));
 }
 
-// The other ranks in ring order from this one: the k-th (k = 1 .. size - 1) of rank + k (the
-// order this rank sends in) or of rank - k (the order its blocks arrive in, every rank sending
-// in its own ring order).
-static int ring_to(const comm *c, int k) { return (c->rank + k) % c->size; }
-static int ring_from(const comm *c, int k) { return (c->rank - k + c->size) % c->size; }
-
-// The common start: staging for n_bytes, and this rank's copy stream waits for the compute
+// The common start: staging for n_bytes, and this rank's copy streams wait for the compute
 // queued so far (the data). Returns the operation's record. No rendezvous: a push waits only
-// until the peer has consumed the operation that used the same staging before (op_finish says
-// so), so a rank ahead of its peer delivers early and the peer finds its blocks there.
+// until the peer has consumed the operation that used the same staging before (its peer_wait
+// says so), so a rank ahead of its peer delivers early and the peer finds its blocks there.
 static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   comm_peer *p = impl(c);
   CHECK(p->n_pending < PEER_MAX_PENDING, "comm %s: more than %d gathers and reduce-scatters started before a wait",
@@ -283,8 +280,7 @@ static peer_pending *op_begin(comm *c, peer_op op, size_t n_bytes) {
   o->seq = ++p->seq;
   o->prev_seq = p->stage[p->n_pending - 1].last_seq;
   p->stage[p->n_pending - 1].last_seq = o->seq;
-  for (int r = 0; r < c->size; r++)
-    if (r != c->rank) copy_after_compute(c, r);
+  copies_after_compute(c, -1);
   return o;
 }
 
@@ -320,7 +316,7 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
     o->block_bytes[i] = n_elem[i] * esz;
   }
   for (int k = 1; k < c->size; k++) {  // ring order: each rank receives one block at a time
-    const int r = ring_to(c, k);
+    const int r = comm_ring_to(c, k);
     size_t off = 0;
     for (int i = 0; i < n_regions; i++) {
       const char *mine = o->buf + o->at_bytes[i] + c->rank * o->block_bytes[i];
@@ -328,7 +324,7 @@ static void peer_all_gather_regions_start(comm *c, void *buf, const int64_t *at,
       off += (size_t)o->block_bytes[i];
     }
   }
-  copies_mark(c);
+  copies_mark(c, -1);
 }
 
 // The other ranks' blocks of send (fp32) pushed to them in ring order; at the wait, recv = this
@@ -347,10 +343,10 @@ static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int
   o->own = (const char *)send + (size_t)c->rank * block;
   o->n_elem = n_elem;
   for (int k = 1; k < c->size; k++) {
-    const int to = ring_to(c, k);
+    const int to = comm_ring_to(c, k);
     push(c, to, (const char *)send + (size_t)to * block, 0, block, 1, 1);
   }
-  copies_mark(c);
+  copies_mark(c, -1);
 }
 
 // Block `to` of send pushed as soon as the compute queued so far has written it; the first
@@ -360,17 +356,17 @@ static void peer_reduce_scatter_add_block(comm *c, const void *send, void *recv,
   CHECK(n_elem >= 0 && to >= 0 && to < c->size && to != c->rank, "comm %s: reduce_scatter_add_block of %lld elements "
         "to rank %d", c->name, (long long)n_elem, to);
   const size_t block = (size_t)n_elem * sizeof(float);
-  if (to == ring_to(c, 1)) {
+  if (to == comm_ring_to(c, 1)) {
     peer_pending *o = op_begin(c, PEER_REDUCE, block);
     o->buf = recv;
     o->n_elem = n_elem;
   } else {
     CHECK(p->n_pending && p->pending[p->n_pending - 1].op == PEER_REDUCE && p->pending[p->n_pending - 1].buf == recv,
-          "comm %s: reduce_scatter_add_block to rank %d before the block to rank %d", c->name, to, ring_to(c, 1));
-    copy_after_compute(c, to);
+          "comm %s: reduce_scatter_add_block to rank %d before the block to rank %d", c->name, to, comm_ring_to(c, 1));
+    copies_after_compute(c, to);
   }
   push(c, to, (const char *)send + (size_t)to * block, 0, block, 1, 1);
-  copies_mark(c);
+  copies_mark(c, to);
 }
 
 // Rank `from`'s blocks of pending operation i into place on the compute stream, once they have
@@ -409,7 +405,7 @@ static void peer_wait(comm *c) {
     const peer_pending *o = &p->pending[i];
     if (o->op == PEER_REDUCE && o->own && o->buf != o->own)
       p->be->copy(p->be, o->buf, o->own, (size_t)o->n_elem * sizeof(float));
-    for (int k = 1; k < c->size; k++) op_place(c, i, ring_from(c, k));
+    for (int k = 1; k < c->size; k++) op_place(c, i, comm_ring_from(c, k));
   }
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) CUDA_CHECK(cudaStreamWaitEvent(p->stream, p->pushed[r], 0));
