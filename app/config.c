@@ -53,6 +53,7 @@ CFG_WORDS(cfg_offload, CFG_OFFLOAD_HOST, "none", "host");
 CFG_WORDS(cfg_offload_update, CFG_OFFLOAD_UPDATE_CPU, "gpu", "cpu");
 CFG_WORDS(cfg_gpu_comm, CFG_GPU_COMM_MPI, "nccl", "mpi");
 CFG_WORDS(cfg_tp_overlap, CFG_TP_OVERLAP_NONE, "auto", "nccl", "p2p", "none");
+CFG_WORDS(cfg_tp_reduce, CFG_TP_REDUCE_BF16, "auto", "fp32", "bf16");
 CFG_WORDS(cfg_shard, CFG_SHARD_WEIGHTS, "none", "optimizer", "grads", "weights");
 CFG_WORDS(cfg_grad_compress, CFG_GRAD_COMPRESS_INT8, "none", "bf16", "fp16", "int8");
 CFG_WORDS(cfg_error_feedback, CFG_ERROR_FEEDBACK_OFF, "auto", "on", "off");
@@ -157,6 +158,11 @@ static const cfg_key cfg_keys[] = {
              "beside the GEMM over this rank's own rows; none: each waited for before the GEMM, not overlapped "
              "(a baseline); auto: p2p where every GPU of the tp group has peer access to the others, else nccl; "
              "docs/tensor-parallel.md"),
+  CFG_CHOICE(parallel, tp_reduce_dtype, cfg_tp_reduce, CFG_TP_REDUCE_AUTO,
+             "with sequence parallelism, the dtype of the partial sums the tp reduce-scatters send (the attention "
+             "output and MLP down projections' outputs in the forward, the QKV and gate/up projections' data "
+             "gradients in the backward), summed in fp32 on arrival: bf16 (half the bytes) | fp32 | auto (the "
+             "activations' dtype: bf16 on GPUs, fp32 on CPU ranks); docs/tensor-parallel.md"),
   CFG_INT(parallel, dp_overlap_ctas, 0, 64, 0,
           "GPUs: at most this many CTAs (SMs) for the DP reductions that overlap backward, on a communicator of "
           "their own; 0 = NCCL's choice, on the dp communicator"),

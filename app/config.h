@@ -35,6 +35,8 @@ typedef enum cfg_offload_update { CFG_OFFLOAD_UPDATE_GPU, CFG_OFFLOAD_UPDATE_CPU
 typedef enum cfg_gpu_comm { CFG_GPU_COMM_NCCL, CFG_GPU_COMM_MPI } cfg_gpu_comm;
 // How the tp regions' gathers and reduce-scatters run beside the GEMMs (parallel/comm/tp.h).
 typedef enum cfg_tp_overlap { CFG_TP_OVERLAP_AUTO, CFG_TP_OVERLAP_NCCL, CFG_TP_OVERLAP_P2P, CFG_TP_OVERLAP_NONE } cfg_tp_overlap;
+// The dtype of the partial sums the tp reduce-scatters send (SP); auto: the activations'.
+typedef enum cfg_tp_reduce { CFG_TP_REDUCE_AUTO, CFG_TP_REDUCE_FP32, CFG_TP_REDUCE_BF16 } cfg_tp_reduce;
 // parallel.shard: what each dp rank holds only its part of (docs/config.md).
 typedef enum cfg_shard { CFG_SHARD_NONE, CFG_SHARD_OPTIMIZER, CFG_SHARD_GRADS, CFG_SHARD_WEIGHTS } cfg_shard;
 typedef enum cfg_grad_compress {
@@ -62,6 +64,7 @@ extern const char *const cfg_offload_names[];
 extern const char *const cfg_offload_update_names[];
 extern const char *const cfg_gpu_comm_names[];
 extern const char *const cfg_tp_overlap_names[];
+extern const char *const cfg_tp_reduce_names[];
 extern const char *const cfg_grad_compress_names[];
 extern const char *const cfg_error_feedback_names[];
 
@@ -81,6 +84,7 @@ typedef struct cfg_parallel {
   int reshard_after_forward;  // bool: parallel.shard=weights frees a layer's gathered weights after its forward
   cfg_gpu_comm gpu_comm;      // GPU ranks' communicator (mpi: staged through host memory)
   cfg_tp_overlap tp_overlap;  // the tp collectives: peer copies (p2p), NCCL, or not overlapped (none)
+  cfg_tp_reduce tp_reduce_dtype;  // SP: the partial sums the tp reduce-scatters carry
   int dp_overlap_ctas;        // NCCL: CTAs of the DP reductions that overlap backward; 0 = NCCL's choice
   float comm_timeout_s;       // longest wait of a GPU collective before the job ends with a message
   int mpi_chunk_elems;        // MPI: largest message in elements; 0 = no chunking

@@ -237,11 +237,15 @@ model_layout cfg_model_layout(const cfg *c) {
   static const model_fp8_recipe recipes[] = {[CFG_FP8_RECIPE_DELAYED] = MODEL_FP8_DELAYED,
                                              [CFG_FP8_RECIPE_CURRENT] = MODEL_FP8_CURRENT,
                                              [CFG_FP8_RECIPE_BLOCK] = MODEL_FP8_BLOCK};
+  static const model_tp_reduce tp_reduces[] = {[CFG_TP_REDUCE_AUTO] = MODEL_TP_REDUCE_ACT,
+                                               [CFG_TP_REDUCE_FP32] = MODEL_TP_REDUCE_FP32,
+                                               [CFG_TP_REDUCE_BF16] = MODEL_TP_REDUCE_BF16};
   return (model_layout){
       .pp = c->parallel.pp,
       .vpp = c->parallel.vpp,
       .last_stage_layers = c->parallel.last_stage_layers,
       .sequence_parallel = c->parallel.sequence_parallel,
+      .tp_reduce = tp_reduces[c->parallel.tp_reduce_dtype],
       .micro_batch = c->train.micro_batch,
       .recompute = recomputes[c->train.recompute],
       // With the optimizer's state sharded the optimizer holds the master weights (its part only); with

@@ -156,7 +156,8 @@ typedef struct k_backend {
   void (*ce_rescale)(struct k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
   void (*ce_loss)(struct k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                   double *loss);
-  void (*add)(struct k_backend *b, float *y, const float *x, int64_t n);
+  // y (fp32) += x, x fp32 or bf16 (widened exactly: the sum rounds once, in fp32).
+  void (*add)(struct k_backend *b, float *y, const void *x, k_dtype x_type, int64_t n);
   // Multi-tensor optimizer ops: one pass over a list of ranges, with no host round trip per
   // range (kernels/cpu/optim_cpu.c is the reference). Sum of squares of x over the ranges: each
   // range as k_cpu_sumsq sums it, the range sums added in list order in fp64; one read by the host.

@@ -66,11 +66,30 @@ void k_backend_set_peak(k_backend *b, double peak_tflops) {
 }
 
 // The CPU backend computes in fp32 only (act = K_F32): the act-typed pointers of the table are
-// float arrays, and these wrappers only change the pointer types.
+// float arrays, and these wrappers only change the pointer types. A GEMM's C may be bf16 (the tp
+// reductions' bf16 partial sums, parallel.tp_reduce_dtype=bf16): computed in fp32 into a temporary
+// (M, N), widened from C first where beta != 0, and rounded into C (row stride ldc) as the GPU's
+// epilogue rounds.
+static float *cpu_c_begin(k_dtype c_type, void *C, int M, int N, int ldc, float beta) {
+  CHECK(c_type == K_F32 || c_type == K_BF16, "the CPU backend writes a GEMM's C in fp32 or bf16 (asked for dtype %d)",
+        (int)c_type);
+  if (c_type == K_F32) return C;
+  float *t = XMALLOC((size_t)M * (size_t)N * sizeof *t);
+  for (int i = 0; beta != 0.0f && i < M; i++)
+    for (int j = 0; j < N; j++) t[(size_t)i * N + j] = k_bf16_to_f32(((const uint16_t *)C)[(size_t)i * ldc + j]);
+  return t;
+}
+static void cpu_c_end(void *C, float *t, int M, int N, int ldc) {
+  if (t == C) return;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) ((uint16_t *)C)[(size_t)i * ldc + j] = k_f32_to_bf16(t[(size_t)i * N + j]);
+  free(t);
+}
 static void cpu_gemm(k_backend *b, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
                      float beta, void *C, int ldc, k_dtype c_type) {
-  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm asked for dtype %d)", (int)c_type);
-  k_cpu_gemm_isa(((const cpu_ctx *)b->ctx)->isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  float *c = cpu_c_begin(c_type, C, M, N, ldc, beta);
+  k_cpu_gemm_isa(((const cpu_ctx *)b->ctx)->isa, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, c, c == C ? ldc : N);
+  cpu_c_end(C, c, M, N, ldc);
 }
 static void cpu_linear_residual(k_backend *b, int M, int N, int K, const void *A, const void *W, const float *C, float *D) { (void)b;
   k_cpu_linear_residual(M, N, K, A, W, C, D);
@@ -146,9 +165,9 @@ static void cpu_ce_loss(k_backend *b, const float *gmax, const float *sumexp, co
   (void)b;
   k_cpu_ce_loss(gmax, sumexp, target_logit, lse, rows, loss);
 }
-static void cpu_add(k_backend *b, float *y, const float *x, int64_t n) {
+static void cpu_add(k_backend *b, float *y, const void *x, k_dtype x_type, int64_t n) {
   (void)b;
-  k_cpu_add(y, x, n);
+  k_cpu_add(y, x, x_type, n);
 }
 static double cpu_sumsq_ranges(k_backend *b, const float *x, const k_range *r, int n_ranges) {
   (void)b;
@@ -171,9 +190,12 @@ static void cpu_gemm_fp8(k_backend *b, int M, int N, int K, const uint8_t *A, k_
                          const uint8_t *B, k_fp8 b_fmt, const float *b_scale_inv, float beta, const void *c_in, void *C,
                          k_dtype c_type, int fast_accum) {
   (void)fast_accum;  // the CPU sums in fp32 either way
-  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8 asked for C dtype %d)", (int)c_type);
+  CHECK(c_type == K_F32 || beta == 0.0f, "the CPU backend adds into a gemm_fp8's C in fp32 only (C dtype %d)",
+        (int)c_type);
   if (c_in && c_in != C && beta != 0.0f) memcpy(C, c_in, (size_t)M * (size_t)N * sizeof(float));
-  k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, C);
+  float *c = cpu_c_begin(c_type, C, M, N, N, beta);
+  k_cpu_gemm_fp8(((const cpu_ctx *)b->ctx)->isa, M, N, K, A, a_fmt, *a_scale_inv, B, b_fmt, *b_scale_inv, beta, c);
+  cpu_c_end(C, c, M, N, N);
 }
 static void cpu_swiglu_fwd_fp8(k_backend *b, const void *gu, void *out, int64_t rows, int n, const float *scale,
                                uint8_t *out8, float *amax) {
@@ -209,8 +231,9 @@ static void cpu_fp8_cast_block(k_backend *b, const void *x, int64_t rows, int co
 static void cpu_gemm_fp8_block(k_backend *b, int M, int N, int K, const uint8_t *A, int a_tile, const float *a_scale_inv,
                                const uint8_t *B, int b_tile, const float *b_scale_inv, float beta, void *C, k_dtype c_type) {
   (void)b;
-  CHECK(c_type == K_F32, "the CPU backend computes in fp32 only (gemm_fp8_block asked for C dtype %d)", (int)c_type);
-  k_cpu_gemm_fp8_block(M, N, K, A, a_tile, a_scale_inv, B, b_tile, b_scale_inv, beta, C);
+  float *c = cpu_c_begin(c_type, C, M, N, N, beta);
+  k_cpu_gemm_fp8_block(M, N, K, A, a_tile, a_scale_inv, B, b_tile, b_scale_inv, beta, c);
+  cpu_c_end(C, c, M, N, N);
 }
 static void cpu_fp8_cast_spans(k_backend *b, const void *x, const k_span *spans, int n_spans, const float *scale,
                                k_fp8 fmt, uint8_t *out, float *amax) {

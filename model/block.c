@@ -217,11 +217,11 @@ static void reduce_start(const model *m, float *y, float *y_s, int d) {
 static void reduce_finish(const model *m, float *y, float *y_s, int d) {
   m->comm.ops->reduce_finish(m->comm.ctx, y, y_s, d);
 }
-static void reduce_add_block(const model *m, float *y, float *y_s, int d, int to) {
-  m->comm.ops->reduce_add_block(m->comm.ctx, y, y_s, m->work->reduce_scratch, d, to);
+static void reduce_add_block(const model *m, void *y, float *y_s, int d, int to) {
+  m->comm.ops->reduce_add_block(m->comm.ctx, y, m->reduce_type, y_s, m->work->reduce_scratch, d, to);
 }
-static void reduce_add_finish(const model *m, float *y, float *y_s, int d) {
-  m->comm.ops->reduce_add_finish(m->comm.ctx, y, y_s, m->work->reduce_scratch, d);
+static void reduce_add_finish(const model *m, void *y, float *y_s, int d) {
+  m->comm.ops->reduce_add_finish(m->comm.ctx, y, m->reduce_type, y_s, m->work->reduce_scratch, d);
 }
 static void tp_all_reduce(const model *m, float *x, int64_t n, model_reduce_op op) {
   m->comm.ops->tp_all_reduce(m->comm.ctx, x, n, op);
@@ -402,8 +402,9 @@ static void proj_wgrad(model *m, const model_layer *ly, model_tensor *w, int p, 
 }
 
 // xout (rs, d) = xin + a (rows, K) @ w^T, w (d, K) row-parallel. With SP the other ranks' rows
-// go first, and their reduce-scatter runs while this rank's rows are computed, with the residual
-// in the GEMM's epilogue, into xout; its finish adds the other ranks' sums of this rank's rows.
+// go first (in m->reduce_type: parallel.tp_reduce_dtype), each sent while the
+// next is computed, and this rank's rows are computed with the residual in the GEMM's epilogue,
+// into xout; the finish adds the other ranks' sums of this rank's rows.
 static void proj_residual(model *m, const model_layer *ly, const model_tensor *w, int p, const void *a, int K,
                           const float *xin, float *xout) {
   k_backend *be = m->be;
@@ -422,12 +423,13 @@ static void proj_residual(model *m, const model_layer *ly, const model_tensor *w
     reduce_start(m, wk->f1, wk->f1, d);
     reduce_finish(m, wk->f1, wk->f1, d);
     be->copy(be, xout, xin, (size_t)(rs * d) * sizeof(float));
-    be->add(be, xout, wk->f1, rs * d);
+    be->add(be, xout, wk->f1, K_F32, rs * d);
     return;
   }
+  const k_dtype rt = m->reduce_type;
   for (int k = 1; k < m->tp; k++) {  // each other rank's rows, sent while the next are computed
     const int64_t t0 = ring_to(m, k) * rs;
-    proj_rows(m, ly, w, p, t0, t0 + rs, d, K, a, wk->f1 + t0 * d, K_F32, 0);
+    proj_rows(m, ly, w, p, t0, t0 + rs, d, K, a, (char *)wk->f1 + t0 * d * k_dtype_bytes(rt), rt, 0);
     reduce_add_block(m, wk->f1, xout, d, ring_to(m, k));
   }
   if (!fp8) be->linear_residual(be, (int)rs, d, K, at(m, (void *)a, r0 * K), w->pc, xin, xout);
@@ -460,15 +462,48 @@ static void grad_enter_start(model *m, float *dh) {
   if (!exit_is_copy(m)) reduce_start(m, dh, dh + own_row(m) * m->dims.d, m->dims.d);
 }
 
-// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start. The norm's backward
-// also writes the cast of g that grad_exit_start would make (this rank's rows of w->fa).
-static void grad_enter_norm(model *m, float *dh, const float *x, const model_tensor *norm, const float *rstd,
-                            float *g) {
+// Whether ly's column-parallel projections (QKV, gate|up) compute their data gradient rank by
+// rank's rows, each other rank's sent while the next is computed (proj_dgrad_enter): with SP,
+// unless FP8 block scaling's data gradient goes over every row at once.
+static int dgrad_in_blocks(const model *m, const model_layer *ly) {
+  return ly && m->sp && !exit_is_copy(m) && !(fp8_on(m, ly) && !model_fp8_dgrad_by_rows(m));
+}
+
+// The region's input gradient dh (rows, d) fp32 = g (rows, N) w, w (N, K = d) column-parallel,
+// and the start of its sum over tp into this rank's rows, as grad_enter_start. Where
+// dgrad_in_blocks, as proj_residual: the other ranks' rows go first, in m->reduce_type, into
+// w->f1, each sent while the next is computed, then this rank's rows into dh.
+static void proj_dgrad_enter(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K,
+                             const void *g, float *dh) {
+  if (!dgrad_in_blocks(m, ly)) {
+    proj_dgrad(m, ly, w, p, N, K, g, dh, K_F32);
+    grad_enter_start(m, dh);
+    return;
+  }
+  const k_dtype rt = m->reduce_type;
+  const int64_t rs = m->dims.rows_s, r0 = own_row(m);
+  if (fp8_on(m, ly)) model_fp8_cast_grad(m, ly->fp8, p, g, m->dims.rows, N);
+  for (int k = 1; k <= m->tp; k++) {  // each other rank's rows, then this rank's (k = tp)
+    const int64_t t0 = ring_to(m, k) * rs;
+    void *dx = k < m->tp ? m->work->f1 : (void *)dh;
+    const k_dtype ct = k < m->tp ? rt : K_F32;
+    if (fp8_on(m, ly)) model_fp8_dgrad(m, ly->fp8, p, t0, t0 + rs, N, K, dx, ct);
+    else gemm_rows(m, t0, t0 + rs, 0, K, N, g, w->pc, K, dx, ct);
+    if (k < m->tp) reduce_add_block(m, m->work->f1, dh + r0 * K, K, ring_to(m, k));
+  }
+}
+
+// g (rs, d) += the norm's backward of dh (clobbered), after grad_enter_start, or after
+// proj_dgrad_enter for ly's projection (ly NULL: the head's). The norm's backward also writes the
+// cast of g that grad_exit_start would make (this rank's rows of w->fa).
+static void grad_enter_norm(model *m, const model_layer *ly, float *dh, const float *x, const model_tensor *norm,
+                            const float *rstd, float *g) {
   k_backend *be = m->be;
   struct model_work *wk = m->work;
   const model_dims *dm = &m->dims;
   float *dn = dh + own_row(m) * dm->d;
-  if (!exit_is_copy(m)) reduce_finish(m, dh, dn, dm->d);
+  if (dgrad_in_blocks(m, ly)) reduce_add_finish(m, wk->f1, dn, dm->d);
+  else if (!exit_is_copy(m)) reduce_finish(m, dh, dn, dm->d);
   wk->fa_ready = 1;
   be->rmsnorm_bwd_act(be, dn, x, norm->p, rstd, g, norm->g, at(m, wk->fa, own_row(m) * dm->d), dm->rows_s, dm->d);
 }
@@ -566,10 +601,9 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   proj_dgrad_gathered(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, w->ff1, A);
   proj_wgrad(m, ly, ly->w_down, FP8_DOWN, d, ffn, w->fa, L.act, act_is_codes(m, ly));
   const void *dgu = swiglu_bwd_into_up(m, ly, &L);
-  proj_dgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, w->f2, K_F32);
-  grad_enter_start(m, w->f2);
+  proj_dgrad_enter(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, w->f2);
   proj_wgrad(m, ly, ly->w_gate, FP8_UP, 2 * ffn, d, dgu, L.h2f, hn_is_codes(m, ly));
-  grad_enter_norm(m, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
+  grad_enter_norm(m, ly, w->f2, L.x2, ly->mlp_norm, L.rstd2, g);
 
   // Attention: x2 = x + wo(attn(rope(q(h)), rope(k(h)), v(h))), h = norm(x).
   grad_exit_start(m, ly, FP8_O, g);
@@ -578,10 +612,9 @@ static void layer_bwd(model *m, model_layer *ly, model_acts *a, int i, float *g)
   be->attn_bwd(be, w->q1, L.qkv, at(m, L.qkv, qd), at(m, L.qkv, qd + kvd), qkvd, L.att, L.lse, w->qkv1,
                at(m, w->qkv1, qd), at(m, w->qkv1, qd + kvd), B, T, nh, nkv, hd);
   be->rope(be, w->qkv1, B, T, nh + nkv, hd, qkvd, 0, theta, 1);
-  proj_dgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, w->f2, K_F32);
-  grad_enter_start(m, w->f2);
+  proj_dgrad_enter(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, w->f2);
   proj_wgrad(m, ly, ly->wq, FP8_QKV, (int)qkvd, d, w->qkv1, L.hf, hn_is_codes(m, ly));
-  grad_enter_norm(m, w->f2, L.x, ly->attn_norm, L.rstd1, g);
+  grad_enter_norm(m, ly, w->f2, L.x, ly->attn_norm, L.rstd1, g);
 }
 
 // Vocab-parallel cross-entropy: combines each rank's row max, sum of exponentials and target
@@ -703,7 +736,7 @@ void model_chunk_bwd(model *m, int chunk, model_acts *a, const int32_t *tokens, 
     grad_enter_start(m, w->f1);
     head_wgrad(m, ch->lm_head, a);
     be->zero(be, g, n_bytes);
-    grad_enter_norm(m, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);
+    grad_enter_norm(m, NULL, w->f1, acts_output(m, a), ch->final_norm, a->rstd_f, g);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, chunk, MODEL_GRADS_HEAD);
   } else {
     be->copy(be, g, a->dx_out, n_bytes);

@@ -445,6 +445,8 @@ static void fp8_cast_rows(model *m, int64_t i, k_fp8 format, const void *x, int6
 
 int model_fp8_input_by_rows(const model *m) { return fp8_block(m->fp8) || fp8_scale_known(m->fp8); }
 
+int model_fp8_dgrad_by_rows(const model *m) { return !fp8_block(m->fp8); }
+
 void model_fp8_cast_input_rows(model *m, int slot, int p, const void *x, int64_t r0, int64_t r1, int k) {
   model_fp8 *f = m->fp8;
   CHECK(model_fp8_input_by_rows(m), "FP8: an input cast by rows needs its scale before the cast");

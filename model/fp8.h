@@ -185,6 +185,9 @@ void model_fp8_cast_grad(model *m, int slot, int p, const void *g, int64_t rows,
 // Rows [r0, r1) of dX from rows [r0, r1) of G's codes, into rows [r0, r1) of dx (block scaling:
 // r0 0).
 void model_fp8_dgrad(model *m, int slot, int p, int64_t r0, int64_t r1, int n, int k, void *dx, k_dtype c_type);
+// Whether model_fp8_dgrad may go a range of rows at a time (r0 > 0): all recipes but block
+// scaling, whose data-gradient GEMM reads the gradient's tile scales of every row at once.
+int model_fp8_dgrad_by_rows(const model *m);
 // The output gradient cast a range of rows at a time, for a gather of its codes (sequence
 // parallelism: each rank casts its own rows and the codes cross, half the bytes of the act
 // dtype): rows [r0, r1) of G (rows, N) act into the codes the data gradient reads, with the

@@ -162,6 +162,9 @@ void model_init(model *m, const model_config *mc, const model_layout *ml, const 
   m->pp_rank = at->pp_rank;
   m->vpp = ml->vpp;
   m->sp = ml->sequence_parallel && at->tp > 1;
+  m->reduce_type = !m->sp || ml->tp_reduce == MODEL_TP_REDUCE_FP32 ? K_F32
+                   : ml->tp_reduce == MODEL_TP_REDUCE_BF16    ? K_BF16
+                                                              : be->act;
   m->recompute = ml->recompute;
   int n_vstages = m->pp * m->vpp;
 

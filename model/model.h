@@ -86,6 +86,7 @@ typedef struct model_place {
 typedef struct model {
   model_config cfg;
   int tp, tp_rank, dp, dp_rank, pp, pp_rank, vpp, sp;
+  k_dtype reduce_type;    // the partial sums the tp reduce-scatters send (SP): fp32, or bf16
   model_recompute recompute;
   model_comm comm;        // the collectives (model/model_comm.h), bound by parallel/ after model_init
   k_backend *be;

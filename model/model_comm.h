@@ -29,14 +29,15 @@ typedef struct model_comm_ops {
   void (*reduce_start)(void *ctx, float *y, float *y_s, int d);
   void (*reduce_finish)(void *ctx, float *y, float *y_s, int d);
   // SP only: y_s (rows_s, d) += the other tp ranks' partial sums of this rank's rows, from y
-  // (rows, d) of partials per rank, started block by block: reduce_add_block says the rows of y
+  // (rows, d) of partials per rank, of dtype t (fp32, or bf16: half the bytes, widened as added),
+  // started block by block: reduce_add_block says the rows of y
   // that rank `to` owns are written, for to = tp_rank + 1, tp_rank + 2, ... (mod tp), every other
   // rank in that ring order, so each block travels while the next is computed. This rank's own
   // rows of y are not read (they may be overwritten), and y_s is read and written only by the
   // finish, so the work queued before it may compute this rank's share into y_s (the
   // row-parallel projection's own rows). scratch (rows_s, d) may be used.
-  void (*reduce_add_block)(void *ctx, float *y, float *y_s, float *scratch, int d, int to);
-  void (*reduce_add_finish)(void *ctx, float *y, float *y_s, float *scratch, int d);
+  void (*reduce_add_block)(void *ctx, void *y, k_dtype t, float *y_s, float *scratch, int d, int to);
+  void (*reduce_add_finish)(void *ctx, void *y, k_dtype t, float *y_s, float *scratch, int d);
   // Blocking in queue order, backend memory, in place: over the tp group (the cross-entropy's
   // statistics, FP8 amaxes) and over the dp group (FP8 amaxes).
   void (*tp_all_reduce)(void *ctx, float *x, int64_t n, model_reduce_op op);

@@ -23,6 +23,8 @@ typedef struct model_config {
 // outputs; full keeps only each layer's input and reruns the layer's forward before its
 // backward. All three give bitwise the same gradients.
 typedef enum model_recompute { MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL } model_recompute;
+// The dtype of the partial sums the tp reduce-scatters send (SP): the activations', fp32 or bf16.
+typedef enum model_tp_reduce { MODEL_TP_REDUCE_ACT, MODEL_TP_REDUCE_FP32, MODEL_TP_REDUCE_BF16 } model_tp_reduce;
 
 // FP8 for the four projections of every block (train.precision=fp8; the fp8: section of the
 // config): per-tensor scales, E4M3 for weights and activations and E5M2 (hybrid) or E4M3 for
@@ -50,6 +52,7 @@ typedef struct model_layout {
   int pp, vpp;               // pipeline stages, and virtual chunks per stage
   int last_stage_layers;     // layers of the last virtual stage; 0 = an even split
   int sequence_parallel;     // bool (only with tp > 1)
+  model_tp_reduce tp_reduce; // with SP, the partial sums the tp reduce-scatters carry
   int micro_batch;           // sequences per micro-batch
   model_recompute recompute;
   model_fp8_config fp8;

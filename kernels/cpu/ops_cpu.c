@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/base/check.h"
+#include "kernels/bf16.h"
 
 enum { OPS_LANES = 16 };
 
@@ -537,7 +538,15 @@ void k_cpu_scale(float *x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
-void k_cpu_add(float *y, const float *x, int64_t n) {
+void k_cpu_add(float *y, const void *x, k_dtype x_type, int64_t n) {
+  CHECK(x_type == K_F32 || x_type == K_BF16, "add: x of dtype %d (fp32 or bf16)", (int)x_type);
+  if (x_type == K_F32) {
+    const float *xf = x;
 #pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    for (int64_t i = 0; i < n; i++) y[i] += xf[i];
+    return;
+  }
+  const uint16_t *xh = x;
+#pragma omp parallel for schedule(static) if (n > OPS_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) y[i] += k_bf16_to_f32(xh[i]);
 }

@@ -89,6 +89,7 @@ double k_cpu_sumsq(const float *x, int64_t n);
 // x *= s
 void k_cpu_scale(float *x, int64_t n, float s);
 // y += x
-void k_cpu_add(float *y, const float *x, int64_t n);
+// y += x, x fp32 or bf16 (widened exactly).
+void k_cpu_add(float *y, const void *x, k_dtype x_type, int64_t n);
 
 #endif

@@ -714,8 +714,9 @@ extern "C" void k_cuda_embed_bwd(k_backend *b, const int32_t *tokens, const floa
 // ---------------------------------------------------------------------------------------------
 // Residual add
 
-__global__ void k_add(float *y, const float *x, int64_t n) {
-  GRID_STRIDE(i, n) y[i] += x[i];
+template <typename S>
+__global__ void k_add(float *y, const S *x, int64_t n) {
+  GRID_STRIDE(i, n) y[i] += k_ld(x[i]);
 }
 
 // Four floats a thread per load and store: the tensor-parallel reductions' adds are 64 MiB and
@@ -729,15 +730,31 @@ __global__ void k_add_x4(float4 *y, const float4 *x, int64_t n4) {
   }
 }
 
-extern "C" void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n) {
+// The same from four bf16 (one 8-byte load), widened exactly.
+__global__ void k_add_bf16_x4(float4 *y, const uint2 *x, int64_t n4) {
+  GRID_STRIDE(i, n4) {
+    float4 a = y[i];
+    const uint2 u = x[i];
+    a.x += __uint_as_float(u.x << 16), a.y += __uint_as_float(u.x & 0xffff0000u);
+    a.z += __uint_as_float(u.y << 16), a.w += __uint_as_float(u.y & 0xffff0000u);
+    y[i] = a;
+  }
+}
+
+extern "C" void k_cuda_add(k_backend *b, float *y, const void *x, k_dtype x_type, int64_t n) {
+  CHECK(x_type == K_F32 || x_type == K_BF16, "add: x of dtype %d (fp32 or bf16)", (int)x_type);
   if (n <= 0) return;
   cudaStream_t s = k_cuda_ctx_of(b)->stream;
-  int64_t n4 = ((uintptr_t)y | (uintptr_t)x) % 16 == 0 ? n / 4 : 0;
-  if (n4) {
+  const bool bf16 = x_type == K_BF16;
+  const int64_t n4 = (uintptr_t)y % 16 == 0 && (uintptr_t)x % (bf16 ? 8 : 16) == 0 ? n / 4 : 0, o = 4 * n4;
+  if (n4 && bf16)
+    k_add_bf16_x4<<<k_cuda_blocks(n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((float4 *)y, (const uint2 *)x, n4);
+  else if (n4)
     k_add_x4<<<k_cuda_blocks(n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>((float4 *)y, (const float4 *)x, n4);
-    CUDA_LAUNCH_CHECK("k_add_x4");
-  }
-  if (n > 4 * n4)
-    k_add<<<k_cuda_blocks(n - 4 * n4, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(y + 4 * n4, x + 4 * n4, n - 4 * n4);
+  CUDA_LAUNCH_CHECK("k_add_x4");
+  if (n > o && bf16)
+    k_add<<<k_cuda_blocks(n - o, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(y + o, (const k_bf16 *)x + o, n - o);
+  else if (n > o)
+    k_add<<<k_cuda_blocks(n - o, K_CUDA_THREADS), K_CUDA_THREADS, 0, s>>>(y + o, (const float *)x + o, n - o);
   CUDA_LAUNCH_CHECK("k_add");
 }

@@ -79,7 +79,7 @@ void k_cuda_ce_bwd(k_backend *b, void *logits, const int32_t *targets, const flo
 void k_cuda_ce_rescale(k_backend *b, float *row_sumexp, const float *row_max, const float *gmax, int64_t rows);
 void k_cuda_ce_loss(k_backend *b, const float *gmax, const float *sumexp, const float *target_logit, float *lse, int64_t rows,
                     double *loss);
-void k_cuda_add(k_backend *b, float *y, const float *x, int64_t n);
+void k_cuda_add(k_backend *b, float *y, const void *x, k_dtype x_type, int64_t n);
 
 // kernels/cuda/quant_cuda.cu: gradient compression (kernels/cpu/quant_cpu.h, bit for bit).
 void k_cuda_grad_amax(k_backend *b, float *amax, const float *x, const float *res, int64_t n);

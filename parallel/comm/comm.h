@@ -45,8 +45,8 @@ typedef struct comm_ops {
   // written after its start is not sent, as on GPUs). NCCL: the collective runs on a side stream.
   void (*all_reduce_start)(comm *c, void *buf, int64_t n_elem, comm_dtype t, comm_redop op);
   void (*reduce_scatter_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, comm_redop op);
-  // recv (n_elem, fp32) += the sum over the other ranks of their block c->rank of send (fp32,
-  // size * n_elem), started block by block: each call says send's block for rank `to` is written
+  // recv (n_elem, fp32) += the sum over the other ranks of their block c->rank of send (size *
+  // n_elem of dtype t: COMM_F32, or COMM_BF16, widened as added), started block by block: each call says send's block for rank `to` is written
   // (the work queued so far wrote it) and sends it, so the first blocks travel while the next are
   // computed. Every rank calls it for to = rank + 1, rank + 2, ... (mod size), all but itself, in
   // that order; the first call starts the operation and the wait completes it. This rank's block
@@ -54,7 +54,7 @@ typedef struct comm_ops {
   // the calls and the wait may write recv (the sequence-parallel row-parallel projection's own
   // rows). NULL where the communicator has no such operation (all but the peer copies): tp.c
   // composes it from reduce_scatter_start.
-  void (*reduce_scatter_add_block)(comm *c, const void *send, void *recv, int64_t n_elem, int to);
+  void (*reduce_scatter_add_block)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t, int to);
   // all_to_all, started (the int8 gradient reduction's exchange of blocks).
   void (*all_to_all_start)(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t);
   // In place, over regions: region i starts at element at[i] of buf and holds size blocks of

@@ -65,23 +65,25 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   stop(r, t0);
 }
 
-void tp_reduce_add_block(const tp_region *r, float *y, float *y_s, float *scratch, int d, int to) {
+static comm_dtype comm_type_of(k_dtype t) { return t == K_BF16 ? COMM_BF16 : COMM_F32; }
+
+void tp_reduce_add_block(const tp_region *r, void *y, k_dtype t, float *y_s, float *scratch, int d, int to) {
   CHECK(gathers(r), "tp_reduce_add_block: only with sequence parallelism over more than one tp rank");
   const int64_t n = r->rows_s * d;
   const int last = to == comm_ring_to(r->c, r->c->size - 1);
   if (r->c->ops->reduce_scatter_add_block) {
-    r->c->ops->reduce_scatter_add_block(r->c, y, y_s, n, to);
+    r->c->ops->reduce_scatter_add_block(r->c, y, y_s, n, comm_type_of(t), to);
   } else if (last) {
-    r->be->zero(r->be, y + tp_own_row(r) * d, (size_t)n * sizeof(float));
-    r->c->ops->reduce_scatter_start(r->c, y, scratch, n, COMM_F32, COMM_SUM);
+    r->be->zero(r->be, (char *)y + tp_own_row(r) * d * k_dtype_bytes(t), (size_t)n * k_dtype_bytes(t));
+    r->c->ops->reduce_scatter_start(r->c, y, scratch, n, comm_type_of(t), COMM_SUM);
   }
   if (last) serial_wait(r);
 }
 
-void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d) {
+void tp_reduce_add_finish(const tp_region *r, void *y, k_dtype t, float *y_s, float *scratch, int d) {
   (void)y;
   timed_wait(r);
-  if (!r->c->ops->reduce_scatter_add_block) r->be->add(r->be, y_s, scratch, r->rows_s * d);
+  if (!r->c->ops->reduce_scatter_add_block) r->be->add(r->be, y_s, scratch, t, r->rows_s * d);
 }
 
 // A blocking all-reduce over the group, timed like the collectives above.
@@ -106,11 +108,11 @@ static void bound_reduce_start(void *ctx, float *y, float *y_s, int d) {
 static void bound_reduce_finish(void *ctx, float *y, float *y_s, int d) {
   tp_reduce_finish(&((tp_model_comm *)ctx)->region, y, y_s, d);
 }
-static void bound_reduce_add_block(void *ctx, float *y, float *y_s, float *scratch, int d, int to) {
-  tp_reduce_add_block(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d, to);
+static void bound_reduce_add_block(void *ctx, void *y, k_dtype t, float *y_s, float *scratch, int d, int to) {
+  tp_reduce_add_block(&((tp_model_comm *)ctx)->region, y, t, y_s, scratch, d, to);
 }
-static void bound_reduce_add_finish(void *ctx, float *y, float *y_s, float *scratch, int d) {
-  tp_reduce_add_finish(&((tp_model_comm *)ctx)->region, y, y_s, scratch, d);
+static void bound_reduce_add_finish(void *ctx, void *y, k_dtype t, float *y_s, float *scratch, int d) {
+  tp_reduce_add_finish(&((tp_model_comm *)ctx)->region, y, t, y_s, scratch, d);
 }
 static void bound_tp_all_reduce(void *ctx, float *x, int64_t n, model_reduce_op op) {
   tp_all_reduce(&((tp_model_comm *)ctx)->region, x, n, redop_of(op));

@@ -48,8 +48,10 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d);
 // communicator sends block by block and adds into y_s itself (comm_ops.reduce_scatter_add_block:
 // peer copies) scratch is unused; else, at the last block, y's own rows are zeroed,
 // reduce-scattered into scratch (rows_s, d) and the finish adds it.
-void tp_reduce_add_block(const tp_region *r, float *y, float *y_s, float *scratch, int d, int to);
-void tp_reduce_add_finish(const tp_region *r, float *y, float *y_s, float *scratch, int d);
+// y of dtype t (fp32, or bf16: half the bytes, each block widened as it is added; over the
+// communicator's reduce-scatter the sum of the other ranks' blocks is bf16 too, exact for two ranks).
+void tp_reduce_add_block(const tp_region *r, void *y, k_dtype t, float *y_s, float *scratch, int d, int to);
+void tp_reduce_add_finish(const tp_region *r, void *y, k_dtype t, float *y_s, float *scratch, int d);
 // What no region pair carries, reduced over the tp group: the vocab-parallel cross-entropy's
 // per-row statistics (each tp rank holds the logits of its vocabulary slice: the row max and the
 // sums of exponentials and of target logits) and FP8's amaxes of tensors split over the group.

@@ -83,7 +83,7 @@ static void flush(opt_state *o) {
     if (gs->busy[s]) be->cast(be, gs->dst[s], K_F32, gs->recv[s], K_BF16, gs->dst_len[s]);
   if (gs->add_bucket >= 0) {
     const opt_bucket *k = &o->buckets[gs->add_bucket];
-    be->add(be, o->grad_shard + k->shard_off, gs->part, k->len);
+    be->add(be, o->grad_shard + k->shard_off, gs->part, K_F32, k->len);
     gs->add_bucket = -1;
   }
   if (gs->busy[2]) {

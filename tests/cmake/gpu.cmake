@@ -57,7 +57,7 @@ if(TRAINER_HAVE_CUDA)
   # bitwise, in bf16 and FP8.
   add_test(NAME gpu_tp_overlap COMMAND sh ${CMAKE_SOURCE_DIR}/tests/e2e/test_tp_overlap.sh none p2p)
   set_tests_properties(gpu_tp_overlap PROPERTIES LABELS gpu ENVIRONMENT
-                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda;PRECISIONS=default fp8")
+                       "TRAINER_SOURCE_DIR=${CMAKE_SOURCE_DIR};TRAINER_BUILD_DIR=${CMAKE_BINARY_DIR};TRAINER_TEST_ARGS=train.device=cuda;PRECISIONS=default fp8 reduce_fp32")
 
   # Non-finite gradients, FP8 amaxes and updates on GPUs: stopped or skipped, every checkpoint finite,
   # a refused update bitwise a NaN gradient's skip (the update's trial on the backend's copies).

@@ -4,9 +4,12 @@
 # bit): each mode against the communicator's overlapped collectives (nccl), every step's loss and
 # the final checkpoint (weights and optimizer state) equal, and the start-up line naming what ran.
 #   test_tp_overlap.sh [MODE...]   (none, p2p; default none): p2p needs GPUs with peer access
+# PRECISIONS (default "default reduce_bf16"): each a pass of the comparison, as is (default), in
+# FP8 (fp8), or with the partial sums of parallel.tp_reduce_dtype in bf16 (reduce_bf16, still two
+# terms) or fp32 (reduce_fp32); the default is the activations' dtype (bf16 on GPUs).
 # On CPU ranks (no TRAINER_TEST_ARGS) also the refusals: p2p where the ranks are not GPU ranks
-# over NCCL, and the notice of a mode with tp 1.
-# TRAINER_TEST_ARGS=train.device=cuda runs it on 2 GPUs (label gpu), bf16 then FP8.
+# over NCCL, and the notices of a mode and of tp_reduce_dtype with tp 1.
+# TRAINER_TEST_ARGS=train.device=cuda runs it on 2 GPUs (label gpu).
 . "$(dirname "$0")/lib.sh"
 MODES=${*:-none}
 make_corpus
@@ -26,12 +29,13 @@ compare() {
     pass "$2: final checkpoint (${fa##*/}) bitwise equal to $1's"; else fail "$2: final checkpoints differ"; fi
 }
 
-for prec in ${PRECISIONS:-default}; do
-  P=""; [ "$prec" = fp8 ] && P="train.precision=fp8"
+for prec in ${PRECISIONS:-default reduce_bf16}; do
+  case $prec in fp8) P="train.precision=fp8" ;; reduce_*) P="parallel.tp_reduce_dtype=${prec#reduce_}" ;; *) P="" ;; esac
   ref=nccl_$prec
   # shellcheck disable=SC2086
   run "$ref" 2 $TP $P parallel.tp_overlap=nccl || { fail "$ref: $(tail -5 "$WORK/$ref/log")"; continue; }
   startup "$ref" "the communicator's collectives"
+  case $prec in reduce_*) startup "$ref" "partial sums in ${prec#reduce_}" ;; esac
   for mode in $MODES; do
     name=${mode}_$prec
     # shellcheck disable=SC2086
@@ -52,10 +56,11 @@ case ${TRAINER_TEST_ARGS:-} in
     expect_error "p2p on CPU ranks" "parallel.tp_overlap=nccl" 2 "$SRC/configs/tiny.yaml" $TP \
       parallel.tp_overlap=p2p checkpoint.dir= log.metrics= "data.train=$WORK/data/train_*.bin" \
       "data.val=$WORK/data/val_*.bin"
-    run tp1_p2p 1 parallel.tp_overlap=p2p train.steps=2 train.warmup_steps=1 \
+    run tp1_p2p 1 parallel.tp_overlap=p2p parallel.tp_reduce_dtype=bf16 train.steps=2 train.warmup_steps=1 \
       && grep -q "parallel.tp_overlap=p2p has no effect" "$WORK/tp1_p2p/log" \
-      && pass "tp 1: $(grep -m1 'parallel.tp_overlap' "$WORK/tp1_p2p/log")" \
-      || fail "tp 1 with parallel.tp_overlap=p2p: no notice ($(tail -3 "$WORK/tp1_p2p/log"))"
+      && grep -q "parallel.tp_reduce_dtype=bf16 has no effect" "$WORK/tp1_p2p/log" \
+      && pass "tp 1: $(grep 'has no effect' "$WORK/tp1_p2p/log" | tr '\n' ' ')" \
+      || fail "tp 1 with parallel.tp_overlap=p2p parallel.tp_reduce_dtype=bf16: no notice ($(tail -3 "$WORK/tp1_p2p/log"))"
     ;;
 esac
 summary

@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/attn_decode_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/optim_cpu.h"
@@ -1131,19 +1132,28 @@ static const op_shape ce_shapes[] = {
 // offsets (elements) move the operands off 16-byte alignment, where the four-wide kernel is not
 // used, and off each other.
 
+// y (fp32) += x, x fp32 then bf16 (the tp reductions' bf16 partial sums), bit for bit.
 static void run_add(const op_case *c, const op_shape *s, int idx) {
   (void)idx;
   const int64_t n = s->i[0], oy = s->i[1], ox = s->i[2];
-  char what[80];
-  float *x = rand_buf(n + ox, 3.0), *y = rand_buf(n + oy, 1.0);
-  if (n >= 10) x[ox + n / 3] = NAN, y[oy + n / 2] = INFINITY;
-  float *d_x = dev_putf(x, n + ox), *d_y = dev_putf(y, n + oy);
-  k_cpu_add(y + oy, x + ox, n);
-  G->add(G, d_y + oy, d_x + ox, n);
-  snprintf(what, sizeof what, "add n=%lld (offsets %lld, %lld)", (long long)n, (long long)oy, (long long)ox);
-  compare_dev(what, d_y, y, n + oy, tol_f32(c));
-  free(x), free(y);
-  dev_free(d_x), dev_free(d_y);
+  char what[96];
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    const k_dtype xt = bf16 ? K_BF16 : K_F32;
+    float *x = rand_buf(n + ox, 3.0), *y = rand_buf(n + oy, 1.0);
+    if (n >= 10) x[ox + n / 3] = NAN, y[oy + n / 2] = INFINITY;
+    uint16_t *xh = malloc(sizeof *xh * (size_t)(n + ox));
+    for (int64_t i = 0; i < n + ox; i++) xh[i] = k_f32_to_bf16(x[i]);
+    const size_t esz = k_dtype_bytes(xt);
+    void *d_x = dev_put(bf16 ? (const void *)xh : (const void *)x, (size_t)(n + ox) * esz);
+    float *d_y = dev_putf(y, n + oy);
+    k_cpu_add(y + oy, bf16 ? (const void *)(xh + ox) : (const void *)(x + ox), xt, n);
+    G->add(G, d_y + oy, (const char *)d_x + ox * esz, xt, n);
+    snprintf(what, sizeof what, "add %s n=%lld (offsets %lld, %lld)", bf16 ? "bf16" : "fp32", (long long)n,
+             (long long)oy, (long long)ox);
+    compare_dev(what, d_y, y, n + oy, tol_f32(c));
+    free(x), free(y), free(xh);
+    dev_free(d_x), dev_free(d_y);
+  }
 }
 
 static const op_shape add_shapes[] = {SH(1, 0, 0),       SH(7, 0, 0),    SH(1000, 0, 0), SH(1000003, 0, 0),

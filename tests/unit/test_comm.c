@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/base/check.h"
+#include "kernels/bf16.h"
 #include "parallel/comm/comm.h"
 #include "parallel/comm/comm_payload.h"
 #include "parallel/comm/grid.h"
@@ -878,15 +879,27 @@ static void test_peer_sizes(const suite *s, comm *c) {
              (long long)bad);
       // reduce_scatter_add_block: each other rank's block written just before its call (a block
       // sent early would carry the NaN there before), added onto what ys holds at the wait
-      // (written after the last block here); this rank's own block (NaN) is not read.
+      // (written after the last block here); this rank's own block (NaN) is not read. The last
+      // round sends bf16 blocks (the values are small integers, exact in bf16).
+      const int bf16 = round == 2;
+      const size_t esz = bf16 ? 2 : sizeof(float);
       for (int64_t i = 0; i < n * N; i++) h[i] = i / N == r ? NAN : (float)(r * 3 + round + (i / N) * 10 + i % 5);
-      float *nan_block = XMALLOC((size_t)(n * N) * sizeof *nan_block);
-      for (int64_t i = 0; i < n * N; i++) nan_block[i] = NAN;
-      buf_put_queued(s, y, nan_block, (size_t)(n * N) * sizeof *h);
+      char *blocks = XMALLOC((size_t)(n * N) * esz), *nan_block = XMALLOC((size_t)(n * N) * esz);
+      for (int64_t i = 0; i < n * N; i++) {
+        const float nan = NAN;
+        if (bf16) {
+          ((uint16_t *)blocks)[i] = k_f32_to_bf16(h[i]);
+          ((uint16_t *)nan_block)[i] = k_f32_to_bf16(nan);
+        } else {
+          ((float *)blocks)[i] = h[i];
+          ((float *)nan_block)[i] = nan;
+        }
+      }
+      buf_put_queued(s, y, nan_block, (size_t)(n * N) * esz);
       for (int k = 1; k < n; k++) {
         const int to = (r + k) % n;
-        buf_put_queued(s, y + to * N, h + to * N, (size_t)N * sizeof *h);
-        c->ops->reduce_scatter_add_block(c, y, ys, N, to);
+        buf_put_queued(s, (char *)y + to * N * esz, blocks + to * N * esz, (size_t)N * esz);
+        c->ops->reduce_scatter_add_block(c, y, ys, N, bf16 ? COMM_BF16 : COMM_F32, to);
       }
       float *h_ys = XMALLOC((size_t)N * sizeof *h_ys);
       for (int64_t i = 0; i < N; i++) h_ys[i] = (float)(i % 3);
@@ -896,8 +909,9 @@ static void test_peer_sizes(const suite *s, comm *c) {
       bad = 0;
       for (int64_t i = 0; i < N; i++)
         bad += h[i] != (float)(i % 3 + 3 * n * (n - 1) / 2 - 3 * r + (n - 1) * (round + r * 10 + (r * N + i) % 5));
-      EXPECT(bad == 0, "%s: reduce-scatter added into recv, %lld per rank, round %d: %lld wrong", s->label,
-             (long long)N, round, (long long)bad);
+      EXPECT(bad == 0, "%s: reduce-scatter added into recv, %lld per rank, round %d (%s blocks): %lld wrong", s->label,
+             (long long)N, round, bf16 ? "bf16" : "fp32", (long long)bad);
+      free(blocks);
       free(nan_block);
       free(h_ys);
     }

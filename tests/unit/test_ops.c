@@ -540,7 +540,7 @@ static void test_vector_ops(void) {
          "sumsq differs with thread count: %.17g %.17g %.17g", s[0], s[1], s[2]);
   const double s3 = (double)x[0] * x[0] + (double)x[1] * x[1] + (double)x[2] * x[2];
   EXPECT(k_cpu_sumsq(x, 0) == 0.0 && k_cpu_sumsq(x, 3) == s3, "sumsq of tiny inputs");
-  k_cpu_add(y, x, n);
+  k_cpu_add(y, x, K_F32, n);
   int ok = 1;
   for (int64_t i = 0; i < n; i++) ok &= y[i] == y0[i] + x[i];
   EXPECT(ok, "add");

@@ -182,6 +182,7 @@ typedef struct peer_pending {
   int n_regions;
   int64_t at_bytes[PEER_MAX_REGIONS], block_bytes[PEER_MAX_REGIONS];  // gather: region i's start and block
   int64_t n_elem;    // reduce: elements of a block
+  k_dtype elem;      // reduce: the blocks' dtype (fp32, or bf16 added into fp32 recv)
   uint64_t placed;   // bit r: rank r's blocks are in place (queued on the compute stream); the group is
                      // the GPUs of one host (comm_peer_possible), far fewer than 64
 } peer_pending;
@@ -342,6 +343,7 @@ static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int
   o->buf = recv;
   o->own = (const char *)send + (size_t)c->rank * block;
   o->n_elem = n_elem;
+  o->elem = K_F32;
   for (int k = 1; k < c->size; k++) {
     const int to = comm_ring_to(c, k);
     push(c, to, (const char *)send + (size_t)to * block, 0, block, 1, 1);
@@ -351,15 +353,18 @@ static void peer_reduce_scatter_start(comm *c, const void *send, void *recv, int
 
 // Block `to` of send pushed as soon as the compute queued so far has written it; the first
 // block (to = rank + 1) starts the operation (comm.h: the blocks come in ring order).
-static void peer_reduce_scatter_add_block(comm *c, const void *send, void *recv, int64_t n_elem, int to) {
+static void peer_reduce_scatter_add_block(comm *c, const void *send, void *recv, int64_t n_elem, comm_dtype t,
+                                          int to) {
   comm_peer *p = impl(c);
-  CHECK(n_elem >= 0 && to >= 0 && to < c->size && to != c->rank, "comm %s: reduce_scatter_add_block of %lld elements "
-        "to rank %d", c->name, (long long)n_elem, to);
-  const size_t block = (size_t)n_elem * sizeof(float);
+  CHECK(n_elem >= 0 && to >= 0 && to < c->size && to != c->rank && (t == COMM_F32 || t == COMM_BF16),
+        "comm %s: reduce_scatter_add_block of %lld elements of dtype %d to rank %d", c->name, (long long)n_elem, (int)t,
+        to);
+  const size_t block = (size_t)n_elem * (size_t)comm_dtype_bytes(t);
   if (to == comm_ring_to(c, 1)) {
     peer_pending *o = op_begin(c, PEER_REDUCE, block);
     o->buf = recv;
     o->n_elem = n_elem;
+    o->elem = t == COMM_BF16 ? K_BF16 : K_F32;
   } else {
     CHECK(p->n_pending && p->pending[p->n_pending - 1].op == PEER_REDUCE && p->pending[p->n_pending - 1].buf == recv,
           "comm %s: reduce_scatter_add_block to rank %d before the block to rank %d", c->name, to, comm_ring_to(c, 1));
@@ -380,7 +385,7 @@ static void op_place(comm *c, int i, int from) {
   peer_await(p->stream, arrived_flag(p, c->rank, from, c->size), o->seq);
   const char *slot = st->mine + (size_t)from * st->slot_bytes;
   if (o->op == PEER_REDUCE) {
-    p->be->add(p->be, (float *)o->buf, (const float *)slot, o->n_elem);
+    p->be->add(p->be, (float *)o->buf, slot, o->elem, o->n_elem);
     return;
   }
   size_t off = 0;
