@@ -6,10 +6,13 @@
 // Norms, RoPE, SwiGLU, cross-entropy, the embedding and the optimizer are left out, so a real
 // step is slower. Prints numbers only; it is not a test. Built by tests/cmake/cuda.cmake when CUDA is
 // enabled; run `build/bench_ceiling 124m|1b|7b-layers`, or scripts/bench/bench_ceiling.sh for all three.
-// `build/bench_ceiling SHAPE tp2` times instead the GEMMs that tensor parallelism over 2 GPUs
-// with SP splits by rows (model/block.c's gemm_gathered and proj_residual, so that the tp
-// collectives overlap them) with tp 2's shapes: whole, and as its two row halves back to back;
-// and the head's, which block.c keeps whole because of what this shows.
+// `build/bench_ceiling SHAPE tpN` (N = 2, 4 or 8) times instead the GEMMs that tensor parallelism
+// over N GPUs with SP splits by rows (model/block.c's gemm_gathered, proj_residual and
+// proj_dgrad_enter, so that the tp collectives overlap them) with tp N's shapes: whole, and as N
+// row blocks back to back; beside each, the time the other ranks' blocks of its collective take
+// at a given link rate, one block after another (what the split may hide; the first block's
+// time is what the GEMM over this rank's own rows must cover); and the head's GEMM, which
+// block.c keeps whole because of what this shows.
 // `build/bench_ceiling SHAPE algos` times each GEMM of a layer and of the head as the backend
 // runs it against every algorithm cuBLASLt's heuristic offers for the same problem (up to 16,
 // deterministic reduction schemes only, the backend's 32 MiB workspace): what choosing by
@@ -176,31 +179,51 @@ static void ops_bench(const op *ops, int n, const attn_bufs *x, double peak, dou
   }
 }
 
-// The GEMMs of one tp-2 layer that SP splits by rows, and the head's: each whole, then one of its halves
-// (both halves are the same shape, and run back to back on one stream they add).
-static void tp2_split_bench(int R, int d, int qkvd, int qd, int F, int V, const attn_bufs *x, double peak) {
+// The GEMMs of one tp-N layer that SP splits by rows, and the head's: each whole, then one of its
+// N row blocks (all the same shape; back to back on one stream they add). moved: the columns of
+// the collective's blocks (the gathered input's for a gathered GEMM, the output's for a
+// reduce-scatter) and their bytes per element, for the transfer time at gbps GB/s.
+typedef struct split_op {
+  op o;
+  int moved_cols, moved_bytes;
+} split_op;
+
+static void tp_split_bench(int tp, int R, int d, int qkvd, int qd, int F, int V, const attn_bufs *x, double peak,
+                           double gbps) {
   const k_dtype A = G->act;
-  const op whole[] = {
-      {"qkv fwd", OP_GEMM, 0, 1, R, qkvd, d, 0, A},       {"wo fwd", OP_GEMM, 0, 1, R, d, qd, 0, K_F32},
-      {"gate|up fwd", OP_GEMM, 0, 1, R, 2 * F, d, 0, A},  {"down fwd", OP_GEMM, 0, 1, R, d, F, 0, K_F32},
-      {"down dX", OP_GEMM, 0, 0, R, F, d, 0, A},          {"wo dX", OP_GEMM, 0, 0, R, qd, d, 0, A},
-      {"head fwd", OP_GEMM, 0, 1, R, V, d, 0, A},
+  const int ab = (int)k_dtype_bytes(A);
+  const split_op ops[] = {
+      {{"qkv fwd", OP_GEMM, 0, 1, R, qkvd, d, 0, A}, d, ab},          // all-gather of the norm output
+      {{"wo fwd", OP_GEMM, 0, 1, R, d, qd, 0, K_BF16}, d, 2},         // reduce-scatter, bf16 sums
+      {{"gate|up fwd", OP_GEMM, 0, 1, R, 2 * F, d, 0, A}, d, ab},     // all-gather
+      {{"down fwd", OP_GEMM, 0, 1, R, d, F, 0, K_BF16}, d, 2},        // reduce-scatter
+      {{"down dX", OP_GEMM, 0, 0, R, F, d, 0, A}, d, ab},             // all-gather of the residual gradient
+      {{"gate|up dX", OP_GEMM, 0, 0, R, d, 2 * F, 0, K_BF16}, d, 2},  // reduce-scatter
+      {{"wo dX", OP_GEMM, 0, 0, R, qd, d, 0, A}, d, ab},              // all-gather
+      {{"qkv dX", OP_GEMM, 0, 0, R, d, qkvd, 0, K_BF16}, d, 2},       // reduce-scatter
+      {{"head fwd", OP_GEMM, 0, 1, R, V, d, 0, A}, d, ab},            // all-gather (kept whole)
   };
-  const int n = (int)(sizeof whole / sizeof whole[0]);
-  double sum_whole = 0, sum_split = 0;
+  const int n = (int)(sizeof ops / sizeof ops[0]);
+  double sum_whole = 0, sum_split = 0, sum_moved = 0;
+  printf("  (the reduce-scatters' GEMMs timed with bf16 output, as parallel.tp_reduce_dtype=bf16 writes the "
+         "other ranks' rows; transfers at %.0f GB/s)\n", gbps);
   for (int i = 0; i < n; i++) {
-    op half = whole[i];
-    half.M = R / 2;
-    double bw, mw, bh, mh;
-    op_time(&whole[i], x, &bw, &mw);
-    op_time(&half, x, &bh, &mh);
-    printf("  %-12s M=%6d N=%6d K=%6d C=%-4s  whole %7.3f ms  two halves %7.3f ms  (%+.1f%%)  %6.1f TFLOP/s whole\n",
-           whole[i].name, R, whole[i].N, whole[i].K, whole[i].c_type == K_F32 ? "f32" : "bf16", bw, 2 * bh,
-           100.0 * (2 * bh - bw) / bw, op_flops(&whole[i], x) / (bw * 1e-3) / 1e12);
-    sum_whole += bw, sum_split += 2 * bh;
+    const op *whole = &ops[i].o;
+    op block = *whole;
+    block.M = R / tp;
+    double bw, mw, bb, mb;
+    op_time(whole, x, &bw, &mw);
+    op_time(&block, x, &bb, &mb);
+    const double moved = (double)(tp - 1) * block.M * ops[i].moved_cols * ops[i].moved_bytes / (gbps * 1e9) * 1e3;
+    printf("  %-12s M=%6d N=%6d K=%6d  whole %7.3f ms  %d blocks %7.3f ms (%+5.1f%%)  %6.1f TFLOP/s whole  "
+           "transfers %6.3f ms (first %6.3f, own block %6.3f)\n",
+           whole->name, R, whole->N, whole->K, bw, tp, tp * bb, 100.0 * (tp * bb - bw) / bw,
+           op_flops(whole, x) / (bw * 1e-3) / 1e12, moved, moved / (tp - 1), bb);
+    if (i < n - 1) sum_whole += bw, sum_split += tp * bb, sum_moved += moved;
   }
-  printf("  all of them: whole %.3f ms, as halves %.3f ms (%+.1f%%); peak %.1f TFLOP/s\n", sum_whole, sum_split,
-         100.0 * (sum_split - sum_whole) / sum_whole, peak);
+  printf("  a layer's split GEMMs: whole %.3f ms, as %d blocks %.3f ms (%+.1f%%); their transfers %.3f ms; peak %.1f "
+         "TFLOP/s\n",
+         sum_whole, tp, sum_split, 100.0 * (sum_split - sum_whole) / sum_whole, sum_moved, peak);
 }
 
 // Best ms over N_RUNS calls (after N_WARM) of one cuBLASLt algorithm on o's operands, or -1 if it
@@ -460,10 +483,12 @@ int main(int argc, char **argv) {
   const shape *sh = NULL;
   for (size_t i = 0; (argc == 2 || argc == 3) && i < sizeof shapes / sizeof shapes[0]; i++)
     if (strcmp(argv[1], shapes[i].name) == 0) sh = &shapes[i];
-  const int tp2 = argc == 3 && strcmp(argv[2], "tp2") == 0, algos = argc == 3 && strcmp(argv[2], "algos") == 0;
-  const int fp8 = argc == 3 && strcmp(argv[2], "fp8") == 0;
-  if (!sh || (argc == 3 && !tp2 && !algos && !fp8)) {
-    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2|algos|fp8]\n", argv[0]);
+  const int tp = argc == 3 && (strcmp(argv[2], "tp2") == 0 || strcmp(argv[2], "tp4") == 0 || strcmp(argv[2], "tp8") == 0)
+                     ? atoi(argv[2] + 2)
+                     : 0;
+  const int algos = argc == 3 && strcmp(argv[2], "algos") == 0, fp8 = argc == 3 && strcmp(argv[2], "fp8") == 0;
+  if (!sh || (argc == 3 && !tp && !algos && !fp8)) {
+    fprintf(stderr, "usage: %s 124m|1b|7b-layers [tp2|tp4|tp8|algos|fp8]\n", argv[0]);
     return 2;
   }
   if (k_cuda_device_count() == 0) {
@@ -505,9 +530,13 @@ int main(int argc, char **argv) {
   x.dqkv = G->alloc(G, k_dtype_bytes(G->act) * (size_t)R * qkvd);
   x.lse = G->alloc(G, sizeof(float) * (size_t)B * sh->nh * T);
 
-  if (tp2) {
-    printf("tp 2 with SP: the GEMMs split by rows (heads, ffn and vocabulary halved; rows = B*T = %d):\n", R);
-    tp2_split_bench(R, d, qd / 2 + 2 * (kvd / 2), qd / 2, F / 2, V / 2, &x, peak);
+  if (tp) {
+    if (sh->nkv % tp || F % tp || V % tp) {
+      fprintf(stderr, "bench_ceiling: %s does not split over tp %d\n", sh->name, tp);
+      return 2;
+    }
+    printf("tp %d with SP: the GEMMs split by rows (heads, ffn and vocabulary over %d; rows = B*T = %d):\n", tp, tp, R);
+    tp_split_bench(tp, R, d, (qd + 2 * kvd) / tp, qd / tp, F / tp, V / tp, &x, peak, 370.0);
     return 0;
   }
   // layer_fwd then layer_bwd of block.c, in call order (wo and down add into the residual

@@ -2,7 +2,7 @@
 # The GEMM + attention floor of a training step on one GPU for the 124m, 1b and 7b-layers shapes:
 # each GEMM and attention call of one layer and of the head timed through the CUDA backend, the
 # sum as a step-time floor, and the tokens/s and MFU ceilings it gives (scripts/bench/bench_ceiling.c);
-# then, for 7b-layers, what splitting tp 2's GEMMs into row halves (SP overlap) costs.
+# then, for 7b-layers, what splitting the GEMMs of tp 2, 4 and 8 into row blocks (SP overlap) costs.
 # With `fp8`, instead: for each shape the layer's four projections in all three roles as bf16
 # GEMMs and as FP8 GEMMs (gemm_fp8), the FP8 casts, and the layer's totals both ways.
 #   scripts/bench/bench_ceiling.sh [BIN_DIR (default build)] [fp8]
@@ -27,5 +27,7 @@ for shape in 124m 1b 7b-layers; do
   echo "== $shape"
   "$bin/bench_ceiling" "$shape"
 done
-echo "== 7b-layers, the GEMMs tp 2 with SP splits by rows"
-"$bin/bench_ceiling" 7b-layers tp2
+for tp in tp2 tp4 tp8; do
+  echo "== 7b-layers, the GEMMs $tp with SP splits by rows"
+  "$bin/bench_ceiling" 7b-layers $tp
+done
