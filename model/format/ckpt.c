@@ -420,13 +420,19 @@ static int ckpt_read_runs(int fd, int64_t at, ckpt_tensor *t) {
   return 0;
 }
 
-// The block, by plain reads (fd >= 0) where the dataset is contiguous little-endian float32 with
-// its place in the file allocated, as every file this trainer writes; else with a collective
-// HDF5 read. Both depend only on the file, so every rank takes the same path.
+// Where dset's data starts in the file, for plain reads: where it is contiguous little-endian
+// float32 with its place in the file allocated, as every file this trainer writes; else
+// HADDR_UNDEF (a collective HDF5 read). Depends only on the file, so alike on every rank.
+static haddr_t ckpt_plain_offset(hid_t dset, hid_t ftype) {
+  return H5Tequal(ftype, H5T_IEEE_F32LE) > 0 ? H5Dget_offset(dset) : HADDR_UNDEF;
+}
+
+// The block, by plain reads (fd >= 0) where ckpt_plain_offset has the data's place; else with a
+// collective HDF5 read.
 static int ckpt_read_block(hid_t dset, hid_t ftype, hid_t fspace, int fd, const char *path, ckpt_tensor *t,
                            hid_t dxpl, char *msg) {
   int reads = !ckpt_block_empty(t);
-  haddr_t at = fd >= 0 && H5Tequal(ftype, H5T_IEEE_F32LE) > 0 ? H5Dget_offset(dset) : HADDR_UNDEF;
+  haddr_t at = fd >= 0 ? ckpt_plain_offset(dset, ftype) : HADDR_UNDEF;
   herr_t r = 0;
   if (at != HADDR_UNDEF) {
     r = reads && ckpt_read_runs(fd, (int64_t)at, t) != 0 ? -1 : 0;
@@ -436,15 +442,26 @@ static int ckpt_read_block(hid_t dset, hid_t ftype, hid_t fspace, int fd, const 
     r = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, reads ? (void *)t->data : &dummy);
     H5Sclose(mspace);
   }
-  if (r < 0) return ckpt_damaged_read(path, t->name, msg);
-  int64_t bad = reads ? ckpt_first_nonfinite(t->data, ckpt_n_elem(t->ndim, t->count)) : -1;
-  if (bad >= 0) {
-    ckpt_msgf(msg, "checkpoint %s: tensor '%s' holds %s (element %" PRId64 " of the block read here): the file is "
-                   "damaged, or was written by a run that had diverged; resume from an earlier checkpoint",
-              path, t->name, isnan(t->data[bad]) ? "NaN" : "Inf", bad);
-    return CKPT_DAMAGED;
+  return r < 0 ? ckpt_damaged_read(path, t->name, msg) : 0;
+}
+
+// The block just read: its share of its tensor's checksum where this rank counts it (*crc,
+// *covered), and no NaN or infinity in it, counted in the checksum's pass (else a pass of its own).
+static int ckpt_check_block(const ckpt_tensor *t, int counts, uint32_t *crc, int64_t *covered, const char *path,
+                            char *msg) {
+  if (ckpt_block_empty(t)) return 0;
+  const int64_t n = ckpt_n_elem(t->ndim, t->count);
+  int64_t n_nonfinite = 1;
+  if (counts) {
+    *crc ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, &n_nonfinite);
+    *covered += n;
   }
-  return 0;
+  const int64_t bad = n_nonfinite ? ckpt_first_nonfinite(t->data, n) : -1;
+  if (bad < 0) return 0;
+  ckpt_msgf(msg, "checkpoint %s: tensor '%s' holds %s (element %" PRId64 " of the block read here): the file is "
+                 "damaged, or was written by a run that had diverged; resume from an earlier checkpoint",
+            path, t->name, isnan(t->data[bad]) ? "NaN" : "Inf", bad);
+  return CKPT_DAMAGED;
 }
 
 static int ckpt_read_tensor(hid_t file, int fd, const char *path, ckpt_tensor *t, hid_t dxpl, char *msg) {
@@ -503,6 +520,23 @@ static int ckpt_check_checksums(hid_t file, MPI_Comm comm, const char *path, int
   return 0;
 }
 
+// Whether every tensor of the list is a dataset that plain reads take (ckpt_plain_offset): then
+// no rank takes part in another's reads. Anything else (a missing tensor, another layout) is 0,
+// and the reads find and name it.
+static int ckpt_all_plain(hid_t file, const ckpt_tensor *tensors, int n_tensors) {
+  for (int i = 0; i < n_tensors; i++) {
+    if (!ckpt_path_exists(file, tensors[i].name)) return 0;
+    hid_t dset = H5Dopen2(file, tensors[i].name, H5P_DEFAULT);
+    if (dset < 0) return 0;
+    hid_t ftype = H5Dget_type(dset);
+    const int plain = ftype >= 0 && ckpt_plain_offset(dset, ftype) != HADDR_UNDEF;
+    if (ftype >= 0) H5Tclose(ftype);
+    H5Dclose(dset);
+    if (!plain) return 0;
+  }
+  return 1;
+}
+
 // Rank 0, before the collective open: tells a missing, non-regular, non-HDF5 or damaged file apart.
 static int ckpt_check_file(const char *path, char *msg) {
   struct stat st;
@@ -553,15 +587,19 @@ static int ckpt_load_open(hid_t file, const char *path, MPI_Comm comm, ckpt_tens
   int fd = open(path, O_RDONLY | O_CLOEXEC), all_open = fd >= 0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_open, 1, MPI_INT, MPI_MIN, comm));
   if (!all_open && fd >= 0) close(fd), fd = -1;
+  // With plain reads only, each rank reads its blocks at its own pace and the ranks agree once,
+  // after the last (a rank stops at its first failure; no collective waits for it). Else they
+  // agree after each tensor, so that none is left alone in a collective read.
+  int plain = rc == 0 && fd >= 0 && ckpt_all_plain(file, tensors, n_tensors);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &plain, 1, MPI_INT, MPI_MIN, comm));
   for (int i = 0; i < n_tensors && rc == 0; i++) {
     ckpt_tensor *t = &tensors[i];
-    rc = ckpt_agree(comm, ckpt_read_tensor(file, fd, path, t, dxpl, msg), msg, CKPT_MSG);
-    if (rc == 0 && (t->write || n_ranks == 1) && !ckpt_block_empty(t)) {
-      int first = ckpt_first_index(tensors, i);
-      crc[first] ^= ckpt_crc_block(t->data, t->ndim, t->full, t->start, t->count, NULL);
-      covered[first] += ckpt_n_elem(t->ndim, t->count);
-    }
+    const int first = ckpt_first_index(tensors, i);
+    rc = ckpt_read_tensor(file, fd, path, t, dxpl, msg);
+    if (rc == 0) rc = ckpt_check_block(t, t->write || n_ranks == 1, &crc[first], &covered[first], path, msg);
+    if (!plain) rc = ckpt_agree(comm, rc, msg, CKPT_MSG);
   }
+  if (plain) rc = ckpt_agree(comm, rc, msg, CKPT_MSG);
   if (rc == 0)
     rc = ckpt_agree(comm, ckpt_check_checksums(file, comm, path, version, tensors, n_tensors, crc, covered, msg), msg,
                     CKPT_MSG);
