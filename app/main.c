@@ -144,17 +144,18 @@ static int run(const cli *a, int rank, int world, const launch_env *env) {
       [CFG_TP_OVERLAP_NONE] = "the communicator's collectives, not overlapped (each waited for at its start)"};
   const cfg_tp_overlap tpo = c.parallel.tp_overlap;
   const cfg_tp_reduce tpr = c.parallel.tp_reduce_dtype;
-  const int reduce_bf16 = tpr == CFG_TP_REDUCE_BF16 || (tpr == CFG_TP_REDUCE_AUTO && f.device >= 0 && cfg_act_bf16(&c));
-  if (rank == 0 && f.g.tp > 1 && c.parallel.sequence_parallel)
+  // auto: the backend's activation dtype, as the model resolves it (model_init).
+  const int reduce_bf16 = tpr == CFG_TP_REDUCE_BF16 || (tpr == CFG_TP_REDUCE_AUTO && f.be->act == K_BF16);
+  const int tp_sp = f.g.tp > 1 && c.parallel.sequence_parallel;
+  const char *no_sp = f.g.tp == 1 ? "with parallel.tp = 1" : "without sequence parallelism (the tp reductions are all-reduces)";
+  if (rank == 0 && tp_sp)
     printf("tensor parallelism: gathers and reduce-scatters as %s (parallel.tp_overlap=%s), partial sums in %s "
            "(parallel.tp_reduce_dtype=%s)\n",
            tp_how[f.tp_overlap], cfg_tp_overlap_names[tpo], reduce_bf16 ? "bf16" : "fp32", cfg_tp_reduce_names[tpr]);
   else if (rank == 0 && (tpo == CFG_TP_OVERLAP_P2P || (tpo == CFG_TP_OVERLAP_NONE && f.g.tp == 1)))
-    printf("parallel.tp_overlap=%s has no effect %s\n", cfg_tp_overlap_names[tpo],
-           f.g.tp == 1 ? "with parallel.tp = 1" : "without sequence parallelism (the tp reductions are all-reduces)");
-  if (rank == 0 && tpr != CFG_TP_REDUCE_AUTO && !(f.g.tp > 1 && c.parallel.sequence_parallel))
-    printf("parallel.tp_reduce_dtype=%s has no effect %s\n", cfg_tp_reduce_names[tpr],
-           f.g.tp == 1 ? "with parallel.tp = 1" : "without sequence parallelism (the tp reductions are all-reduces)");
+    printf("parallel.tp_overlap=%s has no effect %s\n", cfg_tp_overlap_names[tpo], no_sp);
+  if (rank == 0 && tpr != CFG_TP_REDUCE_AUTO && !tp_sp)
+    printf("parallel.tp_reduce_dtype=%s has no effect %s\n", cfg_tp_reduce_names[tpr], no_sp);
   // Test-only fault injection (tests/e2e/test_resume.sh), read once here.
   const char *kill_env = getenv("TRAINER_TEST_KILL_IN_CKPT"), *fail_env = getenv("TRAINER_TEST_FAIL_IN_CKPT"),
              *nan_env = getenv("TRAINER_TEST_NAN_AT_STEP"), *inf_env = getenv("TRAINER_TEST_FP8_INF_AT_STEP");

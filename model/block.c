@@ -351,17 +351,20 @@ static void proj_fwd_gathered(model *m, const model_layer *ly, const model_tenso
   }
 }
 
+// Rows [r0, r1) of the data gradient dx (rows, K) = g (rows, N) w, w (N, K), into those rows of
+// dx, in ct. In FP8 from g's codes, cast (model_fp8_cast_grad) before.
+static void dgrad_rows(model *m, const model_layer *ly, const model_tensor *w, int p, int64_t r0, int64_t r1, int N,
+                       int K, const void *g, void *dx, k_dtype ct) {
+  if (fp8_on(m, ly)) model_fp8_dgrad(m, ly->fp8, p, r0, r1, N, K, dx, ct);
+  else gemm_rows(m, r0, r1, 0, K, N, g, w->pc, K, dx, ct);
+}
+
 // Data gradient dx (rows, K) = g (rows, N) w, w (N, K). In FP8 g is cast (with its transpose,
 // for proj_wgrad next), unless the op that made g made its codes too (g NULL then).
 static void proj_dgrad(model *m, const model_layer *ly, const model_tensor *w, int p, int N, int K, const void *g,
                        void *dx, k_dtype ct) {
-  int64_t rows = m->dims.rows;
-  if (!fp8_on(m, ly)) {
-    m->be->gemm(m->be, 0, 0, (int)rows, K, N, 1, g, N, w->pc, K, 0, dx, K, ct);
-    return;
-  }
-  model_fp8_cast_grad(m, ly->fp8, p, g, rows, N);
-  model_fp8_dgrad(m, ly->fp8, p, 0, rows, N, K, dx, ct);
+  if (fp8_on(m, ly)) model_fp8_cast_grad(m, ly->fp8, p, g, m->dims.rows, N);
+  dgrad_rows(m, ly, w, p, 0, m->dims.rows, N, K, g, dx, ct);
 }
 
 // The same with g gathered into the region by grad_exit_start: the GEMM starts on this rank's
@@ -486,9 +489,7 @@ static void proj_dgrad_enter(model *m, const model_layer *ly, const model_tensor
   for (int k = 1; k <= m->tp; k++) {  // each other rank's rows, then this rank's (k = tp)
     const int64_t t0 = ring_to(m, k) * rs;
     void *dx = k < m->tp ? m->work->f1 : (void *)dh;
-    const k_dtype ct = k < m->tp ? rt : K_F32;
-    if (fp8_on(m, ly)) model_fp8_dgrad(m, ly->fp8, p, t0, t0 + rs, N, K, dx, ct);
-    else gemm_rows(m, t0, t0 + rs, 0, K, N, g, w->pc, K, dx, ct);
+    dgrad_rows(m, ly, w, p, t0, t0 + rs, N, K, g, dx, k < m->tp ? rt : K_F32);
     if (k < m->tp) reduce_add_block(m, m->work->f1, dh + r0 * K, K, ring_to(m, k));
   }
 }
