@@ -26,10 +26,12 @@ static void serial_wait(const tp_region *r) {
   if (r->serial) timed_wait(r);
 }
 
+static comm_dtype comm_type_of(k_dtype t) { return t == K_BF16 ? COMM_BF16 : COMM_F32; }
+
 void tp_gather_start(const tp_region *r, void *x, int d, k_dtype t) {
   if (!gathers(r)) return;
   const int64_t at = 0, n = r->rows_s * d;
-  r->c->ops->all_gather_regions_start(r->c, x, &at, &n, 1, t == K_BF16 ? COMM_BF16 : COMM_F32);
+  r->c->ops->all_gather_regions_start(r->c, x, &at, &n, 1, comm_type_of(t));
   serial_wait(r);
 }
 
@@ -64,8 +66,6 @@ void tp_reduce_finish(const tp_region *r, float *y, float *y_s, int d) {
   if (!gathers(r) && y_s != y) r->be->copy(r->be, y_s, y, (size_t)(r->rows_s * d) * sizeof(float));
   stop(r, t0);
 }
-
-static comm_dtype comm_type_of(k_dtype t) { return t == K_BF16 ? COMM_BF16 : COMM_F32; }
 
 void tp_reduce_add_block(const tp_region *r, void *y, k_dtype t, float *y_s, float *scratch, int d, int to) {
   CHECK(gathers(r), "tp_reduce_add_block: only with sequence parallelism over more than one tp rank");
